@@ -1,0 +1,272 @@
+//! Network parameters: genesis, magic, ports, proof-of-work rules, soft-fork
+//! activation heights, subsidy schedule, archive epoch length.
+//!
+//! Source: Bitcoin Core `src/kernel/chainparams.cpp` (activation heights,
+//! halving intervals, DNS seeds, minimum chainwork) and rust-bitcoin's
+//! [`bitcoin::params::Params`] (PoW limits and retarget rules).
+
+use bitcoin::block::Header;
+use bitcoin::{BlockHash, Network};
+
+/// Everything kakehi needs to know about one network.
+#[derive(Clone, Debug)]
+pub struct ChainParams {
+    /// The network.
+    pub network: Network,
+    /// Proof-of-work rules (limit, spacing, timespan, min-difficulty and
+    /// no-retarget flags) from rust-bitcoin.
+    pub pow: bitcoin::params::Params,
+    /// Height from which BIP34 (height in coinbase) is enforced.
+    pub bip34_height: u32,
+    /// Height from which BIP65 (CHECKLOCKTIMEVERIFY) is active.
+    pub bip65_height: u32,
+    /// Height from which BIP66 (strict DER) is active.
+    pub bip66_height: u32,
+    /// Height from which CSV (BIP68/112/113) is active.
+    pub csv_height: u32,
+    /// Height from which segwit (BIP141/143/147) is active.
+    pub segwit_height: u32,
+    /// Blocks between subsidy halvings (210,000; 150 on regtest).
+    pub subsidy_halving_interval: u32,
+    /// Whether testnet4's BIP94 rules apply (timewarp fix, and the
+    /// min-difficulty exception measured from the first block of the period).
+    pub enforce_bip94: bool,
+    /// Default P2P port.
+    pub p2p_port: u16,
+    /// Default HTTP port (Esplora's convention: 3000 mainnet, 3001 testnet3,
+    /// 3002 regtest, 3003 signet, 3004 testnet4).
+    pub http_port: u16,
+    /// DNS seeds to bootstrap the address book.
+    pub dns_seeds: &'static [&'static str],
+    /// Minimum total chainwork (big-endian 32 bytes) below which headers are
+    /// not stored (Core's `nMinimumChainWork`; zero on regtest).
+    pub minimum_chain_work: [u8; 32],
+    /// Length of an archive epoch in blocks (2,016; 144 on regtest).
+    pub archive_epoch_length: u32,
+    /// Blocks whose coinbase duplicates an earlier one and is allowed to
+    /// (BIP30's two historical mainnet exceptions): (height, hash hex).
+    pub bip30_exceptions: &'static [(u32, &'static str)],
+}
+
+/// Coinbase outputs can be spent only this many blocks later (Core's
+/// `COINBASE_MATURITY`).
+pub const COINBASE_MATURITY: u32 = 100;
+
+/// 21 million BTC in satoshis (Core's `MAX_MONEY`).
+pub const MAX_MONEY: u64 = 21_000_000 * 100_000_000;
+
+/// Maximum block weight in weight units (BIP141).
+pub const MAX_BLOCK_WEIGHT: u64 = 4_000_000;
+
+/// Maximum block sigop cost (BIP141).
+pub const MAX_BLOCK_SIGOPS_COST: u64 = 80_000;
+
+/// Blocks may be at most this many seconds ahead of adjusted time (Core's
+/// `MAX_FUTURE_BLOCK_TIME`).
+pub const MAX_FUTURE_BLOCK_TIME: u64 = 2 * 60 * 60;
+
+fn hex32(s: &str) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (i, chunk) in s.as_bytes().chunks(2).enumerate().take(32) {
+        let hi = (chunk[0] as char).to_digit(16).unwrap_or(0) as u8;
+        let lo = (chunk[1] as char).to_digit(16).unwrap_or(0) as u8;
+        out[i] = hi << 4 | lo;
+    }
+    out
+}
+
+impl ChainParams {
+    /// The parameters of `network`.
+    pub fn new(network: Network) -> Self {
+        let pow = bitcoin::params::Params::new(network);
+        match network {
+            Network::Bitcoin => ChainParams {
+                network,
+                pow,
+                bip34_height: 227_931,
+                bip65_height: 388_381,
+                bip66_height: 363_725,
+                csv_height: 419_328,
+                segwit_height: 481_824,
+                subsidy_halving_interval: 210_000,
+                enforce_bip94: false,
+                p2p_port: 8333,
+                http_port: 3000,
+                dns_seeds: &[
+                    "seed.bitcoin.sipa.be",
+                    "dnsseed.bluematt.me",
+                    "seed.bitcoin.jonasschnelli.ch",
+                    "seed.btc.petertodd.net",
+                    "seed.bitcoin.sprovoost.nl",
+                    "dnsseed.emzy.de",
+                    "seed.bitcoin.wiz.biz",
+                ],
+                minimum_chain_work: hex32(
+                    "0000000000000000000000000000000000000000b1f3b93b65b16d035a82be84",
+                ),
+                archive_epoch_length: 2016,
+                bip30_exceptions: &[
+                    (91_842, "00000000000a4d0a398161ffc163c503763b1f4360639393e0e4c8e300e0caec"),
+                    (91_880, "00000000000743f190a18c5577a3c2d2a1f610ae9601ac046a38084ccb7cd721"),
+                ],
+            },
+            Network::Testnet => ChainParams {
+                network,
+                pow,
+                bip34_height: 21_111,
+                bip65_height: 581_885,
+                bip66_height: 330_776,
+                csv_height: 770_112,
+                segwit_height: 834_624,
+                subsidy_halving_interval: 210_000,
+                enforce_bip94: false,
+                p2p_port: 18333,
+                http_port: 3001,
+                dns_seeds: &[
+                    "testnet-seed.bitcoin.jonasschnelli.ch",
+                    "seed.tbtc.petertodd.net",
+                    "seed.testnet.bitcoin.sprovoost.nl",
+                    "testnet-seed.bluematt.me",
+                ],
+                minimum_chain_work: hex32(
+                    "0000000000000000000000000000000000000000000015f5e0c9f13455b0eb17",
+                ),
+                archive_epoch_length: 2016,
+                bip30_exceptions: &[],
+            },
+            Network::Testnet4 => ChainParams {
+                network,
+                pow,
+                bip34_height: 1,
+                bip65_height: 1,
+                bip66_height: 1,
+                csv_height: 1,
+                segwit_height: 1,
+                subsidy_halving_interval: 210_000,
+                enforce_bip94: true,
+                p2p_port: 48333,
+                http_port: 3004,
+                dns_seeds: &["seed.testnet4.bitcoin.sprovoost.nl", "seed.testnet4.wiz.biz"],
+                minimum_chain_work: hex32(
+                    "0000000000000000000000000000000000000000000001d6dce8651b6094e4c1",
+                ),
+                archive_epoch_length: 2016,
+                bip30_exceptions: &[],
+            },
+            Network::Signet => ChainParams {
+                network,
+                pow,
+                bip34_height: 1,
+                bip65_height: 1,
+                bip66_height: 1,
+                csv_height: 1,
+                segwit_height: 1,
+                subsidy_halving_interval: 210_000,
+                enforce_bip94: false,
+                p2p_port: 38333,
+                http_port: 3003,
+                dns_seeds: &["seed.signet.bitcoin.sprovoost.nl", "seed.signet.achownodes.xyz"],
+                minimum_chain_work: hex32(
+                    "00000000000000000000000000000000000000000000000000000b463ea0a4b8",
+                ),
+                archive_epoch_length: 2016,
+                bip30_exceptions: &[],
+            },
+            // Regtest (and any future network rust-bitcoin adds, which we
+            // treat as regtest-like until given real parameters).
+            _ => ChainParams {
+                network: Network::Regtest,
+                pow: bitcoin::params::Params::new(Network::Regtest),
+                bip34_height: 1,
+                bip65_height: 1,
+                bip66_height: 1,
+                csv_height: 1,
+                segwit_height: 0,
+                subsidy_halving_interval: 150,
+                enforce_bip94: false,
+                p2p_port: 18444,
+                http_port: 3002,
+                dns_seeds: &[],
+                minimum_chain_work: [0u8; 32],
+                archive_epoch_length: 144,
+                bip30_exceptions: &[],
+            },
+        }
+    }
+
+    /// The network's magic bytes, as they appear on the wire and in blk files.
+    pub fn magic(&self) -> [u8; 4] {
+        self.network.magic().to_bytes()
+    }
+
+    /// The genesis block.
+    pub fn genesis_block(&self) -> bitcoin::Block {
+        bitcoin::blockdata::constants::genesis_block(self.network)
+    }
+
+    /// The genesis block's header.
+    pub fn genesis_header(&self) -> Header {
+        self.genesis_block().header
+    }
+
+    /// The genesis block's hash.
+    pub fn genesis_hash(&self) -> BlockHash {
+        self.genesis_header().block_hash()
+    }
+
+    /// Block subsidy in sats at `height` (50 BTC halved every
+    /// `subsidy_halving_interval` blocks; Core's `GetBlockSubsidy`).
+    pub fn block_subsidy(&self, height: u32) -> u64 {
+        let halvings = height / self.subsidy_halving_interval;
+        if halvings >= 64 {
+            return 0;
+        }
+        (50 * 100_000_000u64) >> halvings
+    }
+
+    /// Whether `hash` at `height` is one of BIP30's two exceptions.
+    pub fn is_bip30_exception(&self, height: u32, hash: &BlockHash) -> bool {
+        let shown = hash.to_string();
+        self.bip30_exceptions.iter().any(|(h, s)| *h == height && *s == shown)
+    }
+
+    /// The name kakehi uses for the network on the CLI and in paths
+    /// (`bitcoin`, `testnet`, `testnet4`, `signet`, `regtest`).
+    pub fn name(&self) -> &'static str {
+        match self.network {
+            Network::Bitcoin => "bitcoin",
+            Network::Testnet => "testnet",
+            Network::Testnet4 => "testnet4",
+            Network::Signet => "signet",
+            _ => "regtest",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regtest_genesis_and_subsidy() {
+        let p = ChainParams::new(Network::Regtest);
+        assert_eq!(
+            p.genesis_hash().to_string(),
+            "0f9188f13cb7b2c71f2a335e3a4fc328bf5beb436012afca590b1a11466e2206"
+        );
+        assert_eq!(p.magic(), [0xfa, 0xbf, 0xb5, 0xda]);
+        assert_eq!(p.block_subsidy(149), 50 * 100_000_000);
+        assert_eq!(p.block_subsidy(150), 25 * 100_000_000);
+        assert_eq!(p.block_subsidy(150 * 64), 0);
+    }
+
+    #[test]
+    fn mainnet_bip30_exceptions() {
+        let p = ChainParams::new(Network::Bitcoin);
+        let h: BlockHash = "00000000000a4d0a398161ffc163c503763b1f4360639393e0e4c8e300e0caec"
+            .parse()
+            .unwrap();
+        assert!(p.is_bip30_exception(91_842, &h));
+        assert!(!p.is_bip30_exception(91_843, &h));
+    }
+}

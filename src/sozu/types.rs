@@ -1,0 +1,242 @@
+//! Entry, key and chain-view types shared by the Sozu table, its in-memory
+//! model and the block pipeline.
+//!
+//! Source: seed 000 (payload with production and consumption lists) and
+//! seed 004 (Teranode's spending data: spending txid + input index).
+
+use bitcoin::hashes::Hash;
+use bitcoin::{OutPoint, Txid};
+
+/// A 4-byte identifier given once to every block the node connects, stale
+/// blocks included (seed 000: "4-bytes integers are sufficient to uniquely
+/// identify all blocks in existence"). Allocated by the chain index in
+/// arrival order; `BlockId(0)` is the genesis block.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+pub struct BlockId(pub u32);
+
+/// The serialized key of an entry: 32-byte txid (internal byte order)
+/// followed by the output index `vout` as 4 bytes big-endian, so byte order
+/// equals (txid, vout) order. 36 bytes.
+pub type OutPointKey = [u8; 36];
+
+/// Encodes an outpoint as its 36-byte key (txid internal order, vout BE).
+pub fn outpoint_key(outpoint: &OutPoint) -> OutPointKey {
+    let mut key = [0u8; 36];
+    key[..32].copy_from_slice(outpoint.txid.as_byte_array());
+    key[32..].copy_from_slice(&outpoint.vout.to_be_bytes());
+    key
+}
+
+/// Decodes a 36-byte key back into an outpoint (inverse of [`outpoint_key`]).
+pub fn key_outpoint(key: &OutPointKey) -> OutPoint {
+    let mut txid = [0u8; 32];
+    txid.copy_from_slice(&key[..32]);
+    let mut vout = [0u8; 4];
+    vout.copy_from_slice(&key[32..]);
+    OutPoint { txid: Txid::from_byte_array(txid), vout: u32::from_be_bytes(vout) }
+}
+
+/// The immutable part of a transaction output as the table stores it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Coin {
+    /// Amount in satoshis (0..=21e14).
+    pub value: u64,
+    /// The output's scriptPubKey, 0..=10,000 bytes (larger outputs are
+    /// unspendable and never enter the table).
+    pub script_pubkey: Vec<u8>,
+    /// Height of the block that created the output (the first production
+    /// block; a transaction re-included on a competing branch at another
+    /// height keeps the height of the branch asked about, see
+    /// [`Entry::creation_height_in`]).
+    pub height: u32,
+    /// Whether the output belongs to a coinbase transaction (maturity 100).
+    pub coinbase: bool,
+}
+
+/// One spend of an entry: which block consumed it, by which transaction and
+/// input (Teranode's spending data, seed 004).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, PartialOrd, Ord)]
+pub struct Consumption {
+    /// The consuming block.
+    pub block: BlockId,
+    /// The spending transaction's txid.
+    pub txid: Txid,
+    /// The index of the spending input in that transaction.
+    pub vin: u32,
+}
+
+/// One production of an entry: the block that created it, and its height.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, PartialOrd, Ord)]
+pub struct Production {
+    /// The producing block.
+    pub block: BlockId,
+    /// Its height (equal on every branch for a coinbase, and usually for
+    /// re-included transactions, but not necessarily).
+    pub height: u32,
+}
+
+/// A full entry of the table: outpoint, coin, and its lifecycle records.
+///
+/// The lists are kept sorted and free of duplicates, so merging the same
+/// block twice is idempotent (the pipeline relies on that after a crash
+/// between the table's commit and the index's commit).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Entry {
+    /// The entry's key.
+    pub outpoint: OutPoint,
+    /// Amount, scriptPubKey, creation height, coinbase flag.
+    pub coin: Coin,
+    /// Every block that produced the outpoint (one per branch that holds the
+    /// creating transaction).
+    pub produced: Vec<Production>,
+    /// Every block that consumed it (one per branch that spends it).
+    pub consumed: Vec<Consumption>,
+}
+
+/// The state of an entry under one chain view.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ViewStatus<'a> {
+    /// Produced by a block of the view and not consumed by one.
+    Unspent,
+    /// Produced and consumed by blocks of the view.
+    Spent(&'a Consumption),
+    /// Not produced by any block of the view.
+    Absent,
+}
+
+impl Entry {
+    /// Whether the outpoint is unspent, spent or absent under `view`.
+    pub fn status_in(&self, view: &dyn ChainView) -> ViewStatus<'_> {
+        if !self.produced.iter().any(|p| view.contains(p.block)) {
+            return ViewStatus::Absent;
+        }
+        match self.consumed.iter().find(|c| view.contains(c.block)) {
+            Some(c) => ViewStatus::Spent(c),
+            None => ViewStatus::Unspent,
+        }
+    }
+
+    /// Whether the outpoint is unspent under `view`.
+    pub fn is_unspent_in(&self, view: &dyn ChainView) -> bool {
+        matches!(self.status_in(view), ViewStatus::Unspent)
+    }
+
+    /// The creation height on the branch `view` describes, if produced there.
+    pub fn creation_height_in(&self, view: &dyn ChainView) -> Option<u32> {
+        self.produced.iter().find(|p| view.contains(p.block)).map(|p| p.height)
+    }
+
+    /// Highest production height (the spill order and `max height` use it).
+    pub fn max_production_height(&self) -> u32 {
+        self.produced.iter().map(|p| p.height).max().unwrap_or(self.coin.height)
+    }
+
+    /// Merges `other`'s lifecycle records into `self` (set union, sorted).
+    /// The coins must be equal; the caller checks (seed 000: "otherwise the
+    /// write operation itself is invalid").
+    pub fn merge_records(&mut self, produced: &[Production], consumed: &[Consumption]) {
+        for p in produced {
+            if let Err(i) = self.produced.binary_search(p) {
+                self.produced.insert(i, *p);
+            }
+        }
+        for c in consumed {
+            if let Err(i) = self.consumed.binary_search(c) {
+                self.consumed.insert(i, *c);
+            }
+        }
+    }
+
+    /// The seed's hard-delete rule, judged against the best chain:
+    /// permanently consumed (a consumption on the best chain at least
+    /// [`PURGE_DEPTH`] deep) or dead (every production on blocks off the best
+    /// chain at least [`PURGE_DEPTH`] below the tip, so no allowed reorg can
+    /// bring them back).
+    pub fn is_purgeable(&self, oracle: &dyn BlockOracle) -> bool {
+        let tip = oracle.tip_height();
+        let deep = |h: u32| h.saturating_add(PURGE_DEPTH) <= tip;
+        let permanently_consumed = self
+            .consumed
+            .iter()
+            .any(|c| oracle.best_height(c.block).is_some_and(deep));
+        let dead = !self.produced.is_empty()
+            && self.produced.iter().all(|p| {
+                oracle.best_height(p.block).is_none()
+                    && oracle.height(p.block).is_some_and(deep)
+            });
+        permanently_consumed || dead
+    }
+
+    /// Whether the entry is consumed on the best chain (the first key of the
+    /// seed's spill order, "consumed on all known chains": stale branches
+    /// are about to die, so the best chain is the one that matters).
+    pub fn is_consumed_on_best(&self, oracle: &dyn BlockOracle) -> bool {
+        self.consumed.iter().any(|c| oracle.best_height(c.block).is_some())
+    }
+}
+
+/// Depth in blocks after which spent and dead entries are hard-deleted and
+/// beyond which reorgs are refused (seed 000 suggests 100, the coinbase
+/// maturity).
+pub const PURGE_DEPTH: u32 = 100;
+
+/// A set of blocks forming one branch from genesis to a tip: the active
+/// chain, or a side branch being validated. Every read of the table is
+/// interpreted under a view (seed 000: "query not just one UTXO dataset, but
+/// all the recent UTXO datasets").
+pub trait ChainView {
+    /// Whether `block` is an ancestor of (or equal to) the view's tip.
+    fn contains(&self, block: BlockId) -> bool;
+}
+
+/// What the table needs to know of the chain to hard-delete entries and to
+/// order spills: the best chain's heights and the tip.
+pub trait BlockOracle {
+    /// Height of `block` if it is on the best chain, else `None`.
+    fn best_height(&self, block: BlockId) -> Option<u32>;
+    /// Height of any known block, else `None`.
+    fn height(&self, block: BlockId) -> Option<u32>;
+    /// Height of the best chain's tip.
+    fn tip_height(&self) -> u32;
+}
+
+/// A new output for [`BlockWrite`].
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct NewOutput {
+    /// Its outpoint.
+    pub outpoint: OutPoint,
+    /// Its coin (height = the producing block's height).
+    pub coin: Coin,
+    /// Proof of absence (seed 000's flag `m = 0`): the caller guarantees the
+    /// outpoint is not in the table, so no lookup is needed. `false` means
+    /// "may be present" and the table must find and merge it.
+    pub known_absent: bool,
+}
+
+/// Everything one block changes in the table: the `WriteSozu` batch.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct BlockWrite {
+    /// The block.
+    pub block: BlockId,
+    /// Its height.
+    pub height: u32,
+    /// Outputs it creates (spendable ones only: no OP_RETURN, no script over
+    /// 10,000 bytes).
+    pub created: Vec<NewOutput>,
+    /// Outpoints it spends, each with its spend record. Every one of them is
+    /// present in the table (validation looked them up), except outputs
+    /// created earlier in the same block, which are in `created`.
+    pub spent: Vec<(OutPoint, Consumption)>,
+}
+
+/// Identifies the state a commit made durable, stored with the commit and
+/// returned at open so the caller can reconcile with its own stores.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct CommitTag {
+    /// The committed block's id.
+    pub block: BlockId,
+    /// Its height.
+    pub height: u32,
+    /// Its hash (internal byte order).
+    pub block_hash: [u8; 32],
+}
