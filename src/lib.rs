@@ -1,7 +1,18 @@
 //! kakehi: a Bitcoin P2P indexing node.
 //!
-//! See `docs/architecture.md` for the data flow and `../shared/DESIGN.md` for
-//! the design this crate follows.
+//! Blocks (from files or peers) go through one writer, the
+//! [`pipeline`]: header checks against the [`chain`] index, consensus checks
+//! in [`validation`] against the [`sozu`] UTXO table under the block's
+//! branch view, BIP-158 [`filters`], and one commit per block boundary across
+//! the [`store`] and the table. The [`http`] API reads committed state.
+//! Scripts and signatures are not evaluated.
 
 pub mod chain;
+pub mod filters;
+pub mod http;
+pub mod import;
+pub mod node;
+pub mod pipeline;
 pub mod sozu;
+pub mod store;
+pub mod validation;

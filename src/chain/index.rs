@@ -1,0 +1,790 @@
+//! The block index: every accepted header with its [`BlockId`], height,
+//! chainwork and status; header checks (proof of work, difficulty
+//! retargeting, median-time-past, the 2-hour future limit); the active chain
+//! and the list of chain tips.
+//!
+//! Source: Bitcoin Core `src/validation.cpp` (`ContextualCheckBlockHeader`,
+//! `CheckBlockHeader`), `src/pow.cpp` (`GetNextWorkRequired`,
+//! `CalculateNextWorkRequired`, BIP94), `src/chain.h` (`CBlockIndex`).
+
+use std::collections::HashMap;
+
+use bitcoin::block::Header;
+use bitcoin::pow::{CompactTarget, Target, Work};
+use bitcoin::BlockHash;
+
+use super::params::{ChainParams, MAX_FUTURE_BLOCK_TIME};
+use crate::sozu::{BlockId, BlockOracle, ChainView};
+
+/// Validation status of a block in the index.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BlockStatus {
+    /// Header accepted; block data not stored.
+    HeadersOnly,
+    /// Block data stored, not validated yet.
+    HaveData,
+    /// Block validated and written to the UTXO table (it may be on a stale
+    /// branch now).
+    Valid,
+    /// The block broke a consensus rule.
+    Invalid,
+    /// An ancestor is invalid.
+    InvalidAncestor,
+}
+
+impl BlockStatus {
+    /// One-byte code used on disk.
+    pub fn to_u8(self) -> u8 {
+        match self {
+            BlockStatus::HeadersOnly => 0,
+            BlockStatus::HaveData => 1,
+            BlockStatus::Valid => 2,
+            BlockStatus::Invalid => 3,
+            BlockStatus::InvalidAncestor => 4,
+        }
+    }
+
+    /// Inverse of [`BlockStatus::to_u8`]; `None` for an unknown code.
+    pub fn from_u8(b: u8) -> Option<Self> {
+        Some(match b {
+            0 => BlockStatus::HeadersOnly,
+            1 => BlockStatus::HaveData,
+            2 => BlockStatus::Valid,
+            3 => BlockStatus::Invalid,
+            4 => BlockStatus::InvalidAncestor,
+            _ => return None,
+        })
+    }
+
+    /// Whether the block or an ancestor failed validation.
+    pub fn is_invalid(self) -> bool {
+        matches!(self, BlockStatus::Invalid | BlockStatus::InvalidAncestor)
+    }
+
+    /// Whether the block's data is stored (validated or not).
+    pub fn has_data(self) -> bool {
+        matches!(self, BlockStatus::HaveData | BlockStatus::Valid)
+    }
+}
+
+/// One block of the index (Core's `CBlockIndex`, without the pointers).
+#[derive(Clone, Debug)]
+pub struct IndexEntry {
+    /// The block's id (its position in the index).
+    pub id: BlockId,
+    /// Its hash.
+    pub hash: BlockHash,
+    /// Its 80-byte header.
+    pub header: Header,
+    /// Its height (genesis = 0).
+    pub height: u32,
+    /// Cumulative work of the chain ending at this block.
+    pub chainwork: Work,
+    /// Validation status.
+    pub status: BlockStatus,
+    /// The parent's id (`None` for genesis).
+    pub prev: Option<BlockId>,
+}
+
+/// Why a header was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeaderError {
+    /// The parent is not in the index.
+    #[error("header {hash}: unknown parent {prev}")]
+    UnknownParent {
+        /// The header's hash.
+        hash: BlockHash,
+        /// The missing parent.
+        prev: BlockHash,
+    },
+    /// The parent (or an ancestor) is invalid (Core: `bad-prevblk`).
+    #[error("header {hash}: parent is invalid (bad-prevblk)")]
+    InvalidParent {
+        /// The header's hash.
+        hash: BlockHash,
+    },
+    /// `nBits` is not what the difficulty rules require (Core: `bad-diffbits`).
+    #[error("header {hash} at height {height}: bits {got:#010x}, expected {expected:#010x} (bad-diffbits)")]
+    BadDiffBits {
+        /// The header's hash.
+        hash: BlockHash,
+        /// Its height.
+        height: u32,
+        /// Its bits.
+        got: u32,
+        /// The required bits.
+        expected: u32,
+    },
+    /// The hash does not meet the target (Core: `high-hash`).
+    #[error("header {hash}: proof of work does not meet its target (high-hash)")]
+    HighHash {
+        /// The header's hash.
+        hash: BlockHash,
+    },
+    /// Timestamp not above the median of the last 11 blocks (Core: `time-too-old`).
+    #[error("header {hash}: time {time} not after median-time-past {mtp} (time-too-old)")]
+    TimeTooOld {
+        /// The header's hash.
+        hash: BlockHash,
+        /// Its time (seconds since the epoch).
+        time: u32,
+        /// The parent's median-time-past.
+        mtp: u32,
+    },
+    /// Timestamp more than 2 hours in the future (Core: `time-too-new`).
+    #[error("header {hash}: time {time} more than 2 hours after now {now} (time-too-new)")]
+    TimeTooNew {
+        /// The header's hash.
+        hash: BlockHash,
+        /// Its time.
+        time: u32,
+        /// The node's clock.
+        now: u64,
+    },
+    /// BIP94 timewarp rule on testnet4 (Core: `time-timewarp-attack`).
+    #[error("header {hash}: first block of a period more than 600 s before its parent (time-timewarp-attack)")]
+    TimeWarp {
+        /// The header's hash.
+        hash: BlockHash,
+    },
+    /// Version below what an active soft fork requires (Core: `bad-version`).
+    #[error("header {hash}: version {version} obsolete at height {height} (bad-version)")]
+    BadVersion {
+        /// The header's hash.
+        hash: BlockHash,
+        /// Its version.
+        version: i32,
+        /// Its height.
+        height: u32,
+    },
+    /// The index is full (more than `u32::MAX` blocks).
+    #[error("block index is full")]
+    IndexFull,
+}
+
+impl HeaderError {
+    /// Bitcoin Core's reject string for this error.
+    pub fn reject_reason(&self) -> &'static str {
+        match self {
+            HeaderError::UnknownParent { .. } => "prev-blk-not-found",
+            HeaderError::InvalidParent { .. } => "bad-prevblk",
+            HeaderError::BadDiffBits { .. } => "bad-diffbits",
+            HeaderError::HighHash { .. } => "high-hash",
+            HeaderError::TimeTooOld { .. } => "time-too-old",
+            HeaderError::TimeTooNew { .. } => "time-too-new",
+            HeaderError::TimeWarp { .. } => "time-timewarp-attack",
+            HeaderError::BadVersion { .. } => "bad-version",
+            HeaderError::IndexFull => "index-full",
+        }
+    }
+}
+
+/// Seconds a testnet4 block may go back in time at a period boundary (BIP94).
+const MAX_TIMEWARP: u32 = 600;
+
+/// The in-memory block index and active chain.
+#[derive(Debug)]
+pub struct BlockIndex {
+    params: ChainParams,
+    entries: Vec<IndexEntry>,
+    by_hash: HashMap<BlockHash, BlockId>,
+    /// The active chain: `active[h]` is the best block at height `h`.
+    active: Vec<BlockId>,
+}
+
+impl BlockIndex {
+    /// An index holding only the network's genesis block (status valid,
+    /// BlockId 0, on the active chain).
+    pub fn new(params: ChainParams) -> Self {
+        let header = params.genesis_header();
+        let hash = header.block_hash();
+        let genesis = IndexEntry {
+            id: BlockId(0),
+            hash,
+            header,
+            height: 0,
+            chainwork: header.work(),
+            status: BlockStatus::Valid,
+            prev: None,
+        };
+        let mut by_hash = HashMap::new();
+        by_hash.insert(hash, BlockId(0));
+        BlockIndex { params, entries: vec![genesis], by_hash, active: vec![BlockId(0)] }
+    }
+
+    /// Rebuilds an index from stored entries (ids dense from 0, parents
+    /// before children) and the active chain's tip.
+    ///
+    /// # Errors
+    /// [`IndexLoadError`] when the stored entries are inconsistent.
+    pub fn from_entries(
+        params: ChainParams,
+        entries: Vec<IndexEntry>,
+        tip: BlockId,
+    ) -> Result<Self, IndexLoadError> {
+        let mut by_hash = HashMap::with_capacity(entries.len());
+        for (i, e) in entries.iter().enumerate() {
+            if e.id.0 as usize != i {
+                return Err(IndexLoadError::NotDense { id: e.id.0 });
+            }
+            if let Some(p) = e.prev {
+                if p.0 as usize >= i {
+                    return Err(IndexLoadError::ParentAfterChild { id: e.id.0 });
+                }
+            }
+            by_hash.insert(e.hash, e.id);
+        }
+        if entries.first().map(|g| g.hash) != Some(params.genesis_hash()) {
+            return Err(IndexLoadError::WrongGenesis);
+        }
+        if tip.0 as usize >= entries.len() {
+            return Err(IndexLoadError::UnknownTip { id: tip.0 });
+        }
+        let mut index = BlockIndex { params, entries, by_hash, active: Vec::new() };
+        index.set_active_tip(tip);
+        Ok(index)
+    }
+
+    /// The network parameters.
+    pub fn params(&self) -> &ChainParams {
+        &self.params
+    }
+
+    /// Number of blocks in the index (all branches).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Always false: the genesis block is always there.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entry of `id`.
+    pub fn get(&self, id: BlockId) -> Option<&IndexEntry> {
+        self.entries.get(id.0 as usize)
+    }
+
+    /// The id of `hash`, if known.
+    pub fn id_of(&self, hash: &BlockHash) -> Option<BlockId> {
+        self.by_hash.get(hash).copied()
+    }
+
+    /// The entry of `hash`, if known.
+    pub fn by_hash(&self, hash: &BlockHash) -> Option<&IndexEntry> {
+        self.id_of(hash).and_then(|id| self.get(id))
+    }
+
+    /// All entries, in id order.
+    pub fn entries(&self) -> &[IndexEntry] {
+        &self.entries
+    }
+
+    /// The active chain's tip.
+    pub fn tip(&self) -> &IndexEntry {
+        // invariant: `active` always holds at least genesis.
+        let id = *self.active.last().expect("invariant: active chain holds genesis");
+        &self.entries[id.0 as usize]
+    }
+
+    /// The active chain's tip height.
+    pub fn tip_height(&self) -> u32 {
+        (self.active.len() - 1) as u32
+    }
+
+    /// The block at `height` on the active chain.
+    pub fn active_at(&self, height: u32) -> Option<&IndexEntry> {
+        self.active.get(height as usize).map(|id| &self.entries[id.0 as usize])
+    }
+
+    /// Whether `id` is on the active chain.
+    pub fn is_active(&self, id: BlockId) -> bool {
+        self.get(id).is_some_and(|e| self.active.get(e.height as usize) == Some(&id))
+    }
+
+    /// Sets the status of `id`.
+    pub fn set_status(&mut self, id: BlockId, status: BlockStatus) {
+        if let Some(e) = self.entries.get_mut(id.0 as usize) {
+            e.status = status;
+        }
+    }
+
+    /// Marks `id` invalid and every known descendant invalid-ancestor;
+    /// returns the ids whose status changed.
+    pub fn mark_invalid(&mut self, id: BlockId) -> Vec<BlockId> {
+        let mut changed = vec![id];
+        self.set_status(id, BlockStatus::Invalid);
+        // Children always have larger ids than their parents.
+        for i in (id.0 as usize + 1)..self.entries.len() {
+            let parent_bad = self.entries[i]
+                .prev
+                .is_some_and(|p| self.entries[p.0 as usize].status.is_invalid());
+            if parent_bad && !self.entries[i].status.is_invalid() {
+                self.entries[i].status = BlockStatus::InvalidAncestor;
+                changed.push(BlockId(i as u32));
+            }
+        }
+        changed
+    }
+
+    /// The ancestor of `id` at `height` (walks parents: O(depth)).
+    pub fn ancestor(&self, id: BlockId, height: u32) -> Option<&IndexEntry> {
+        let mut e = self.get(id)?;
+        if height > e.height {
+            return None;
+        }
+        // Fast path: blocks of the active chain.
+        if self.is_active(id) {
+            return self.active_at(height);
+        }
+        while e.height > height {
+            e = self.get(e.prev?)?;
+            if self.is_active(e.id) {
+                return self.active_at(height);
+            }
+        }
+        Some(e)
+    }
+
+    /// Median of the timestamps of `id` and its 10 predecessors (BIP113's
+    /// median-time-past of the chain ending at `id`).
+    pub fn median_time_past(&self, id: BlockId) -> u32 {
+        let mut times = Vec::with_capacity(11);
+        let mut cur = self.get(id);
+        while let Some(e) = cur {
+            times.push(e.header.time);
+            if times.len() == 11 {
+                break;
+            }
+            cur = e.prev.and_then(|p| self.get(p));
+        }
+        times.sort_unstable();
+        times.get(times.len() / 2).copied().unwrap_or(0)
+    }
+
+    /// The `nBits` a child of `prev` must carry (Core's
+    /// `GetNextWorkRequired`, with testnet's 20-minute rule and BIP94).
+    pub fn next_work_required(&self, prev: &IndexEntry, time: u32) -> CompactTarget {
+        let pow = &self.params.pow;
+        let pow_limit_bits = pow.pow_limit.to_compact_lossy();
+        let interval = (pow.pow_target_timespan / pow.pow_target_spacing) as u32;
+        let height = prev.height + 1;
+        if height % interval != 0 {
+            if pow.allow_min_difficulty_blocks {
+                // Testnet: a block more than 2 * spacing after its parent may
+                // use the minimum difficulty.
+                if u64::from(time) > u64::from(prev.header.time) + pow.pow_target_spacing * 2 {
+                    return pow_limit_bits;
+                }
+                // Otherwise the last non-min-difficulty block's bits.
+                let mut e = prev;
+                while let Some(parent) = e.prev.and_then(|p| self.get(p)) {
+                    if e.height % interval == 0 || e.header.bits != pow_limit_bits {
+                        break;
+                    }
+                    e = parent;
+                }
+                return e.header.bits;
+            }
+            return prev.header.bits;
+        }
+        if pow.no_pow_retargeting {
+            return prev.header.bits;
+        }
+        let first_height = height - interval;
+        let Some(first) = self.ancestor(prev.id, first_height) else {
+            return prev.header.bits;
+        };
+        let timespan = u64::from(prev.header.time.saturating_sub(first.header.time));
+        // BIP94: retarget from the first block of the period, not the last
+        // (which may be a min-difficulty block).
+        let base = if self.params.enforce_bip94 { first.header.bits } else { prev.header.bits };
+        CompactTarget::from_next_work_required(base, timespan, pow)
+    }
+
+    /// Checks `header` against its parent and the clock `now` (seconds since
+    /// the epoch) and adds it with status [`BlockStatus::HeadersOnly`];
+    /// returns its id. A header already known returns its id unchanged.
+    ///
+    /// # Errors
+    /// [`HeaderError`] naming the broken rule; the index is unchanged.
+    pub fn accept_header(&mut self, header: &Header, now: u64) -> Result<BlockId, HeaderError> {
+        let hash = header.block_hash();
+        if let Some(id) = self.id_of(&hash) {
+            return Ok(id);
+        }
+        let prev_id = self
+            .id_of(&header.prev_blockhash)
+            .ok_or(HeaderError::UnknownParent { hash, prev: header.prev_blockhash })?;
+        let prev = &self.entries[prev_id.0 as usize];
+        if prev.status.is_invalid() {
+            return Err(HeaderError::InvalidParent { hash });
+        }
+        let height = prev.height + 1;
+        let expected = self.next_work_required(prev, header.time);
+        if header.bits != expected {
+            return Err(HeaderError::BadDiffBits {
+                hash,
+                height,
+                got: header.bits.to_consensus(),
+                expected: expected.to_consensus(),
+            });
+        }
+        let target = Target::from_compact(header.bits);
+        if header.validate_pow(target).is_err() {
+            return Err(HeaderError::HighHash { hash });
+        }
+        let mtp = self.median_time_past(prev_id);
+        if header.time <= mtp {
+            return Err(HeaderError::TimeTooOld { hash, time: header.time, mtp });
+        }
+        if u64::from(header.time) > now + MAX_FUTURE_BLOCK_TIME {
+            return Err(HeaderError::TimeTooNew { hash, time: header.time, now });
+        }
+        let interval = (self.params.pow.pow_target_timespan / self.params.pow.pow_target_spacing) as u32;
+        if self.params.enforce_bip94
+            && height % interval == 0
+            && header.time < prev.header.time.saturating_sub(MAX_TIMEWARP)
+        {
+            return Err(HeaderError::TimeWarp { hash });
+        }
+        let version = header.version.to_consensus();
+        let p = &self.params;
+        if (version < 2 && height >= p.bip34_height)
+            || (version < 3 && height >= p.bip66_height)
+            || (version < 4 && height >= p.bip65_height)
+        {
+            return Err(HeaderError::BadVersion { hash, version, height });
+        }
+        let id = u32::try_from(self.entries.len()).map_err(|_| HeaderError::IndexFull)?;
+        let id = BlockId(id);
+        let chainwork = prev.chainwork + header.work();
+        self.entries.push(IndexEntry {
+            id,
+            hash,
+            header: *header,
+            height,
+            chainwork,
+            status: BlockStatus::HeadersOnly,
+            prev: Some(prev_id),
+        });
+        self.by_hash.insert(hash, id);
+        Ok(id)
+    }
+
+    /// Makes `tip` the active chain's tip: rewrites `active` from the fork
+    /// point up (O(reorg depth)). Returns the fork height.
+    pub fn set_active_tip(&mut self, tip: BlockId) -> u32 {
+        let mut branch = Vec::new();
+        let mut cur = tip;
+        loop {
+            let e = &self.entries[cur.0 as usize];
+            if self.active.get(e.height as usize) == Some(&cur) {
+                break;
+            }
+            branch.push(cur);
+            match e.prev {
+                Some(p) => cur = p,
+                None => break,
+            }
+        }
+        let fork_height = branch
+            .last()
+            .map(|id| self.entries[id.0 as usize].height.saturating_sub(1))
+            .unwrap_or(self.entries[tip.0 as usize].height);
+        let keep = if branch.is_empty() {
+            self.entries[tip.0 as usize].height as usize + 1
+        } else {
+            self.entries[branch.last().map(|id| id.0 as usize).unwrap_or(0)].height as usize
+        };
+        self.active.truncate(keep);
+        self.active.extend(branch.into_iter().rev());
+        fork_height
+    }
+
+    /// The last common block of `a`'s chain and `b`'s chain.
+    pub fn fork_point(&self, a: BlockId, b: BlockId) -> Option<BlockId> {
+        let (mut x, mut y) = (self.get(a)?, self.get(b)?);
+        while x.height > y.height {
+            x = self.get(x.prev?)?;
+        }
+        while y.height > x.height {
+            y = self.get(y.prev?)?;
+        }
+        while x.id != y.id {
+            x = self.get(x.prev?)?;
+            y = self.get(y.prev?)?;
+        }
+        Some(x.id)
+    }
+
+    /// The blocks after `ancestor` up to `tip`, in chain order.
+    pub fn path_from(&self, ancestor: BlockId, tip: BlockId) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        let mut cur = self.get(tip);
+        while let Some(e) = cur {
+            if e.id == ancestor {
+                break;
+            }
+            out.push(e.id);
+            cur = e.prev.and_then(|p| self.get(p));
+        }
+        out.reverse();
+        out
+    }
+
+    /// The most-work block whose status is not invalid and all of whose
+    /// ancestors have their data (the candidate for the active tip); ties go
+    /// to the lower id (first seen).
+    pub fn best_candidate(&self) -> BlockId {
+        let mut best = self.tip().id;
+        for e in &self.entries {
+            if !e.status.has_data() || e.chainwork <= self.entries[best.0 as usize].chainwork {
+                continue;
+            }
+            if self.chain_has_data(e.id) {
+                best = e.id;
+            }
+        }
+        best
+    }
+
+    fn chain_has_data(&self, id: BlockId) -> bool {
+        let mut cur = self.get(id);
+        while let Some(e) = cur {
+            if self.is_active(e.id) {
+                return true;
+            }
+            if !e.status.has_data() {
+                return false;
+            }
+            cur = e.prev.and_then(|p| self.get(p));
+        }
+        true
+    }
+
+    /// A block locator for the active chain (Core's `LocatorEntries`): the
+    /// last 10 blocks, then exponentially sparser, ending at genesis; at most
+    /// 101 entries would be allowed, this yields about 10 + log2(height).
+    pub fn locator(&self) -> Vec<BlockHash> {
+        let mut out = Vec::new();
+        let mut height = i64::from(self.tip_height());
+        let mut step = 1i64;
+        while height >= 0 {
+            if let Some(e) = self.active_at(height as u32) {
+                out.push(e.hash);
+            }
+            if out.len() >= 10 {
+                step *= 2;
+            }
+            height -= step;
+        }
+        if out.last() != Some(&self.params.genesis_hash()) {
+            out.push(self.params.genesis_hash());
+        }
+        out
+    }
+
+    /// Every chain tip (a block with no child): the active tip and every
+    /// other leaf, with its fork point's height on the active chain.
+    pub fn tips(&self) -> Vec<ChainTip> {
+        let mut has_child = vec![false; self.entries.len()];
+        for e in &self.entries {
+            if let Some(p) = e.prev {
+                has_child[p.0 as usize] = true;
+            }
+        }
+        let tip = self.tip().id;
+        let mut out = Vec::new();
+        for e in &self.entries {
+            if has_child[e.id.0 as usize] && e.id != tip {
+                continue;
+            }
+            let fork = self.fork_point(e.id, tip).and_then(|f| self.get(f));
+            let branch_len = fork.map(|f| e.height - f.height).unwrap_or(0);
+            let status = if e.id == tip {
+                TipStatus::Active
+            } else if e.status.is_invalid() {
+                TipStatus::Invalid
+            } else if e.status == BlockStatus::Valid {
+                TipStatus::ValidFork
+            } else if e.status == BlockStatus::HaveData {
+                TipStatus::ValidHeaders
+            } else {
+                TipStatus::HeadersOnly
+            };
+            out.push(ChainTip { height: e.height, hash: e.hash, branch_len, status });
+        }
+        out.sort_by(|a, b| b.height.cmp(&a.height).then(a.hash.cmp(&b.hash)));
+        out
+    }
+
+    /// A view of the branch ending at `tip`.
+    pub fn view(&self, tip: BlockId) -> BranchView<'_> {
+        BranchView { index: self, tip }
+    }
+}
+
+/// One entry of [`BlockIndex::tips`] (Core's `getchaintips`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ChainTip {
+    /// Height of the tip.
+    pub height: u32,
+    /// Hash of the tip.
+    pub hash: BlockHash,
+    /// Blocks between the tip and the active chain (0 for the active tip).
+    pub branch_len: u32,
+    /// Core's status string.
+    pub status: TipStatus,
+}
+
+/// Status of a chain tip, with Core's names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TipStatus {
+    /// The active tip.
+    Active,
+    /// A fully validated branch not on the active chain.
+    ValidFork,
+    /// Data stored but not validated.
+    ValidHeaders,
+    /// Only the headers are known.
+    HeadersOnly,
+    /// The branch contains an invalid block.
+    Invalid,
+}
+
+/// Errors rebuilding the index from storage.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IndexLoadError {
+    /// Ids are not 0, 1, 2, …
+    #[error("block index entry {id} out of sequence")]
+    NotDense {
+        /// The offending id.
+        id: u32,
+    },
+    /// A parent is stored after its child.
+    #[error("block index entry {id} names a later parent")]
+    ParentAfterChild {
+        /// The offending id.
+        id: u32,
+    },
+    /// Entry 0 is not this network's genesis block.
+    #[error("block index does not start with this network's genesis block")]
+    WrongGenesis,
+    /// The stored tip is not in the index.
+    #[error("stored tip {id} is not in the block index")]
+    UnknownTip {
+        /// The stored tip id.
+        id: u32,
+    },
+}
+
+/// The branch ending at one tip, as a [`ChainView`] and a
+/// [`BlockOracle`]-style height lookup. Membership is O(1) for blocks of
+/// the active chain below the fork point, O(branch length) otherwise.
+#[derive(Clone, Copy)]
+pub struct BranchView<'a> {
+    index: &'a BlockIndex,
+    tip: BlockId,
+}
+
+impl BranchView<'_> {
+    /// The view's tip.
+    pub fn tip(&self) -> BlockId {
+        self.tip
+    }
+}
+
+impl ChainView for BranchView<'_> {
+    fn contains(&self, block: BlockId) -> bool {
+        let Some(e) = self.index.get(block) else { return false };
+        self.index.ancestor(self.tip, e.height).is_some_and(|a| a.id == block)
+    }
+}
+
+/// The active chain as seen by the UTXO table's purge rules.
+impl BlockOracle for BlockIndex {
+    fn best_height(&self, block: BlockId) -> Option<u32> {
+        self.is_active(block).then(|| self.entries[block.0 as usize].height)
+    }
+
+    fn height(&self, block: BlockId) -> Option<u32> {
+        self.get(block).map(|e| e.height)
+    }
+
+    fn tip_height(&self) -> u32 {
+        BlockIndex::tip_height(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bitcoin::Network;
+
+    fn mainnet_headers() -> Vec<Header> {
+        let data = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testnet-data/mainnet-samples/mainnet-blocks-1-256.dat"
+        ))
+        .unwrap();
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos + 8 <= data.len() {
+            let len = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().unwrap()) as usize;
+            let block: bitcoin::Block =
+                bitcoin::consensus::deserialize(&data[pos + 8..pos + 8 + len]).unwrap();
+            out.push(block.header);
+            pos += 8 + len;
+        }
+        out
+    }
+
+    #[test]
+    fn mainnet_headers_connect_and_tampering_is_refused() {
+        let mut index = BlockIndex::new(ChainParams::new(Network::Bitcoin));
+        let headers = mainnet_headers();
+        assert_eq!(headers.len(), 256);
+        let now = 2_000_000_000;
+        for h in &headers {
+            index.accept_header(h, now).unwrap();
+        }
+        assert_eq!(index.len(), 257);
+        // A nonce change breaks the proof of work.
+        let mut bad = headers[10];
+        bad.nonce ^= 1;
+        assert!(matches!(index.accept_header(&bad, now), Err(HeaderError::HighHash { .. })));
+        // Wrong bits.
+        let mut bad = headers[10];
+        bad.bits = CompactTarget::from_consensus(0x1d00fffe);
+        assert!(matches!(index.accept_header(&bad, now), Err(HeaderError::BadDiffBits { .. })));
+        // A block from the future (against a clock in 2009).
+        let mut index = BlockIndex::new(ChainParams::new(Network::Bitcoin));
+        let first = headers[0];
+        let err = index.accept_header(&first, u64::from(first.time) - 3 * 3600).unwrap_err();
+        assert!(matches!(err, HeaderError::TimeTooNew { .. }));
+    }
+
+    #[test]
+    fn locator_and_mtp() {
+        let mut index = BlockIndex::new(ChainParams::new(Network::Bitcoin));
+        let headers = mainnet_headers();
+        let mut last = BlockId(0);
+        for h in &headers {
+            last = index.accept_header(h, 2_000_000_000).unwrap();
+            index.set_status(last, BlockStatus::Valid);
+        }
+        index.set_active_tip(last);
+        assert_eq!(index.tip_height(), 256);
+        let loc = index.locator();
+        assert_eq!(loc[0], headers[255].block_hash());
+        assert_eq!(*loc.last().unwrap(), index.params().genesis_hash());
+        assert!(loc.len() <= 101);
+        let mut times: Vec<u32> = headers[245..256].iter().map(|h| h.time).collect();
+        times.sort_unstable();
+        assert_eq!(index.median_time_past(last), times[5]);
+    }
+}

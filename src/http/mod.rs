@@ -1,0 +1,299 @@
+//! The HTTP API (axum): an Esplora-compatible subset, Bitcoin Core's REST
+//! filter paths, and kakehi's own routes. Every error is JSON
+//! `{"code": <status>, "message": <text>}` with the matching status.
+//! Reads take the chain state's read lock on a blocking thread, so they see
+//! only committed block boundaries and never stall the executor.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use bitcoin::consensus::encode::{serialize, serialize_hex};
+use bitcoin::hashes::Hash;
+use bitcoin::BlockHash;
+
+use crate::pipeline::Chainstate;
+
+/// Largest `count` of `/rest/blockfilterheaders` (Core's `MAX_REST_HEADERS_RESULTS`).
+pub const MAX_FILTER_HEADERS: u32 = 2000;
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    /// The chain state (read side).
+    pub chain: Arc<RwLock<Chainstate>>,
+}
+
+/// An API error: status and message, rendered as `{"code","message"}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into() }
+    }
+    fn bad_request(m: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, m)
+    }
+    fn not_found(m: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, m)
+    }
+    fn internal(m: impl std::fmt::Display) -> Self {
+        tracing::error!("HTTP internal error: {m}");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error (see the node's log)")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "code": self.status.as_u16(), "message": self.message });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Runs `f` with the chain state's read lock on a blocking thread.
+async fn read<T: Send + 'static>(
+    state: &AppState,
+    f: impl FnOnce(&Chainstate) -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    let chain = state.chain.clone();
+    tokio::task::spawn_blocking(move || {
+        let cs = chain.read().map_err(|_| ApiError::internal("chain state lock poisoned"))?;
+        f(&cs)
+    })
+    .await
+    .map_err(ApiError::internal)?
+}
+
+fn parse_hash(s: &str) -> ApiResult<BlockHash> {
+    if s.len() != 64 {
+        return Err(ApiError::bad_request(format!("invalid block hash {s:?}: expected 64 hex characters")));
+    }
+    s.parse().map_err(|_| ApiError::bad_request(format!("invalid block hash {s:?}")))
+}
+
+fn text(s: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain")], s).into_response()
+}
+
+/// The response formats of Core's REST interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    Bin,
+    Hex,
+    Json,
+}
+
+/// Splits `"<hash>.<ext>"`.
+fn split_format(s: &str) -> ApiResult<(&str, Format)> {
+    let (name, ext) = s
+        .rsplit_once('.')
+        .ok_or_else(|| ApiError::bad_request("output format not found (available: .bin, .hex, .json)"))?;
+    let f = match ext {
+        "bin" => Format::Bin,
+        "hex" => Format::Hex,
+        "json" => Format::Json,
+        _ => return Err(ApiError::bad_request(format!("unknown format .{ext} (available: .bin, .hex, .json)"))),
+    };
+    Ok((name, f))
+}
+
+/// Renders raw bytes as `.bin` (octet-stream) or, for any other format,
+/// `.hex` (lowercase hex and a newline, as Core does).
+fn bin_or_hex(bytes: Vec<u8>, f: Format) -> Response {
+    match f {
+        Format::Bin => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        _ => text(format!("{}\n", hex(&bytes))),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+async fn tip_height(State(s): State<AppState>) -> ApiResult<Response> {
+    read(&s, |cs| Ok(text(cs.index().tip_height().to_string()))).await
+}
+
+async fn tip_hash(State(s): State<AppState>) -> ApiResult<Response> {
+    read(&s, |cs| Ok(text(cs.index().tip().hash.to_string()))).await
+}
+
+async fn block_at_height(State(s): State<AppState>, Path(height): Path<String>) -> ApiResult<Response> {
+    let height: u32 = height.parse().map_err(|_| ApiError::bad_request(format!("invalid height {height:?}")))?;
+    read(&s, move |cs| {
+        cs.index()
+            .active_at(height)
+            .map(|e| text(e.hash.to_string()))
+            .ok_or_else(|| ApiError::not_found(format!("no block at height {height}")))
+    })
+    .await
+}
+
+async fn block_header(State(s): State<AppState>, Path(hash): Path<String>) -> ApiResult<Response> {
+    let hash = parse_hash(&hash)?;
+    read(&s, move |cs| {
+        cs.index()
+            .by_hash(&hash)
+            .map(|e| text(serialize_hex(&e.header)))
+            .ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))
+    })
+    .await
+}
+
+async fn chain_tips(State(s): State<AppState>) -> ApiResult<Response> {
+    read(&s, |cs| Ok(Json(cs.index().tips()).into_response())).await
+}
+
+async fn utxo_stats(State(s): State<AppState>) -> ApiResult<Response> {
+    read(&s, |cs| Ok(Json(cs.utxo_stats()).into_response())).await
+}
+
+async fn health(State(s): State<AppState>) -> ApiResult<Response> {
+    read(&s, |cs| {
+        let tip = cs.index().tip();
+        Ok(Json(serde_json::json!({
+            "status": "ok",
+            "network": cs.params().name(),
+            "tip_height": tip.height,
+            "tip_hash": tip.hash,
+        }))
+        .into_response())
+    })
+    .await
+}
+
+async fn rest_blockfilter(State(s): State<AppState>, Path(file): Path<String>) -> ApiResult<Response> {
+    let (hash, format) = split_format(&file)?;
+    let hash = parse_hash(hash)?;
+    read(&s, move |cs| {
+        let id = cs.index().id_of(&hash).ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
+        let (filter, _) = cs
+            .filter(id)
+            .map_err(ApiError::internal)?
+            .ok_or_else(|| ApiError::not_found(format!("no filter for block {hash} (not connected)")))?;
+        if format == Format::Json {
+            return Ok(Json(serde_json::json!({ "filter": hex(&filter) })).into_response());
+        }
+        // Core serializes a BlockFilter: type u8, block hash, CompactSize-prefixed filter.
+        let mut bytes = vec![0u8];
+        bytes.extend_from_slice(hash.as_byte_array());
+        bytes.extend_from_slice(&serialize(&filter));
+        Ok(bin_or_hex(bytes, format))
+    })
+    .await
+}
+
+#[derive(serde::Deserialize)]
+struct CountQuery {
+    count: Option<String>,
+}
+
+async fn rest_filterheaders(
+    State(s): State<AppState>,
+    Path(file): Path<String>,
+    Query(q): Query<CountQuery>,
+) -> ApiResult<Response> {
+    let count = q.count.unwrap_or_else(|| "5".into());
+    filterheaders(s, file, count).await
+}
+
+async fn rest_filterheaders_legacy(
+    State(s): State<AppState>,
+    Path((count, file)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    filterheaders(s, file, count).await
+}
+
+async fn filterheaders(s: AppState, file: String, count: String) -> ApiResult<Response> {
+    let (hash, format) = split_format(&file)?;
+    let hash = parse_hash(hash)?;
+    let count: u32 = count
+        .parse()
+        .ok()
+        .filter(|c| (1..=MAX_FILTER_HEADERS).contains(c))
+        .ok_or_else(|| ApiError::bad_request(format!("count must be 1..={MAX_FILTER_HEADERS}, got {count:?}")))?;
+    read(&s, move |cs| {
+        let index = cs.index();
+        let start = index.by_hash(&hash).ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
+        // Like Core: walk the active chain from the block (if it is on it).
+        let mut ids = vec![start.id];
+        if index.is_active(start.id) {
+            for h in start.height + 1..start.height + count {
+                match index.active_at(h) {
+                    Some(e) => ids.push(e.id),
+                    None => break,
+                }
+            }
+        }
+        let mut headers = Vec::with_capacity(ids.len());
+        for id in ids {
+            match cs.filter(id).map_err(ApiError::internal)? {
+                Some((_, h)) => headers.push(h),
+                None => break,
+            }
+        }
+        if headers.is_empty() {
+            return Err(ApiError::not_found(format!("no filter header for block {hash} (not connected)")));
+        }
+        if format == Format::Json {
+            let list: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+            return Ok(Json(list).into_response());
+        }
+        let mut bytes = Vec::with_capacity(headers.len() * 32);
+        for h in &headers {
+            bytes.extend_from_slice(h.as_byte_array());
+        }
+        Ok(bin_or_hex(bytes, format))
+    })
+    .await
+}
+
+async fn fallback() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+/// The router with every route.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/blocks/tip/height", get(tip_height))
+        .route("/blocks/tip/hash", get(tip_hash))
+        .route("/block-height/{height}", get(block_at_height))
+        .route("/block/{hash}/header", get(block_header))
+        .route("/chain/tips", get(chain_tips))
+        .route("/utxo/stats", get(utxo_stats))
+        .route("/health", get(health))
+        .route("/rest/blockfilter/basic/{file}", get(rest_blockfilter))
+        .route("/rest/blockfilterheaders/basic/{file}", get(rest_filterheaders))
+        .route("/rest/blockfilterheaders/basic/{count}/{file}", get(rest_filterheaders_legacy))
+        .fallback(fallback)
+        .with_state(state)
+}
+
+/// Serves the API on `addr` until `shutdown` resolves.
+///
+/// # Errors
+/// Binding or serving fails.
+pub async fn serve(
+    addr: SocketAddr,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "HTTP API listening");
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}

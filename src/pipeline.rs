@@ -1,0 +1,807 @@
+//! The block pipeline: the one writer. Blocks go in, are checked, connected
+//! against the UTXO table under their branch's view, their BIP-158 filter is
+//! built, and each block ends in one commit across all stores.
+//!
+//! Commit order at every block boundary (see `docs/architecture.md`):
+//! 1. flat files (block, filter, spent outputs) appended and fsynced;
+//! 2. the index database (sled) batch with the tip marker, flushed;
+//! 3. the UTXO table's commit.
+//!
+//! A crash between 2 and 3 leaves the table one block behind the index; at
+//! start-up [`Chainstate::open`] replays that block (the index names it in
+//! `sozu_last`). A crash before 2 loses only data no index entry points to;
+//! the flat files are truncated to their committed length.
+//!
+//! Reorgs use no undo data: the table's entries carry their production and
+//! consumption blocks, so switching the active chain is switching the view.
+//! A branch with more work is connected block by block under its own view,
+//! each block a boundary; a block that fails marks its branch invalid and
+//! the node returns to the best valid tip. Reorgs deeper than
+//! [`PURGE_DEPTH`] blocks are refused.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bitcoin::bip158::{BlockFilter, FilterHeader};
+use bitcoin::consensus::{deserialize, serialize};
+use bitcoin::hashes::Hash;
+use bitcoin::pow::Work;
+use bitcoin::{Block, BlockHash, OutPoint};
+
+use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
+use crate::chain::ChainParams;
+use crate::filters;
+use crate::sozu::{
+    BlockId, BlockWrite, ChainView, Coin, CommitTag, Consumption, NewOutput, SozuError,
+    UtxoTable, ViewStatus, PURGE_DEPTH,
+};
+use crate::store::{BlockRecord, FileLoc, FlatFiles, FlatPos, Store, StoreError, WriteBatch, META_TIP};
+use crate::validation::{self, BlockContext, BlockError, SpentOutput};
+
+/// Maximum size of one flat file, bytes (Core's `MAX_BLOCKFILE_SIZE`).
+const MAX_FLAT_FILE_SIZE: u64 = 128 * 1024 * 1024;
+/// Meta key: the last block whose changes were written to the UTXO table.
+const META_SOZU_LAST: &str = "sozu_last";
+
+/// Errors that stop the pipeline (storage), as opposed to invalid blocks,
+/// which are reported in [`SubmitOutcome`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PipelineError {
+    /// The index database or a flat file failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The UTXO table failed.
+    #[error("UTXO table: {0}")]
+    Sozu(#[from] SozuError),
+    /// A flat file failed.
+    #[error(transparent)]
+    Flat(#[from] crate::store::FlatFileError),
+    /// Stored data contradicts itself.
+    #[error("inconsistent datadir: {reason}")]
+    Inconsistent {
+        /// What does not match.
+        reason: String,
+    },
+    /// The stored block index is corrupt.
+    #[error("block index: {0}")]
+    Index(#[from] crate::chain::index::IndexLoadError),
+    /// A filter could not be built.
+    #[error("filter of block {hash}: {source}")]
+    Filter {
+        /// The block.
+        hash: BlockHash,
+        /// The cause.
+        #[source]
+        source: filters::FilterError,
+    },
+}
+
+/// What happened to a submitted block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitOutcome {
+    /// The block was stored; the active tip is now `tip` (unchanged if the
+    /// block is on a branch with less work).
+    Accepted {
+        /// Active tip after the submission.
+        tip: BlockHash,
+        /// Active tip height.
+        height: u32,
+    },
+    /// Already stored.
+    Duplicate,
+    /// Refused; nothing changed but, where the block itself is invalid, its
+    /// status in the index.
+    Rejected {
+        /// Core's reject string.
+        reason: &'static str,
+        /// A readable description.
+        detail: String,
+    },
+}
+
+/// Counters since start-up.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PipelineStats {
+    /// Blocks connected to the UTXO table.
+    pub blocks_connected: u64,
+    /// Blocks rejected (invalid, orphan, mutated).
+    pub blocks_rejected: u64,
+    /// Reorganisations (active tip moved to a block that does not extend it).
+    pub reorgs: u64,
+    /// Reorgs refused for being deeper than 100 blocks.
+    pub reorgs_refused: u64,
+}
+
+/// Per-block data that is not part of the chain index proper.
+#[derive(Clone, Debug, Default)]
+struct BlockMeta {
+    data: Option<FileLoc>,
+    filter: Option<FileLoc>,
+    spent: Option<FileLoc>,
+    filter_header: [u8; 32],
+    txouts: u64,
+    total_sats: u64,
+    tx_count: u32,
+    reject_reason: String,
+}
+
+/// The UTXO set summary of the active chain (like Core's `gettxoutsetinfo`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct UtxoStats {
+    /// Number of unspent outputs.
+    pub txouts: u64,
+    /// Their total value, sats.
+    pub total_amount_sats: u64,
+    /// Active tip hash.
+    pub bestblock: BlockHash,
+    /// Active tip height.
+    pub height: u32,
+}
+
+/// The node's chain state: block index, stores, UTXO table. One writer.
+pub struct Chainstate {
+    params: ChainParams,
+    index: BlockIndex,
+    meta: Vec<BlockMeta>,
+    store: Store,
+    blocks: FlatFiles,
+    filters: FlatFiles,
+    spent: FlatFiles,
+    table: Box<dyn UtxoTable + Send + Sync>,
+    refused_tips: HashSet<BlockId>,
+    stats: PipelineStats,
+    datadir: PathBuf,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn flat_pos_bytes(p: FlatPos) -> Vec<u8> {
+    let mut v = p.file.to_be_bytes().to_vec();
+    v.extend_from_slice(&p.len.to_be_bytes());
+    v
+}
+
+fn flat_pos_from(bytes: Option<Vec<u8>>) -> FlatPos {
+    match bytes {
+        Some(b) if b.len() == 12 => FlatPos {
+            file: u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+            len: u64::from_be_bytes([b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11]]),
+        },
+        _ => FlatPos::default(),
+    }
+}
+
+/// Encodes a block's spent outputs (prevouts) for the `spent/` files:
+/// count u32 LE, then per output: txid (32) ‖ vout u32 LE ‖ value u64 LE ‖
+/// creation height u32 LE ‖ coinbase u8 ‖ spending txid (32) ‖ vin u32 LE ‖
+/// script length u32 LE ‖ script.
+pub fn encode_spent(spent: &[SpentOutput]) -> Vec<u8> {
+    let mut v = (spent.len() as u32).to_le_bytes().to_vec();
+    for s in spent {
+        v.extend_from_slice(s.outpoint.txid.as_byte_array());
+        v.extend_from_slice(&s.outpoint.vout.to_le_bytes());
+        v.extend_from_slice(&s.coin.value.to_le_bytes());
+        v.extend_from_slice(&s.coin.height.to_le_bytes());
+        v.push(u8::from(s.coin.coinbase));
+        v.extend_from_slice(s.txid.as_byte_array());
+        v.extend_from_slice(&s.vin.to_le_bytes());
+        v.extend_from_slice(&(s.coin.script_pubkey.len() as u32).to_le_bytes());
+        v.extend_from_slice(&s.coin.script_pubkey);
+    }
+    v
+}
+
+/// Decodes [`encode_spent`]'s format; `None` if malformed.
+pub fn decode_spent(mut b: &[u8]) -> Option<Vec<SpentOutput>> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if b.len() < n {
+            return None;
+        }
+        let (x, y) = b.split_at(n);
+        *b = y;
+        Some(x)
+    }
+    let u32le = |x: &[u8]| u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+    let n = u32le(take(&mut b, 4)?) as usize;
+    let mut out = Vec::with_capacity(n.min(b.len() / 89));
+    for _ in 0..n {
+        let txid = bitcoin::Txid::from_byte_array(take(&mut b, 32)?.try_into().ok()?);
+        let vout = u32le(take(&mut b, 4)?);
+        let value = u64::from_le_bytes(take(&mut b, 8)?.try_into().ok()?);
+        let height = u32le(take(&mut b, 4)?);
+        let coinbase = take(&mut b, 1)?[0] != 0;
+        let stxid = bitcoin::Txid::from_byte_array(take(&mut b, 32)?.try_into().ok()?);
+        let vin = u32le(take(&mut b, 4)?);
+        let len = u32le(take(&mut b, 4)?) as usize;
+        let script = take(&mut b, len)?.to_vec();
+        out.push(SpentOutput {
+            outpoint: OutPoint { txid, vout },
+            coin: Coin { value, script_pubkey: script, height, coinbase },
+            txid: stxid,
+            vin,
+        });
+    }
+    b.is_empty().then_some(out)
+}
+
+impl Chainstate {
+    /// Opens the chain state in `datadir` with the UTXO table `table`,
+    /// reconciling the stores after a crash (flat files truncated to their
+    /// committed length; a UTXO-table commit missing after the index's is
+    /// replayed).
+    ///
+    /// # Errors
+    /// [`PipelineError`] when a store fails or the datadir is inconsistent.
+    pub fn open(
+        params: ChainParams,
+        datadir: &Path,
+        table: Box<dyn UtxoTable + Send + Sync>,
+    ) -> Result<Self, PipelineError> {
+        let store = Store::open(&datadir.join("index"))?;
+        let magic = params.magic();
+        let pos = |name: &str| -> Result<FlatPos, StoreError> { Ok(flat_pos_from(store.meta(name)?)) };
+        let blocks = FlatFiles::open(&datadir.join("blocks"), "blk", magic, MAX_FLAT_FILE_SIZE, pos("flat_blocks")?)?;
+        let filters = FlatFiles::open(&datadir.join("filters"), "flt", magic, MAX_FLAT_FILE_SIZE, pos("flat_filters")?)?;
+        let spent = FlatFiles::open(&datadir.join("spent"), "sp", magic, MAX_FLAT_FILE_SIZE, pos("flat_spent")?)?;
+
+        let records = store.trees.block_by_id.values()?;
+        let (index, meta) = if records.is_empty() {
+            let index = BlockIndex::new(params.clone());
+            let genesis = BlockMeta {
+                filter_header: [0u8; 32],
+                tx_count: 1,
+                ..Default::default()
+            };
+            (index, vec![genesis])
+        } else {
+            let tip = store
+                .meta(META_TIP)?
+                .and_then(|b| <u32 as crate::store::Codec>::decode(&b))
+                .map(BlockId)
+                .ok_or_else(|| PipelineError::Inconsistent { reason: "no tip marker".into() })?;
+            let mut entries = Vec::with_capacity(records.len());
+            let mut metas = Vec::with_capacity(records.len());
+            for (i, r) in records.into_iter().enumerate() {
+                entries.push(IndexEntry {
+                    id: BlockId(i as u32),
+                    hash: r.header.block_hash(),
+                    header: r.header,
+                    height: r.height,
+                    chainwork: Work::from_be_bytes(r.chainwork),
+                    status: r.status,
+                    prev: r.prev,
+                });
+                metas.push(BlockMeta {
+                    data: r.data,
+                    filter: r.filter,
+                    spent: r.spent,
+                    filter_header: r.filter_header,
+                    txouts: r.txouts,
+                    total_sats: r.total_sats,
+                    tx_count: r.tx_count,
+                    reject_reason: r.reject_reason,
+                });
+            }
+            (BlockIndex::from_entries(params.clone(), entries, tip)?, metas)
+        };
+        let mut cs = Chainstate {
+            params,
+            index,
+            meta,
+            store,
+            blocks,
+            filters,
+            spent,
+            table,
+            refused_tips: HashSet::new(),
+            stats: PipelineStats::default(),
+            datadir: datadir.into(),
+        };
+        if cs.store.meta(META_TIP)?.is_none() {
+            // New datadir: persist genesis.
+            let mut batch = WriteBatch::default();
+            cs.put_record(&mut batch, BlockId(0));
+            batch.put_active(0, BlockId(0));
+            batch.put_meta(META_TIP, &0u32.to_be_bytes());
+            cs.store.commit(batch)?;
+        }
+        cs.reconcile_table()?;
+        Ok(cs)
+    }
+
+    /// Replays the last block written to the UTXO table if the table's
+    /// commit did not happen (crash between the index's commit and the
+    /// table's).
+    fn reconcile_table(&mut self) -> Result<(), PipelineError> {
+        let Some(last) = self.store.meta(META_SOZU_LAST)?.and_then(|b| <u32 as crate::store::Codec>::decode(&b)) else {
+            return Ok(());
+        };
+        let last = BlockId(last);
+        let committed = self.table.committed().map(|t| t.block);
+        if committed == Some(last) {
+            return Ok(());
+        }
+        let Some(entry) = self.index.get(last).cloned() else {
+            return Err(PipelineError::Inconsistent { reason: format!("sozu_last {} not in the index", last.0) });
+        };
+        tracing::warn!(height = entry.height, block_hash = %entry.hash, "UTXO table is one block behind the index: replaying it");
+        let block = self.read_block(last)?.ok_or_else(|| PipelineError::Inconsistent {
+            reason: format!("block {} has no stored data", entry.hash),
+        })?;
+        let parent = entry.prev.ok_or_else(|| PipelineError::Inconsistent { reason: "replay of genesis".into() })?;
+        let (write, _, _) = match self.validate(&block, &entry, parent)? {
+            Ok(v) => v,
+            Err(e) => {
+                return Err(PipelineError::Inconsistent {
+                    reason: format!("replayed block {} fails validation: {e}", entry.hash),
+                })
+            }
+        };
+        let tag = CommitTag { block: last, height: entry.height, block_hash: entry.hash.to_byte_array() };
+        self.table.write_block(&write, &self.index, &mut |_| {})?;
+        self.table.commit(tag)?;
+        if self.table.committed().map(|t| t.block) != Some(last) {
+            return Err(PipelineError::Inconsistent { reason: "UTXO table commit did not take".into() });
+        }
+        Ok(())
+    }
+
+    /// The network parameters.
+    pub fn params(&self) -> &ChainParams {
+        &self.params
+    }
+
+    /// The block index.
+    pub fn index(&self) -> &BlockIndex {
+        &self.index
+    }
+
+    /// Counters since start-up.
+    pub fn stats(&self) -> &PipelineStats {
+        &self.stats
+    }
+
+    /// The datadir.
+    pub fn datadir(&self) -> &Path {
+        &self.datadir
+    }
+
+    fn record(&self, id: BlockId) -> Option<BlockRecord> {
+        let e = self.index.get(id)?;
+        let m = self.meta.get(id.0 as usize)?;
+        Some(BlockRecord {
+            header: e.header,
+            height: e.height,
+            chainwork: e.chainwork.to_be_bytes(),
+            status: e.status,
+            prev: e.prev,
+            data: m.data,
+            filter: m.filter,
+            spent: m.spent,
+            filter_header: m.filter_header,
+            txouts: m.txouts,
+            total_sats: m.total_sats,
+            tx_count: m.tx_count,
+            reject_reason: m.reject_reason.clone(),
+        })
+    }
+
+    fn put_record(&self, batch: &mut WriteBatch, id: BlockId) {
+        if let Some(r) = self.record(id) {
+            batch.put_block(id, &r);
+        }
+    }
+
+    fn ensure_meta(&mut self) {
+        while self.meta.len() < self.index.len() {
+            self.meta.push(BlockMeta::default());
+        }
+    }
+
+    /// Reads and decodes the stored block `id`.
+    ///
+    /// # Errors
+    /// Flat-file failure or a stored block that no longer decodes.
+    pub fn read_block(&self, id: BlockId) -> Result<Option<Block>, PipelineError> {
+        let Some(raw) = self.read_block_raw(id)? else { return Ok(None) };
+        deserialize(&raw).map(Some).map_err(|_| PipelineError::Inconsistent {
+            reason: format!("stored block {} does not decode", id.0),
+        })
+    }
+
+    /// The stored serialized block `id` (with witness).
+    ///
+    /// # Errors
+    /// Flat-file failure.
+    pub fn read_block_raw(&self, id: BlockId) -> Result<Option<Vec<u8>>, PipelineError> {
+        match self.meta.get(id.0 as usize).and_then(|m| m.data) {
+            Some(loc) => Ok(Some(self.blocks.read(loc)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The BIP-158 basic filter and filter header of a connected block
+    /// (active or stale); `None` if the block has no filter yet.
+    ///
+    /// # Errors
+    /// Flat-file failure.
+    pub fn filter(&self, id: BlockId) -> Result<Option<(Vec<u8>, FilterHeader)>, PipelineError> {
+        if id == BlockId(0) {
+            let genesis = self.params.genesis_block();
+            let filter = filters::basic_filter(&genesis, &[]).map_err(|source| PipelineError::Filter {
+                hash: genesis.block_hash(),
+                source,
+            })?;
+            let header = filters::filter_header(&filter, FilterHeader::all_zeros());
+            return Ok(Some((filter.content, header)));
+        }
+        let Some(m) = self.meta.get(id.0 as usize) else { return Ok(None) };
+        match m.filter {
+            Some(loc) => Ok(Some((self.filters.read(loc)?, FilterHeader::from_byte_array(m.filter_header)))),
+            None => Ok(None),
+        }
+    }
+
+    /// The spent outputs (prevouts) of a connected block, in block order.
+    ///
+    /// # Errors
+    /// Flat-file failure or corrupt data.
+    pub fn spent_outputs(&self, id: BlockId) -> Result<Option<Vec<SpentOutput>>, PipelineError> {
+        let Some(loc) = self.meta.get(id.0 as usize).and_then(|m| m.spent) else { return Ok(None) };
+        let raw = self.spent.read(loc)?;
+        decode_spent(&raw)
+            .map(Some)
+            .ok_or_else(|| PipelineError::Inconsistent { reason: format!("spent outputs of block {} corrupt", id.0) })
+    }
+
+    /// The UTXO set summary of the active chain.
+    pub fn utxo_stats(&self) -> UtxoStats {
+        let tip = self.index.tip();
+        let m = &self.meta[tip.id.0 as usize];
+        UtxoStats { txouts: m.txouts, total_amount_sats: m.total_sats, bestblock: tip.hash, height: tip.height }
+    }
+
+    /// Calls `f` with every output unspent on the active chain, with its
+    /// creation height on that chain.
+    ///
+    /// # Errors
+    /// UTXO-table failure.
+    pub fn for_each_utxo(&mut self, f: &mut dyn FnMut(&OutPoint, &Coin, u32)) -> Result<(), PipelineError> {
+        let view = self.index.view(self.index.tip().id);
+        self.table.for_each(&mut |e| {
+            if let ViewStatus::Unspent = e.status_in(&view) {
+                let h = e.creation_height_in(&view).unwrap_or(e.coin.height);
+                f(&e.outpoint, &e.coin, h);
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Submits one block: header checks, context-free checks, storage, and
+    /// activation of the best chain (which may connect it, or a whole branch).
+    ///
+    /// # Errors
+    /// Storage failure only; invalid blocks are [`SubmitOutcome::Rejected`].
+    pub fn submit_block(&mut self, block: &Block) -> Result<SubmitOutcome, PipelineError> {
+        let hash = block.block_hash();
+        if let Some(e) = self.index.by_hash(&hash) {
+            if e.status.has_data() {
+                return Ok(SubmitOutcome::Duplicate);
+            }
+            if e.status.is_invalid() {
+                return Ok(self.reject("duplicate-invalid", format!("block {hash} is already known invalid")));
+            }
+        }
+        let id = match self.index.accept_header(&block.header, now_secs()) {
+            Ok(id) => id,
+            Err(e) => return Ok(self.reject(e.reject_reason(), e.to_string())),
+        };
+        self.ensure_meta();
+        let entry = self.index.get(id).cloned().ok_or_else(|| PipelineError::Inconsistent {
+            reason: "accepted header vanished".into(),
+        })?;
+        let parent = entry.prev.unwrap_or(BlockId(0));
+        let ctx_mtp = self.index.median_time_past(parent);
+        let ctx = BlockContext {
+            params: &self.params,
+            height: entry.height,
+            block_hash: hash,
+            prev_median_time_past: ctx_mtp,
+            median_time_past_at: &|h| self.index.ancestor(parent, h).map(|a| self.index.median_time_past(a.id)),
+        };
+        if let Err(e) = validation::check_block(block, &ctx) {
+            let reason = e.reject_reason();
+            let detail = e.to_string();
+            if e.is_mutation() {
+                // A mutated block (CVE-2012-2459 and friends) says nothing
+                // about the header: another body may be valid. The header
+                // stays headers-only.
+                return Ok(self.reject(reason, detail));
+            }
+            let changed = self.index.mark_invalid(id);
+            self.meta[id.0 as usize].reject_reason = reason.to_string();
+            let mut batch = WriteBatch::default();
+            for changed in changed {
+                self.put_record(&mut batch, changed);
+            }
+            self.store.commit(batch)?;
+            tracing::warn!(height = entry.height, block_hash = %hash, reason, "block rejected: {detail}");
+            return Ok(self.reject(reason, detail));
+        }
+        // Store the data.
+        let raw = serialize(block);
+        let loc = self.blocks.append(&raw)?;
+        self.blocks.sync()?;
+        self.meta[id.0 as usize].data = Some(loc);
+        self.meta[id.0 as usize].tx_count = block.txdata.len() as u32;
+        self.index.set_status(id, BlockStatus::HaveData);
+        let mut batch = WriteBatch::default();
+        self.put_record(&mut batch, id);
+        batch.put_meta("flat_blocks", &flat_pos_bytes(self.blocks.position()));
+        self.store.commit(batch)?;
+        self.activate_best_chain()?;
+        let status = self.index.get(id).map(|e| e.status);
+        if status.is_some_and(|s| s.is_invalid()) {
+            let m = &self.meta[id.0 as usize];
+            return Ok(SubmitOutcome::Rejected {
+                reason: reject_static(&m.reject_reason),
+                detail: format!("block {hash} is invalid: {}", m.reject_reason),
+            });
+        }
+        let tip = self.index.tip();
+        Ok(SubmitOutcome::Accepted { tip: tip.hash, height: tip.height })
+    }
+
+    fn reject(&mut self, reason: &'static str, detail: String) -> SubmitOutcome {
+        self.stats.blocks_rejected += 1;
+        SubmitOutcome::Rejected { reason, detail }
+    }
+
+    /// Moves the active tip to the most-work valid chain whose data is
+    /// stored, connecting blocks one by one.
+    fn activate_best_chain(&mut self) -> Result<(), PipelineError> {
+        loop {
+            let candidate = self.index.best_candidate();
+            let tip = self.index.tip().id;
+            if candidate == tip || self.refused_tips.contains(&candidate) {
+                return Ok(());
+            }
+            let Some(fork) = self.index.fork_point(tip, candidate) else {
+                return Ok(());
+            };
+            let fork_height = self.index.get(fork).map(|e| e.height).unwrap_or(0);
+            let depth = self.index.tip_height() - fork_height;
+            if depth > PURGE_DEPTH {
+                let c = self.index.get(candidate).map(|e| (e.hash, e.height));
+                tracing::error!(depth, candidate = ?c, "reorg deeper than {PURGE_DEPTH} blocks refused");
+                self.refused_tips.insert(candidate);
+                self.stats.reorgs_refused += 1;
+                return Ok(());
+            }
+            if fork != tip {
+                self.stats.reorgs += 1;
+                tracing::info!(depth, fork_height, "reorganisation");
+            }
+            for id in self.index.path_from(fork, candidate) {
+                let status = self.index.get(id).map(|e| e.status);
+                let ok = match status {
+                    Some(BlockStatus::Valid) => {
+                        self.switch_tip(id)?;
+                        true
+                    }
+                    Some(BlockStatus::HaveData) => self.connect(id)?,
+                    _ => false,
+                };
+                if !ok {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Makes the already-validated block `id` the active tip (a view switch:
+    /// no UTXO-table work) and commits.
+    fn switch_tip(&mut self, id: BlockId) -> Result<(), PipelineError> {
+        let mut batch = WriteBatch::default();
+        self.set_active(&mut batch, id);
+        self.store.commit(batch)?;
+        Ok(())
+    }
+
+    /// Sets `id` as active tip in memory and records the height rows and the
+    /// tip marker in `batch`.
+    fn set_active(&mut self, batch: &mut WriteBatch, id: BlockId) {
+        let old_height = self.index.tip_height();
+        let fork_height = self.index.set_active_tip(id);
+        let new_height = self.index.tip_height();
+        for h in fork_height + 1..=new_height {
+            if let Some(e) = self.index.active_at(h) {
+                batch.put_active(h, e.id);
+            }
+        }
+        for h in new_height + 1..=old_height {
+            batch.remove_active(h);
+        }
+        batch.put_meta(META_TIP, &id.0.to_be_bytes());
+    }
+
+    /// Validates block `entry` against the table under the view of its
+    /// parent's branch; returns the table write, the spent outputs and the
+    /// created count, or the block's error.
+    #[allow(clippy::type_complexity)]
+    fn validate(
+        &mut self,
+        block: &Block,
+        entry: &IndexEntry,
+        parent: BlockId,
+    ) -> Result<Result<(BlockWrite, Vec<SpentOutput>, Vec<(OutPoint, Coin)>), BlockError>, PipelineError> {
+        let txids: HashSet<bitcoin::Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
+        let mut keys: Vec<OutPoint> = Vec::new();
+        for tx in block.txdata.iter().skip(1) {
+            for input in &tx.input {
+                if !txids.contains(&input.previous_output.txid) {
+                    keys.push(input.previous_output);
+                }
+            }
+        }
+        // BIP30 candidates and proof of absence: a txid never stored before
+        // cannot have outputs in the table (BIP34 makes txids unique; only a
+        // transaction seen in another block may already be there).
+        let mut seen_before = HashSet::new();
+        for tx in &block.txdata {
+            let txid = tx.compute_txid();
+            if self.store.tx_known(&txid)? {
+                seen_before.insert(txid);
+                for vout in 0..tx.output.len() as u32 {
+                    keys.push(OutPoint { txid, vout });
+                }
+            }
+        }
+        let entries = self.table.get_batch(&keys)?;
+        let view = self.index.view(parent);
+        let mut coins = HashMap::with_capacity(keys.len());
+        for e in entries.into_iter().flatten() {
+            if let ViewStatus::Unspent = e.status_in(&view) {
+                let height = e.creation_height_in(&view).unwrap_or(e.coin.height);
+                coins.insert(e.outpoint, Coin { height, ..e.coin.clone() });
+            }
+        }
+        let ctx = BlockContext {
+            params: &self.params,
+            height: entry.height,
+            block_hash: entry.hash,
+            prev_median_time_past: self.index.median_time_past(parent),
+            median_time_past_at: &|h| self.index.ancestor(parent, h).map(|a| self.index.median_time_past(a.id)),
+        };
+        if let Err(e) = validation::check_block(block, &ctx) {
+            return Ok(Err(e));
+        }
+        let effects = match validation::connect_block(block, &ctx, &coins) {
+            Ok(fx) => fx,
+            Err(e) => return Ok(Err(e)),
+        };
+        let write = BlockWrite {
+            block: entry.id,
+            height: entry.height,
+            created: effects
+                .created
+                .iter()
+                .map(|(op, coin)| NewOutput {
+                    outpoint: *op,
+                    coin: coin.clone(),
+                    known_absent: !seen_before.contains(&op.txid),
+                })
+                .collect(),
+            spent: effects
+                .spent
+                .iter()
+                .map(|s| (s.outpoint, Consumption { block: entry.id, txid: s.txid, vin: s.vin }))
+                .collect(),
+        };
+        Ok(Ok((write, effects.spent, effects.created)))
+    }
+
+    /// Connects the stored block `id` (whose parent is the active tip).
+    /// Returns false if the block is invalid (it is then marked so).
+    fn connect(&mut self, id: BlockId) -> Result<bool, PipelineError> {
+        let entry = self.index.get(id).cloned().ok_or_else(|| PipelineError::Inconsistent {
+            reason: format!("block id {} not in index", id.0),
+        })?;
+        let parent = entry.prev.unwrap_or(BlockId(0));
+        let block = self.read_block(id)?.ok_or_else(|| PipelineError::Inconsistent {
+            reason: format!("block {} has no data", entry.hash),
+        })?;
+        let started = std::time::Instant::now();
+        let (write, spent, created) = match self.validate(&block, &entry, parent)? {
+            Ok(v) => v,
+            Err(e) => {
+                let reason = e.reject_reason();
+                tracing::warn!(height = entry.height, block_hash = %entry.hash, reason, "block invalid: {e}");
+                let changed = self.index.mark_invalid(id);
+                self.ensure_meta();
+                self.meta[id.0 as usize].reject_reason = reason.to_string();
+                let mut batch = WriteBatch::default();
+                for changed in changed {
+                    self.put_record(&mut batch, changed);
+                }
+                self.store.commit(batch)?;
+                self.stats.blocks_rejected += 1;
+                return Ok(false);
+            }
+        };
+        // Filter from the block and its spent scripts.
+        let scripts: Vec<&[u8]> = spent.iter().map(|s| s.coin.script_pubkey.as_slice()).collect();
+        let filter: BlockFilter = filters::basic_filter(&block, &scripts)
+            .map_err(|source| PipelineError::Filter { hash: entry.hash, source })?;
+        let prev_header = FilterHeader::from_byte_array(self.meta[parent.0 as usize].filter_header);
+        let prev_header = if parent == BlockId(0) {
+            self.filter(BlockId(0))?.map(|(_, h)| h).unwrap_or(prev_header)
+        } else {
+            prev_header
+        };
+        let header = filters::filter_header(&filter, prev_header);
+
+        // Flat files first.
+        let filter_loc = self.filters.append(&filter.content)?;
+        let spent_loc = self.spent.append(&encode_spent(&spent))?;
+        self.filters.sync()?;
+        self.spent.sync()?;
+
+        // Index batch.
+        let pm = &self.meta[parent.0 as usize];
+        let created_value: u64 = created.iter().map(|(_, c)| c.value).sum();
+        let spent_value: u64 = spent.iter().map(|s| s.coin.value).sum();
+        let txouts = (pm.txouts + created.len() as u64).saturating_sub(spent.len() as u64);
+        let total = (pm.total_sats + created_value).saturating_sub(spent_value);
+        {
+            let m = &mut self.meta[id.0 as usize];
+            m.filter = Some(filter_loc);
+            m.spent = Some(spent_loc);
+            m.filter_header = header.to_byte_array();
+            m.txouts = txouts;
+            m.total_sats = total;
+        }
+        self.index.set_status(id, BlockStatus::Valid);
+        let mut batch = WriteBatch::default();
+        self.set_active(&mut batch, id);
+        self.put_record(&mut batch, id);
+        for (pos, tx) in block.txdata.iter().enumerate() {
+            batch.put_tx(tx.compute_txid(), id, pos as u32);
+        }
+        batch.put_meta("flat_filters", &flat_pos_bytes(self.filters.position()));
+        batch.put_meta("flat_spent", &flat_pos_bytes(self.spent.position()));
+        batch.put_meta(META_SOZU_LAST, &id.0.to_be_bytes());
+        self.store.commit(batch)?;
+
+        // UTXO table last (the index names this block as sozu_last, so a
+        // crash before the table's commit is replayed at start-up).
+        let mut purged = 0usize;
+        self.table.write_block(&write, &self.index, &mut |_| purged += 1)?;
+        let tag = CommitTag { block: id, height: entry.height, block_hash: entry.hash.to_byte_array() };
+        self.table.commit(tag)?;
+        self.stats.blocks_connected += 1;
+        tracing::info!(
+            height = entry.height,
+            block_hash = %entry.hash,
+            txs = block.txdata.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "connected block"
+        );
+        Ok(true)
+    }
+
+    /// The UTXO table's view of the active chain, for readers.
+    pub fn active_view(&self) -> impl ChainView + '_ {
+        self.index.view(self.index.tip().id)
+    }
+}
+
+/// Maps a stored reject string back to a static one for
+/// [`SubmitOutcome::Rejected`] (unknown strings become `"invalid"`).
+fn reject_static(s: &str) -> &'static str {
+    validation::REJECT_REASONS.iter().copied().find(|r| *r == s).unwrap_or("invalid")
+}

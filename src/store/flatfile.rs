@@ -1,0 +1,235 @@
+//! Flat append-only files in Bitcoin Core's blk framing: for each record,
+//! 4 bytes network magic, 4 bytes little-endian length, then the payload.
+//! Used for raw blocks (`blocks/blkNNNNN.dat`), filters
+//! (`filters/fltNNNNN.dat`) and spent outputs (`spent/spNNNNN.dat`).
+//!
+//! Appends are buffered by the OS; [`FlatFiles::sync`] makes them durable.
+//! The committed length of the current file is kept by the caller (in the
+//! index database); at start-up [`FlatFiles::truncate_to`] cuts anything past
+//! it, as btcd does, so a crash never leaves a half record that the index
+//! points to.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// Where one record's payload lives: file number, byte offset of the payload
+/// (after the 8-byte frame header) and its length in bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct FileLoc {
+    /// File number (`NNNNN` in the file name).
+    pub file: u32,
+    /// Offset of the payload in the file, in bytes.
+    pub offset: u64,
+    /// Payload length in bytes.
+    pub len: u32,
+}
+
+/// The end of the data a commit covers: current file number and its length.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct FlatPos {
+    /// File number.
+    pub file: u32,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Errors of the flat files.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlatFileError {
+    /// An I/O error on a file.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A record's frame does not match what the index says.
+    #[error("corrupt record in {path} at offset {offset}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// The payload's offset.
+        offset: u64,
+        /// What did not match.
+        reason: &'static str,
+    },
+    /// A payload too large for one record (over 4 GiB - 1).
+    #[error("record of {len} bytes is too large")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+    },
+}
+
+/// A directory of numbered append-only files with one name prefix.
+#[derive(Debug)]
+pub struct FlatFiles {
+    dir: PathBuf,
+    prefix: &'static str,
+    magic: [u8; 4],
+    max_file_size: u64,
+    current: FlatPos,
+    writer: Option<File>,
+}
+
+impl FlatFiles {
+    /// Opens (creating `dir`) at the committed position `pos`, truncating the
+    /// current file to `pos.len` and removing later files.
+    ///
+    /// # Errors
+    /// [`FlatFileError::Io`].
+    pub fn open(
+        dir: &Path,
+        prefix: &'static str,
+        magic: [u8; 4],
+        max_file_size: u64,
+        pos: FlatPos,
+    ) -> Result<Self, FlatFileError> {
+        std::fs::create_dir_all(dir).map_err(|source| FlatFileError::Io { path: dir.into(), source })?;
+        let mut files = FlatFiles { dir: dir.into(), prefix, magic, max_file_size, current: pos, writer: None };
+        files.truncate_to(pos)?;
+        Ok(files)
+    }
+
+    fn path(&self, file: u32) -> PathBuf {
+        self.dir.join(format!("{}{:05}.dat", self.prefix, file))
+    }
+
+    fn io(&self, file: u32) -> impl FnOnce(std::io::Error) -> FlatFileError + '_ {
+        move |source| FlatFileError::Io { path: self.path(file), source }
+    }
+
+    /// Cuts everything past `pos` (the last committed position).
+    ///
+    /// # Errors
+    /// [`FlatFileError::Io`].
+    pub fn truncate_to(&mut self, pos: FlatPos) -> Result<(), FlatFileError> {
+        self.writer = None;
+        let mut n = pos.file + 1;
+        while self.path(n).exists() {
+            std::fs::remove_file(self.path(n)).map_err(self.io(n))?;
+            n += 1;
+        }
+        let path = self.path(pos.file);
+        if path.exists() {
+            let f = OpenOptions::new().write(true).open(&path).map_err(self.io(pos.file))?;
+            let actual = f.metadata().map_err(self.io(pos.file))?.len();
+            if actual > pos.len {
+                tracing::warn!(file = %path.display(), committed = pos.len, actual, "truncating flat file past its committed length");
+                f.set_len(pos.len).map_err(self.io(pos.file))?;
+                f.sync_all().map_err(self.io(pos.file))?;
+            }
+        }
+        self.current = pos;
+        Ok(())
+    }
+
+    /// The position after the last appended record.
+    pub fn position(&self) -> FlatPos {
+        self.current
+    }
+
+    /// Appends one record; returns where its payload is. Not durable until
+    /// [`FlatFiles::sync`].
+    ///
+    /// # Errors
+    /// [`FlatFileError::Io`], [`FlatFileError::TooLarge`].
+    pub fn append(&mut self, payload: &[u8]) -> Result<FileLoc, FlatFileError> {
+        let len = u32::try_from(payload.len()).map_err(|_| FlatFileError::TooLarge { len: payload.len() })?;
+        if self.current.len > 0 && self.current.len + 8 + u64::from(len) > self.max_file_size {
+            self.sync()?;
+            self.writer = None;
+            self.current = FlatPos { file: self.current.file + 1, len: 0 };
+        }
+        if self.writer.is_none() {
+            let file = self.current.file;
+            let f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.path(file))
+                .map_err(self.io(file))?;
+            self.writer = Some(f);
+        }
+        let file = self.current.file;
+        let mut frame = Vec::with_capacity(8 + payload.len());
+        frame.extend_from_slice(&self.magic);
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.extend_from_slice(payload);
+        let path = self.path(file);
+        if let Some(w) = self.writer.as_mut() {
+            w.write_all(&frame).map_err(|source| FlatFileError::Io { path, source })?;
+        }
+        let loc = FileLoc { file, offset: self.current.len + 8, len };
+        self.current.len += frame.len() as u64;
+        Ok(loc)
+    }
+
+    /// Makes every appended record durable (fsync of the current file).
+    ///
+    /// # Errors
+    /// [`FlatFileError::Io`].
+    pub fn sync(&mut self) -> Result<(), FlatFileError> {
+        let file = self.current.file;
+        let path = self.path(file);
+        if let Some(w) = self.writer.as_mut() {
+            w.sync_data().map_err(|source| FlatFileError::Io { path, source })?;
+        }
+        Ok(())
+    }
+
+    /// Reads the payload at `loc`, checking its frame.
+    ///
+    /// # Errors
+    /// [`FlatFileError::Io`], [`FlatFileError::Corrupt`] when the frame's
+    /// magic or length disagree with `loc`.
+    pub fn read(&self, loc: FileLoc) -> Result<Vec<u8>, FlatFileError> {
+        let path = self.path(loc.file);
+        let io = |source| FlatFileError::Io { path: path.clone(), source };
+        let mut f = File::open(&path).map_err(io)?;
+        if loc.offset < 8 {
+            return Err(FlatFileError::Corrupt { path, offset: loc.offset, reason: "offset inside the first frame header" });
+        }
+        f.seek(SeekFrom::Start(loc.offset - 8)).map_err(io)?;
+        let mut head = [0u8; 8];
+        f.read_exact(&mut head).map_err(io)?;
+        if head[..4] != self.magic {
+            return Err(FlatFileError::Corrupt { path, offset: loc.offset, reason: "wrong magic" });
+        }
+        if u32::from_le_bytes([head[4], head[5], head[6], head[7]]) != loc.len {
+            return Err(FlatFileError::Corrupt { path, offset: loc.offset, reason: "length differs from the index" });
+        }
+        let mut buf = vec![0u8; loc.len as usize];
+        f.read_exact(&mut buf).map_err(io)?;
+        Ok(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn append_read_truncate_roll_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let magic = [0xfa, 0xbf, 0xb5, 0xda];
+        let mut f = FlatFiles::open(dir.path(), "blk", magic, 64, FlatPos::default()).unwrap();
+        let a = f.append(b"hello").unwrap();
+        assert_eq!(a, FileLoc { file: 0, offset: 8, len: 5 });
+        let committed = f.position();
+        let b = f.append(&[7u8; 40]).unwrap();
+        let c = f.append(&[9u8; 40]).unwrap(); // rolls over to file 1
+        assert_eq!(c.file, 1);
+        assert_eq!(f.read(a).unwrap(), b"hello");
+        assert_eq!(f.read(b).unwrap(), vec![7u8; 40]);
+        assert!(matches!(f.read(FileLoc { len: 4, ..a }), Err(FlatFileError::Corrupt { .. })));
+        f.sync().unwrap();
+        let f = FlatFiles::open(dir.path(), "blk", magic, 64, committed).unwrap();
+        assert_eq!(f.position(), committed);
+        assert!(!dir.path().join("blk00001.dat").exists());
+        assert_eq!(std::fs::metadata(dir.path().join("blk00000.dat")).unwrap().len(), 13);
+    }
+}
