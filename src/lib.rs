@@ -4,4 +4,6 @@
 //! the design this crate follows.
 
 pub mod chain;
+pub mod filters;
 pub mod sozu;
+pub mod validation;
