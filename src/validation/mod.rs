@@ -1,0 +1,998 @@
+//! Block validation without script evaluation: the context-free and
+//! contextual block checks ([`check_block`]) and the economic checks against
+//! the coins the block spends ([`connect_block`]).
+//!
+//! Both are pure functions: they read the block, a [`BlockContext`] (height,
+//! median-time-past, network parameters) and, for [`connect_block`], a map
+//! of coins; they never touch a store. The pipeline reads the coins from the
+//! Sozu table under the block's own chain view, calls [`check_block`] then
+//! [`connect_block`], and writes the returned [`BlockEffects`].
+//!
+//! # Scope
+//!
+//! Checked: every consensus rule of Bitcoin Core's `CheckBlock`,
+//! `ContextualCheckBlock` and `ConnectBlock` that does not need the header
+//! chain or script evaluation — merkle root and its CVE-2012-2459 mutation,
+//! block size and weight, coinbase shape and BIP34 height, transaction
+//! structure (`CheckTransaction`, including CVE-2018-17144 duplicate inputs),
+//! transaction finality (BIP113), the witness commitment (BIP141), BIP30,
+//! input existence and unspentness on the branch, values and sums within
+//! `MAX_MONEY`, coinbase maturity, coinbase ≤ subsidy + fees, BIP68 relative
+//! lock-times and the 80,000 sigop-cost limit.
+//!
+//! **Not checked: scripts and signatures are not evaluated.** A block whose
+//! only defect is a bad signature (regtest-a's `16-bad-signature.blk`) is
+//! accepted. Header rules (proof of work, difficulty, timestamps, version)
+//! belong to the chain index.
+//!
+//! The order of the checks follows Core, so the first failure reported is
+//! the one Core reports; [`BlockError::reject_reason`] gives Core's reject
+//! string.
+//!
+//! Source: Bitcoin Core `src/validation.cpp` (`CheckBlock`,
+//! `ContextualCheckBlock`, `ConnectBlock`), `src/consensus/tx_check.cpp`,
+//! `src/consensus/tx_verify.cpp`; BIPs 30, 34, 68, 113, 141.
+
+pub mod merkle;
+pub mod sigops;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use bitcoin::blockdata::script::Builder;
+use bitcoin::hashes::Hash;
+use bitcoin::{Block, BlockHash, Network, OutPoint, Script, Transaction, TxMerkleNode, Txid};
+
+use crate::chain::params::{
+    ChainParams, COINBASE_MATURITY, MAX_BLOCK_SIGOPS_COST, MAX_BLOCK_WEIGHT, MAX_MONEY,
+};
+use crate::sozu::Coin;
+use sigops::WITNESS_SCALE_FACTOR;
+
+/// Largest scriptPubKey that can be spent, in bytes (Core's
+/// `MAX_SCRIPT_SIZE`); larger outputs never enter the UTXO set.
+pub const MAX_SCRIPT_SIZE: usize = 10_000;
+
+/// nLockTime values below this are block heights, others UNIX times in
+/// seconds (Core's `LOCKTIME_THRESHOLD`).
+pub const LOCKTIME_THRESHOLD: u32 = 500_000_000;
+
+/// BIP68: a sequence with this bit set has no relative lock.
+const SEQUENCE_LOCKTIME_DISABLE_FLAG: u32 = 1 << 31;
+/// BIP68: with this bit set the lock is in units of 512 seconds, else blocks.
+const SEQUENCE_LOCKTIME_TYPE_FLAG: u32 = 1 << 22;
+/// BIP68: the lock value is the low 16 bits.
+const SEQUENCE_LOCKTIME_MASK: u32 = 0x0000_ffff;
+/// BIP68: time locks are in units of 2^9 = 512 seconds.
+const SEQUENCE_LOCKTIME_GRANULARITY: u32 = 9;
+
+/// The first 6 bytes of a witness commitment output: `OP_RETURN`, push 36,
+/// then the tag `aa21a9ed` (BIP141).
+const WITNESS_COMMITMENT_HEADER: [u8; 6] = [0x6a, 0x24, 0xaa, 0x21, 0xa9, 0xed];
+
+/// Mainnet's BIP16 exception: the one block validated without P2SH
+/// (Core's `BIP16Exception`), at height 170,060.
+const BIP16_EXCEPTION: (u32, &str) = (
+    170_060,
+    "00000000000002dc756eebf4f49723ed8d30cc28a5f108eb94b1ba88ac4f9c22",
+);
+
+/// What the checks need to know about the block's place in its chain.
+pub struct BlockContext<'a> {
+    /// The network's parameters (activation heights, subsidy, BIP30
+    /// exceptions).
+    pub params: &'a ChainParams,
+    /// Height of the block being checked (≥ 1: genesis is never checked).
+    pub height: u32,
+    /// The block's hash (BIP30 exceptions are named by hash).
+    pub block_hash: BlockHash,
+    /// Median-time-past of the parent block, in seconds since the UNIX
+    /// epoch (BIP113): the median of the timestamps of the parent and its
+    /// up to 10 ancestors.
+    pub prev_median_time_past: u32,
+    /// Median-time-past of the block at height `h` on this block's branch,
+    /// for `h < height`, in seconds; `None` if unknown. Used for BIP68
+    /// time-based relative locks, which measure from the MTP of the block
+    /// *before* the coin's block (Core's `CalculateSequenceLocks`). Never
+    /// called for `h == height - 1` (that is `prev_median_time_past`).
+    pub median_time_past_at: &'a dyn Fn(u32) -> Option<u32>,
+}
+
+impl fmt::Debug for BlockContext<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockContext")
+            .field("network", &self.params.network)
+            .field("height", &self.height)
+            .field("block_hash", &self.block_hash)
+            .field("prev_median_time_past", &self.prev_median_time_past)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What connecting a valid block does to the UTXO set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockEffects {
+    /// Every spendable output the block creates (no `OP_RETURN` and no
+    /// scripts over [`MAX_SCRIPT_SIZE`] bytes), in block order, coinbase
+    /// first, with `height` = the block's height. Outputs spent later in
+    /// the same block are included (they also appear in `spent`).
+    pub created: Vec<(OutPoint, Coin)>,
+    /// Every output the block spends, in block order (transaction, then
+    /// input), same-block spends included; the coinbase spends nothing.
+    pub spent: Vec<SpentOutput>,
+    /// Sum of the fees of the block's transactions, in sats.
+    pub fees: u64,
+    /// The block's sigop cost (BIP141 units; at most 80,000).
+    pub sigop_cost: u64,
+}
+
+/// One output spent by the block, with the spending input (Teranode's
+/// spending data, seed 004).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpentOutput {
+    /// The spent outpoint.
+    pub outpoint: OutPoint,
+    /// The coin it held (value, script, creation height, coinbase flag).
+    pub coin: Coin,
+    /// The spending transaction.
+    pub txid: Txid,
+    /// The index of the spending input in that transaction.
+    pub vin: u32,
+}
+
+/// Why a block is invalid (or, for [`BlockError::MissingMedianTimePast`],
+/// why it could not be checked).
+///
+/// [`BlockError::reject_reason`] gives Bitcoin Core's reject string;
+/// [`BlockError::is_mutation`] says whether the block's *content* is bad
+/// while its header may still be valid; [`BlockError::is_consensus_failure`]
+/// says whether the block is invalid at all.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlockError {
+    /// The header's merkle root is not the root of the transactions
+    /// (`bad-txnmrklroot`).
+    #[error("merkle root mismatch: header has {header}, transactions give {computed}")]
+    BadMerkleRoot {
+        /// The root in the header.
+        header: TxMerkleNode,
+        /// The root of the transaction list.
+        computed: TxMerkleNode,
+    },
+    /// The transaction list repeats transactions so that its merkle root
+    /// equals that of a shorter list (CVE-2012-2459; `bad-txns-duplicate`).
+    #[error("merkle tree mutated by duplicate transactions (CVE-2012-2459)")]
+    MutatedMerkleTree,
+    /// No transactions, or too many bytes even without witnesses
+    /// (`bad-blk-length`).
+    #[error("bad block length: {tx_count} transactions, {stripped_size} bytes without witness")]
+    BadLength {
+        /// Number of transactions.
+        tx_count: usize,
+        /// Serialized size without witness data, in bytes.
+        stripped_size: usize,
+    },
+    /// The first transaction is not a coinbase (`bad-cb-missing`).
+    #[error("first transaction is not a coinbase")]
+    CoinbaseMissing,
+    /// A transaction other than the first is a coinbase (`bad-cb-multiple`).
+    #[error("transaction {index} ({txid}) is a second coinbase")]
+    MultipleCoinbases {
+        /// Position in the block.
+        index: usize,
+        /// Its txid.
+        txid: Txid,
+    },
+    /// A transaction has no inputs (`bad-txns-vin-empty`).
+    #[error("transaction {txid} has no inputs")]
+    NoInputs {
+        /// The transaction.
+        txid: Txid,
+    },
+    /// A transaction has no outputs (`bad-txns-vout-empty`).
+    #[error("transaction {txid} has no outputs")]
+    NoOutputs {
+        /// The transaction.
+        txid: Txid,
+    },
+    /// A transaction is larger than a block can be (`bad-txns-oversize`).
+    #[error("transaction {txid} is {stripped_size} bytes without witness, over the block limit")]
+    TransactionOversize {
+        /// The transaction.
+        txid: Txid,
+        /// Its size without witness, in bytes.
+        stripped_size: usize,
+    },
+    /// An output value is negative as a signed 64-bit integer
+    /// (`bad-txns-vout-negative`). A serialized `-1` decodes as
+    /// `0xffff_ffff_ffff_ffff`.
+    #[error("output {txid}:{vout} has negative value {value} sat")]
+    NegativeOutput {
+        /// The transaction.
+        txid: Txid,
+        /// The output index.
+        vout: u32,
+        /// The value as Core reads it (signed), in sats.
+        value: i64,
+    },
+    /// An output value exceeds 21 million BTC (`bad-txns-vout-toolarge`).
+    #[error("output {txid}:{vout} has value {value} sat, above MAX_MONEY")]
+    OutputTooLarge {
+        /// The transaction.
+        txid: Txid,
+        /// The output index.
+        vout: u32,
+        /// The value, in sats.
+        value: u64,
+    },
+    /// A transaction's outputs sum above 21 million BTC
+    /// (`bad-txns-txouttotal-toolarge`).
+    #[error("outputs of {txid} sum above MAX_MONEY")]
+    OutputTotalTooLarge {
+        /// The transaction.
+        txid: Txid,
+    },
+    /// A transaction spends the same outpoint twice (CVE-2018-17144;
+    /// `bad-txns-inputs-duplicate`).
+    #[error("transaction {txid} spends {outpoint} twice")]
+    DuplicateInput {
+        /// The transaction.
+        txid: Txid,
+        /// The repeated outpoint.
+        outpoint: OutPoint,
+    },
+    /// The coinbase scriptSig is not 2..=100 bytes (`bad-cb-length`).
+    #[error("coinbase scriptSig is {length} bytes, not 2..=100")]
+    CoinbaseLength {
+        /// Its length in bytes.
+        length: usize,
+    },
+    /// A non-coinbase input has the null prevout (`bad-txns-prevout-null`).
+    #[error("input {vin} of {txid} has a null prevout")]
+    NullPrevout {
+        /// The transaction.
+        txid: Txid,
+        /// The input index.
+        vin: u32,
+    },
+    /// The block's sigop cost exceeds 80,000 (`bad-blk-sigops`); `cost` is
+    /// the cost counted so far (legacy sigops × 4 when raised by
+    /// [`check_block`]).
+    #[error("sigop cost {cost} exceeds 80,000")]
+    TooManySigops {
+        /// The cost when the limit was crossed.
+        cost: u64,
+    },
+    /// A transaction's nLockTime is not yet reached (`bad-txns-nonfinal`).
+    #[error("transaction {txid} is not final: nLockTime {lock_time}")]
+    NonFinal {
+        /// The transaction.
+        txid: Txid,
+        /// Its nLockTime (height if < 500,000,000, else seconds).
+        lock_time: u32,
+    },
+    /// The coinbase scriptSig does not start with the block height (BIP34;
+    /// `bad-cb-height`).
+    #[error("coinbase does not start with the BIP34 height push for {height}")]
+    CoinbaseHeight {
+        /// The block's height.
+        height: u32,
+    },
+    /// The coinbase witness is not exactly one 32-byte item while the block
+    /// commits to witnesses (`bad-witness-nonce-size`).
+    #[error("coinbase witness must be one 32-byte reserved value, has {items} items")]
+    WitnessNonceSize {
+        /// Number of items in the coinbase input's witness.
+        items: usize,
+    },
+    /// The witness commitment does not match the witnesses
+    /// (`bad-witness-merkle-match`).
+    #[error("witness commitment does not match the transactions' witnesses")]
+    WitnessMerkleMatch,
+    /// A transaction carries witness data but the block has no witness
+    /// commitment (or segwit is not active) (`unexpected-witness`).
+    #[error("transaction {txid} has a witness but the block commits to none")]
+    UnexpectedWitness {
+        /// The transaction.
+        txid: Txid,
+    },
+    /// The block weight exceeds 4,000,000 (`bad-blk-weight`).
+    #[error("block weight {weight} exceeds 4,000,000")]
+    Weight {
+        /// The weight in weight units.
+        weight: u64,
+    },
+    /// An output of the block already exists unspent (BIP30;
+    /// `bad-txns-BIP30`).
+    #[error("output {outpoint} already exists unspent (BIP30)")]
+    Bip30 {
+        /// The existing outpoint.
+        outpoint: OutPoint,
+    },
+    /// An input's coin does not exist or is already spent on this branch,
+    /// including by an earlier transaction of the same block
+    /// (`bad-txns-inputs-missingorspent`).
+    #[error("input {vin} of {txid} spends {outpoint}, missing or spent")]
+    MissingOrSpent {
+        /// The spending transaction.
+        txid: Txid,
+        /// The input index.
+        vin: u32,
+        /// The outpoint.
+        outpoint: OutPoint,
+    },
+    /// A coinbase output is spent before 100 confirmations
+    /// (`bad-txns-premature-spend-of-coinbase`).
+    #[error(
+        "{txid} spends coinbase output {outpoint} of height {coin_height} at height {spend_height}"
+    )]
+    PrematureCoinbaseSpend {
+        /// The spending transaction.
+        txid: Txid,
+        /// The coinbase output.
+        outpoint: OutPoint,
+        /// Height of the coinbase.
+        coin_height: u32,
+        /// Height of the spending block.
+        spend_height: u32,
+    },
+    /// A spent coin's value, or the sum of a transaction's inputs, is out
+    /// of 0..=MAX_MONEY (`bad-txns-inputvalues-outofrange`).
+    #[error("input values of {txid} out of range")]
+    InputValuesOutOfRange {
+        /// The transaction.
+        txid: Txid,
+    },
+    /// A transaction's outputs exceed its inputs (`bad-txns-in-belowout`).
+    #[error("{txid} spends {value_in} sat but creates {value_out} sat")]
+    InBelowOut {
+        /// The transaction.
+        txid: Txid,
+        /// Sum of its inputs, in sats.
+        value_in: u64,
+        /// Sum of its outputs, in sats.
+        value_out: u64,
+    },
+    /// The block's fees sum above MAX_MONEY
+    /// (`bad-txns-accumulated-fee-outofrange`).
+    #[error("accumulated fees out of range at {txid}")]
+    AccumulatedFeeOutOfRange {
+        /// The transaction whose fee crossed the limit.
+        txid: Txid,
+    },
+    /// A BIP68 relative lock-time is not yet satisfied (`bad-txns-nonfinal`).
+    /// `min_height` / `min_time` are Core's lock pair: the block must be
+    /// above `min_height` and its parent's MTP above `min_time` (-1 = none).
+    #[error("{txid} is relative-locked: needs height > {min_height} and parent MTP > {min_time}")]
+    SequenceLocked {
+        /// The transaction.
+        txid: Txid,
+        /// Last height at which it is still locked (-1: no height lock).
+        min_height: i64,
+        /// Last MTP (seconds) at which it is still locked (-1: no time lock).
+        min_time: i64,
+    },
+    /// The coinbase claims more than subsidy + fees (`bad-cb-amount`).
+    #[error("coinbase pays {value_out} sat, limit is {limit} sat (subsidy + fees)")]
+    CoinbaseAmount {
+        /// Sum of the coinbase outputs, in sats.
+        value_out: u64,
+        /// Subsidy + fees, in sats.
+        limit: u64,
+    },
+    /// The caller's [`BlockContext::median_time_past_at`] had no MTP for a
+    /// height a BIP68 time lock needs. Not a consensus failure: a bug in
+    /// the caller; the block must not be marked invalid.
+    #[error("median-time-past of height {height} unavailable")]
+    MissingMedianTimePast {
+        /// The height asked for.
+        height: u32,
+    },
+}
+
+impl BlockError {
+    /// Bitcoin Core's reject reason for this failure (`bad-txns-...`),
+    /// as `getblocktemplate`/`submitblock` and the debug log show it.
+    /// [`BlockError::MissingMedianTimePast`] has no Core equivalent and
+    /// returns `kakehi-missing-median-time-past`.
+    pub fn reject_reason(&self) -> &'static str {
+        use BlockError::*;
+        match self {
+            BadMerkleRoot { .. } => "bad-txnmrklroot",
+            MutatedMerkleTree => "bad-txns-duplicate",
+            BadLength { .. } => "bad-blk-length",
+            CoinbaseMissing => "bad-cb-missing",
+            MultipleCoinbases { .. } => "bad-cb-multiple",
+            NoInputs { .. } => "bad-txns-vin-empty",
+            NoOutputs { .. } => "bad-txns-vout-empty",
+            TransactionOversize { .. } => "bad-txns-oversize",
+            NegativeOutput { .. } => "bad-txns-vout-negative",
+            OutputTooLarge { .. } => "bad-txns-vout-toolarge",
+            OutputTotalTooLarge { .. } => "bad-txns-txouttotal-toolarge",
+            DuplicateInput { .. } => "bad-txns-inputs-duplicate",
+            CoinbaseLength { .. } => "bad-cb-length",
+            NullPrevout { .. } => "bad-txns-prevout-null",
+            TooManySigops { .. } => "bad-blk-sigops",
+            NonFinal { .. } => "bad-txns-nonfinal",
+            CoinbaseHeight { .. } => "bad-cb-height",
+            WitnessNonceSize { .. } => "bad-witness-nonce-size",
+            WitnessMerkleMatch => "bad-witness-merkle-match",
+            UnexpectedWitness { .. } => "unexpected-witness",
+            Weight { .. } => "bad-blk-weight",
+            Bip30 { .. } => "bad-txns-BIP30",
+            MissingOrSpent { .. } => "bad-txns-inputs-missingorspent",
+            PrematureCoinbaseSpend { .. } => "bad-txns-premature-spend-of-coinbase",
+            InputValuesOutOfRange { .. } => "bad-txns-inputvalues-outofrange",
+            InBelowOut { .. } => "bad-txns-in-belowout",
+            AccumulatedFeeOutOfRange { .. } => "bad-txns-accumulated-fee-outofrange",
+            SequenceLocked { .. } => "bad-txns-nonfinal",
+            CoinbaseAmount { .. } => "bad-cb-amount",
+            MissingMedianTimePast { .. } => "kakehi-missing-median-time-past",
+        }
+    }
+
+    /// Whether the failure shows that these *bytes* do not match their
+    /// header (Core's `BLOCK_MUTATED`: merkle root, CVE-2012-2459 mutation,
+    /// witness commitment, unexpected witness). The header itself may still
+    /// belong to a valid block: drop the bytes (and maybe the peer that
+    /// sent them), do not mark the block hash invalid.
+    pub fn is_mutation(&self) -> bool {
+        use BlockError::*;
+        matches!(
+            self,
+            BadMerkleRoot { .. }
+                | MutatedMerkleTree
+                | WitnessNonceSize { .. }
+                | WitnessMerkleMatch
+                | UnexpectedWitness { .. }
+        )
+    }
+
+    /// Whether the block breaks a consensus rule (everything except
+    /// [`BlockError::MissingMedianTimePast`], which is the caller's bug).
+    pub fn is_consensus_failure(&self) -> bool {
+        !matches!(self, BlockError::MissingMedianTimePast { .. })
+    }
+}
+
+/// Whether an output can never be spent, so never enters the UTXO set:
+/// its script starts with `OP_RETURN` or is over 10,000 bytes (Core's
+/// `CScript::IsUnspendable`).
+pub fn is_unspendable(script_pubkey: &[u8]) -> bool {
+    script_pubkey.first() == Some(&0x6a) || script_pubkey.len() > MAX_SCRIPT_SIZE
+}
+
+/// Whether `tx` is final in a block at `height` whose lock-time cutoff is
+/// `cutoff_time` seconds (the parent's MTP once BIP113 is active, else the
+/// block's own time): Core's `IsFinalTx`.
+pub fn is_final_tx(tx: &Transaction, height: u32, cutoff_time: u32) -> bool {
+    let lock_time = tx.lock_time.to_consensus_u32();
+    if lock_time == 0 {
+        return true;
+    }
+    let limit = if lock_time < LOCKTIME_THRESHOLD {
+        height
+    } else {
+        cutoff_time
+    };
+    if lock_time < limit {
+        return true;
+    }
+    tx.input.iter().all(|input| input.sequence.0 == u32::MAX)
+}
+
+/// The block's size without witness data, in bytes.
+fn stripped_size(block: &Block) -> usize {
+    let count_size = bitcoin::VarInt::from(block.txdata.len()).size();
+    bitcoin::block::Header::SIZE
+        + count_size
+        + block
+            .txdata
+            .iter()
+            .map(Transaction::base_size)
+            .sum::<usize>()
+}
+
+/// Core's `CheckTransaction`: structure, values, duplicate inputs,
+/// coinbase scriptSig length, null prevouts.
+fn check_transaction(tx: &Transaction, txid: Txid) -> Result<(), BlockError> {
+    if tx.input.is_empty() {
+        return Err(BlockError::NoInputs { txid });
+    }
+    if tx.output.is_empty() {
+        return Err(BlockError::NoOutputs { txid });
+    }
+    let stripped_size = tx.base_size();
+    if stripped_size as u64 * WITNESS_SCALE_FACTOR > MAX_BLOCK_WEIGHT {
+        return Err(BlockError::TransactionOversize {
+            txid,
+            stripped_size,
+        });
+    }
+    let mut total: u64 = 0;
+    for (vout, output) in tx.output.iter().enumerate() {
+        let vout = vout as u32;
+        let value = output.value.to_sat();
+        // Core's CAmount is signed: a value with the top bit set is negative.
+        if (value as i64) < 0 {
+            return Err(BlockError::NegativeOutput {
+                txid,
+                vout,
+                value: value as i64,
+            });
+        }
+        if value > MAX_MONEY {
+            return Err(BlockError::OutputTooLarge { txid, vout, value });
+        }
+        total = match total.checked_add(value) {
+            Some(t) if t <= MAX_MONEY => t,
+            _ => return Err(BlockError::OutputTotalTooLarge { txid }),
+        };
+    }
+    if tx.input.len() > 1 {
+        let mut seen = HashSet::with_capacity(tx.input.len());
+        for input in &tx.input {
+            if !seen.insert(input.previous_output) {
+                return Err(BlockError::DuplicateInput {
+                    txid,
+                    outpoint: input.previous_output,
+                });
+            }
+        }
+    }
+    if tx.is_coinbase() {
+        let length = tx.input[0].script_sig.len();
+        if !(2..=100).contains(&length) {
+            return Err(BlockError::CoinbaseLength { length });
+        }
+    } else {
+        for (vin, input) in tx.input.iter().enumerate() {
+            if input.previous_output.is_null() {
+                return Err(BlockError::NullPrevout {
+                    txid,
+                    vin: vin as u32,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that need no UTXO, in Core's order (`CheckBlock`, then
+/// `ContextualCheckBlock`):
+///
+/// 1. merkle root (`bad-txnmrklroot`) and its CVE-2012-2459 mutation
+///    (`bad-txns-duplicate`);
+/// 2. at least one transaction and ≤ 1,000,000 bytes without witness
+///    (`bad-blk-length`);
+/// 3. the first transaction and only it is a coinbase (`bad-cb-missing`,
+///    `bad-cb-multiple`);
+/// 4. every transaction's structure (`bad-txns-vin-empty`, `-vout-empty`,
+///    `-oversize`, `-vout-negative`, `-vout-toolarge`,
+///    `-txouttotal-toolarge`, `-inputs-duplicate`, `bad-cb-length`,
+///    `bad-txns-prevout-null`);
+/// 5. legacy sigops × 4 ≤ 80,000 (`bad-blk-sigops`);
+/// 6. finality of every transaction against the height and, once CSV
+///    (BIP113) is active, the parent's MTP, else the block time
+///    (`bad-txns-nonfinal`);
+/// 7. BIP34 height push at the start of the coinbase scriptSig when active
+///    (`bad-cb-height`);
+/// 8. the witness commitment when segwit is active and the coinbase has one
+///    (`bad-witness-nonce-size`, `bad-witness-merkle-match`), else no
+///    witness anywhere (`unexpected-witness`);
+/// 9. weight ≤ 4,000,000 (`bad-blk-weight`).
+///
+/// The header's proof of work and timestamps are the chain index's.
+///
+/// # Errors
+///
+/// The first failed rule as a [`BlockError`].
+pub fn check_block(block: &Block, ctx: &BlockContext) -> Result<(), BlockError> {
+    let txids: Vec<Txid> = block.txdata.iter().map(Transaction::compute_txid).collect();
+
+    // 1. Merkle root, with Core's mutation detection.
+    let leaves: Vec<[u8; 32]> = txids.iter().map(|t| t.to_byte_array()).collect();
+    let (root, mutated) = merkle::merkle_root_mutated(&leaves);
+    let computed = TxMerkleNode::from_byte_array(root);
+    if computed != block.header.merkle_root {
+        return Err(BlockError::BadMerkleRoot {
+            header: block.header.merkle_root,
+            computed,
+        });
+    }
+    if mutated {
+        return Err(BlockError::MutatedMerkleTree);
+    }
+
+    // 2. Size limits.
+    let stripped = stripped_size(block);
+    let Some(coinbase) = block.txdata.first() else {
+        return Err(BlockError::BadLength {
+            tx_count: 0,
+            stripped_size: stripped,
+        });
+    };
+    if block.txdata.len() as u64 * WITNESS_SCALE_FACTOR > MAX_BLOCK_WEIGHT
+        || stripped as u64 * WITNESS_SCALE_FACTOR > MAX_BLOCK_WEIGHT
+    {
+        return Err(BlockError::BadLength {
+            tx_count: block.txdata.len(),
+            stripped_size: stripped,
+        });
+    }
+
+    // 3. Coinbase position.
+    if !coinbase.is_coinbase() {
+        return Err(BlockError::CoinbaseMissing);
+    }
+    for (index, tx) in block.txdata.iter().enumerate().skip(1) {
+        if tx.is_coinbase() {
+            return Err(BlockError::MultipleCoinbases {
+                index,
+                txid: txids[index],
+            });
+        }
+    }
+
+    // 4. Transaction structure.
+    for (tx, txid) in block.txdata.iter().zip(&txids) {
+        check_transaction(tx, *txid)?;
+    }
+
+    // 5. Legacy sigops.
+    let legacy: u64 = block.txdata.iter().map(sigops::legacy_sigops).sum();
+    if legacy * WITNESS_SCALE_FACTOR > MAX_BLOCK_SIGOPS_COST {
+        return Err(BlockError::TooManySigops {
+            cost: legacy * WITNESS_SCALE_FACTOR,
+        });
+    }
+
+    // 6. Finality (BIP113 once CSV is active).
+    let cutoff = if ctx.height >= ctx.params.csv_height {
+        ctx.prev_median_time_past
+    } else {
+        block.header.time
+    };
+    for (tx, txid) in block.txdata.iter().zip(&txids) {
+        if !is_final_tx(tx, ctx.height, cutoff) {
+            return Err(BlockError::NonFinal {
+                txid: *txid,
+                lock_time: tx.lock_time.to_consensus_u32(),
+            });
+        }
+    }
+
+    // 7. BIP34: the scriptSig starts with `CScript() << height`.
+    if ctx.height >= ctx.params.bip34_height {
+        let expected = Builder::new().push_int(i64::from(ctx.height)).into_script();
+        if !coinbase.input[0]
+            .script_sig
+            .as_bytes()
+            .starts_with(expected.as_bytes())
+        {
+            return Err(BlockError::CoinbaseHeight { height: ctx.height });
+        }
+    }
+
+    // 8. Witness commitment (BIP141).
+    let commitment = if ctx.height >= ctx.params.segwit_height {
+        coinbase.output.iter().rev().find(|o| {
+            let spk = o.script_pubkey.as_bytes();
+            spk.len() >= 38 && spk[..6] == WITNESS_COMMITMENT_HEADER
+        })
+    } else {
+        None
+    };
+    match commitment {
+        Some(output) => {
+            let witness = &coinbase.input[0].witness;
+            let reserved = match witness.nth(0) {
+                Some(item) if witness.len() == 1 && item.len() == 32 => item,
+                _ => {
+                    return Err(BlockError::WitnessNonceSize {
+                        items: witness.len(),
+                    })
+                }
+            };
+            let matches = block.witness_root().is_some_and(|root| {
+                Block::compute_witness_commitment(&root, reserved).to_byte_array()[..]
+                    == output.script_pubkey.as_bytes()[6..38]
+            });
+            if !matches {
+                return Err(BlockError::WitnessMerkleMatch);
+            }
+        }
+        None => {
+            for (tx, txid) in block.txdata.iter().zip(&txids) {
+                if tx.input.iter().any(|i| !i.witness.is_empty()) {
+                    return Err(BlockError::UnexpectedWitness { txid: *txid });
+                }
+            }
+        }
+    }
+
+    // 9. Weight.
+    let weight = block.weight().to_wu();
+    if weight > MAX_BLOCK_WEIGHT {
+        return Err(BlockError::Weight { weight });
+    }
+    Ok(())
+}
+
+/// The coins the block sees while it is connected: the caller's map, minus
+/// what the block spent so far, plus what it created so far.
+struct BlockView<'c> {
+    base: &'c HashMap<OutPoint, Coin>,
+    created: Vec<(OutPoint, Coin)>,
+    created_index: HashMap<OutPoint, usize>,
+    spent: HashSet<OutPoint>,
+}
+
+impl BlockView<'_> {
+    fn get(&self, outpoint: &OutPoint) -> Option<&Coin> {
+        if self.spent.contains(outpoint) {
+            return None;
+        }
+        match self.created_index.get(outpoint) {
+            Some(&i) => self.created.get(i).map(|(_, coin)| coin),
+            None => self.base.get(outpoint),
+        }
+    }
+}
+
+/// Economic checks of a block whose [`check_block`] passed, in Core's
+/// `ConnectBlock` order, and the block's effects on the UTXO set.
+///
+/// `coins` must hold the coins *unspent on the block's branch* for (a)
+/// every outpoint the block spends that is not created earlier in the same
+/// block and (b) outputs of the block's own transactions that may already
+/// exist (BIP30 candidates). Extra entries are harmless. Each coin's
+/// `height` is its creation height on this branch.
+///
+/// Rules:
+/// - BIP30: no output of the block already exists unspent, except in
+///   `params.bip30_exceptions` (`bad-txns-BIP30`); enforced at every height
+///   (Core skips it between BIP34 activation and 1,983,702 only where
+///   BIP34's hash is known, which no kakehi network relies on);
+/// - every input spends a coin unspent on the branch or created by an
+///   *earlier* transaction of the block, and no outpoint twice in the block
+///   (`bad-txns-inputs-missingorspent`);
+/// - coinbase outputs are spent at least 100 blocks after their block
+///   (`bad-txns-premature-spend-of-coinbase`);
+/// - input values and sums within 0..=MAX_MONEY
+///   (`bad-txns-inputvalues-outofrange`), outputs ≤ inputs
+///   (`bad-txns-in-belowout`), fees sum within MAX_MONEY;
+/// - BIP68 relative lock-times of version ≥ 2 transactions once CSV is
+///   active (`bad-txns-nonfinal`), from the coins' heights and, for time
+///   locks, [`BlockContext::median_time_past_at`];
+/// - sigop cost (legacy × 4 + P2SH × 4 + witness) ≤ 80,000
+///   (`bad-blk-sigops`);
+/// - coinbase outputs ≤ subsidy + fees (`bad-cb-amount`).
+///
+/// Scripts are not evaluated.
+///
+/// # Errors
+///
+/// The first failed rule as a [`BlockError`];
+/// [`BlockError::MissingMedianTimePast`] if the context lacks an MTP a
+/// BIP68 time lock needs.
+pub fn connect_block(
+    block: &Block,
+    ctx: &BlockContext,
+    coins: &HashMap<OutPoint, Coin>,
+) -> Result<BlockEffects, BlockError> {
+    let txids: Vec<Txid> = block.txdata.iter().map(Transaction::compute_txid).collect();
+    let height = ctx.height;
+    let params = ctx.params;
+
+    // BIP30, against the coins as they were before the block.
+    for (tx, txid) in block.txdata.iter().zip(&txids) {
+        for vout in 0..tx.output.len() as u32 {
+            let outpoint = OutPoint { txid: *txid, vout };
+            if coins.contains_key(&outpoint) && !params.is_bip30_exception(height, &ctx.block_hash)
+            {
+                return Err(BlockError::Bip30 { outpoint });
+            }
+        }
+    }
+
+    let csv_active = height >= params.csv_height;
+    let segwit_active = height >= params.segwit_height;
+    let p2sh_active = !(params.network == Network::Bitcoin
+        && height == BIP16_EXCEPTION.0
+        && ctx.block_hash.to_string() == BIP16_EXCEPTION.1);
+
+    let output_count: usize = block.txdata.iter().map(|t| t.output.len()).sum();
+    let input_count: usize = block.txdata.iter().skip(1).map(|t| t.input.len()).sum();
+    let mut view = BlockView {
+        base: coins,
+        created: Vec::with_capacity(output_count),
+        created_index: HashMap::with_capacity(output_count),
+        spent: HashSet::with_capacity(input_count),
+    };
+    let mut spent = Vec::with_capacity(input_count);
+    let mut fees: u64 = 0;
+    let mut sigop_cost: u64 = 0;
+
+    for (tx, &txid) in block.txdata.iter().zip(&txids) {
+        let is_coinbase = tx.is_coinbase();
+        let mut tx_sigops = sigops::legacy_sigops(tx) * WITNESS_SCALE_FACTOR;
+
+        if !is_coinbase {
+            // Every input must exist (Core's HaveInputs, before any other input rule).
+            let mut inputs: Vec<Coin> = Vec::with_capacity(tx.input.len());
+            for (vin, input) in tx.input.iter().enumerate() {
+                match view.get(&input.previous_output) {
+                    Some(coin) => inputs.push(coin.clone()),
+                    None => {
+                        return Err(BlockError::MissingOrSpent {
+                            txid,
+                            vin: vin as u32,
+                            outpoint: input.previous_output,
+                        })
+                    }
+                }
+            }
+
+            // Maturity and value ranges (Core's Consensus::CheckTxInputs).
+            let mut value_in: u64 = 0;
+            for (input, coin) in tx.input.iter().zip(&inputs) {
+                if coin.coinbase
+                    && i64::from(height) - i64::from(coin.height) < i64::from(COINBASE_MATURITY)
+                {
+                    return Err(BlockError::PrematureCoinbaseSpend {
+                        txid,
+                        outpoint: input.previous_output,
+                        coin_height: coin.height,
+                        spend_height: height,
+                    });
+                }
+                value_in = match value_in.checked_add(coin.value) {
+                    Some(v) if coin.value <= MAX_MONEY && v <= MAX_MONEY => v,
+                    _ => return Err(BlockError::InputValuesOutOfRange { txid }),
+                };
+            }
+            // Output values were range-checked by check_block; sum defensively.
+            let value_out = tx
+                .output
+                .iter()
+                .try_fold(0u64, |acc, o| acc.checked_add(o.value.to_sat()))
+                .unwrap_or(u64::MAX);
+            if value_in < value_out {
+                return Err(BlockError::InBelowOut {
+                    txid,
+                    value_in,
+                    value_out,
+                });
+            }
+            fees = match fees.checked_add(value_in - value_out) {
+                Some(f) if f <= MAX_MONEY => f,
+                _ => return Err(BlockError::AccumulatedFeeOutOfRange { txid }),
+            };
+
+            // BIP68 relative lock-times (Core's SequenceLocks).
+            if csv_active && tx.version.0 as u32 >= 2 {
+                check_sequence_locks(tx, txid, &inputs, ctx)?;
+            }
+
+            // P2SH and witness sigops need the spent scripts.
+            for (input, coin) in tx.input.iter().zip(&inputs) {
+                let script = Script::from_bytes(&coin.script_pubkey);
+                if p2sh_active {
+                    tx_sigops += sigops::p2sh_sigops(input, script) * WITNESS_SCALE_FACTOR;
+                }
+                if segwit_active {
+                    tx_sigops += sigops::witness_sigops(input, script);
+                }
+            }
+
+            for ((vin, input), coin) in tx.input.iter().enumerate().zip(inputs) {
+                view.spent.insert(input.previous_output);
+                spent.push(SpentOutput {
+                    outpoint: input.previous_output,
+                    coin,
+                    txid,
+                    vin: vin as u32,
+                });
+            }
+        }
+
+        sigop_cost += tx_sigops;
+        if sigop_cost > MAX_BLOCK_SIGOPS_COST {
+            return Err(BlockError::TooManySigops { cost: sigop_cost });
+        }
+
+        for (vout, output) in tx.output.iter().enumerate() {
+            if is_unspendable(output.script_pubkey.as_bytes()) {
+                continue;
+            }
+            let outpoint = OutPoint {
+                txid,
+                vout: vout as u32,
+            };
+            // The same txid twice in one block with an unspent first copy.
+            if view.created_index.contains_key(&outpoint) && !view.spent.contains(&outpoint) {
+                return Err(BlockError::Bip30 { outpoint });
+            }
+            view.spent.remove(&outpoint);
+            view.created_index.insert(outpoint, view.created.len());
+            view.created.push((
+                outpoint,
+                Coin {
+                    value: output.value.to_sat(),
+                    script_pubkey: output.script_pubkey.to_bytes(),
+                    height,
+                    coinbase: is_coinbase,
+                },
+            ));
+        }
+    }
+
+    let limit = fees.saturating_add(params.block_subsidy(height));
+    let value_out = block
+        .txdata
+        .first()
+        .map(|cb| {
+            cb.output
+                .iter()
+                .try_fold(0u64, |acc, o| acc.checked_add(o.value.to_sat()))
+        })
+        .unwrap_or(Some(0))
+        .unwrap_or(u64::MAX);
+    if value_out > limit {
+        return Err(BlockError::CoinbaseAmount { value_out, limit });
+    }
+
+    Ok(BlockEffects {
+        created: view.created,
+        spent,
+        fees,
+        sigop_cost,
+    })
+}
+
+/// BIP68: Core's `CalculateSequenceLocks` + `EvaluateSequenceLocks` for one
+/// transaction whose inputs spend `inputs` (same order).
+fn check_sequence_locks(
+    tx: &Transaction,
+    txid: Txid,
+    inputs: &[Coin],
+    ctx: &BlockContext,
+) -> Result<(), BlockError> {
+    let mut min_height: i64 = -1;
+    let mut min_time: i64 = -1;
+    for (input, coin) in tx.input.iter().zip(inputs) {
+        let sequence = input.sequence.0;
+        if sequence & SEQUENCE_LOCKTIME_DISABLE_FLAG != 0 {
+            continue;
+        }
+        let value = i64::from(sequence & SEQUENCE_LOCKTIME_MASK);
+        if sequence & SEQUENCE_LOCKTIME_TYPE_FLAG != 0 {
+            // MTP of the block before the coin's block.
+            let at = coin.height.saturating_sub(1);
+            let coin_time = if ctx.height.checked_sub(1) == Some(at) {
+                ctx.prev_median_time_past
+            } else if at < ctx.height {
+                (ctx.median_time_past_at)(at)
+                    .ok_or(BlockError::MissingMedianTimePast { height: at })?
+            } else {
+                return Err(BlockError::MissingMedianTimePast { height: at });
+            };
+            min_time =
+                min_time.max(i64::from(coin_time) + (value << SEQUENCE_LOCKTIME_GRANULARITY) - 1);
+        } else {
+            min_height = min_height.max(i64::from(coin.height) + value - 1);
+        }
+    }
+    if min_height >= i64::from(ctx.height) || min_time >= i64::from(ctx.prev_median_time_past) {
+        return Err(BlockError::SequenceLocked {
+            txid,
+            min_height,
+            min_time,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
