@@ -47,7 +47,9 @@ pub enum ImportError {
         available: u64,
     },
     /// The record is framed with another network's magic.
-    #[error("{path}: record at offset {offset} belongs to network {found}, this node runs {expected}")]
+    #[error(
+        "{path}: record at offset {offset} belongs to network {found}, this node runs {expected}"
+    )]
     OtherNetwork {
         /// The file.
         path: PathBuf,
@@ -59,7 +61,9 @@ pub enum ImportError {
         expected: Network,
     },
     /// Bytes that are not a record where one should start.
-    #[error("{path}: garbage at offset {offset} (bytes {found:02x?} are not the {expected:02x?} magic)")]
+    #[error(
+        "{path}: garbage at offset {offset} (bytes {found:02x?} are not the {expected:02x?} magic)"
+    )]
     BadMagic {
         /// The file.
         path: PathBuf,
@@ -110,7 +114,10 @@ pub struct Record {
 /// # Errors
 /// [`ImportError`] for the first problem found; nothing is imported.
 pub fn read_file(path: &Path, params: &ChainParams) -> Result<Vec<Record>, ImportError> {
-    let data = std::fs::read(path).map_err(|source| ImportError::Io { path: path.into(), source })?;
+    let data = std::fs::read(path).map_err(|source| ImportError::Io {
+        path: path.into(),
+        source,
+    })?;
     let magic = params.magic();
     let mut out = Vec::new();
     let mut pos = 0usize;
@@ -121,20 +128,45 @@ pub fn read_file(path: &Path, params: &ChainParams) -> Result<Vec<Record>, Impor
         }
         let offset = pos as u64;
         if rest.len() < 8 {
-            return Err(ImportError::Truncated { path: path.into(), offset, needed: 8, available: rest.len() as u64 });
+            return Err(ImportError::Truncated {
+                path: path.into(),
+                offset,
+                needed: 8,
+                available: rest.len() as u64,
+            });
         }
         let found = [rest[0], rest[1], rest[2], rest[3]];
         if found != magic {
-            for net in [Network::Bitcoin, Network::Testnet, Network::Testnet4, Network::Signet, Network::Regtest] {
+            for net in [
+                Network::Bitcoin,
+                Network::Testnet,
+                Network::Testnet4,
+                Network::Signet,
+                Network::Regtest,
+            ] {
                 if net.magic().to_bytes() == found {
-                    return Err(ImportError::OtherNetwork { path: path.into(), offset, found: net, expected: params.network });
+                    return Err(ImportError::OtherNetwork {
+                        path: path.into(),
+                        offset,
+                        found: net,
+                        expected: params.network,
+                    });
                 }
             }
-            return Err(ImportError::BadMagic { path: path.into(), offset, found, expected: magic });
+            return Err(ImportError::BadMagic {
+                path: path.into(),
+                offset,
+                found,
+                expected: magic,
+            });
         }
         let len = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
         if len > MAX_RECORD_LEN {
-            return Err(ImportError::Oversized { path: path.into(), offset, len });
+            return Err(ImportError::Oversized {
+                path: path.into(),
+                offset,
+                len,
+            });
         }
         let end = 8 + len as usize;
         if rest.len() < end {
@@ -145,8 +177,13 @@ pub fn read_file(path: &Path, params: &ChainParams) -> Result<Vec<Record>, Impor
                 available: rest.len() as u64,
             });
         }
-        let block: Block = bitcoin::consensus::deserialize(&rest[8..end])
-            .map_err(|source| ImportError::BadBlock { path: path.into(), offset, source })?;
+        let block: Block = bitcoin::consensus::deserialize(&rest[8..end]).map_err(|source| {
+            ImportError::BadBlock {
+                path: path.into(),
+                offset,
+                source,
+            }
+        })?;
         out.push(Record { offset, block });
         pos += end;
     }
@@ -189,7 +226,10 @@ pub fn import_files(
     progress: bool,
 ) -> Result<ImportSummary, ImportError> {
     let started = Instant::now();
-    let params = chain.read().map(|c| c.params().clone()).unwrap_or_else(|p| p.into_inner().params().clone());
+    let params = chain
+        .read()
+        .map(|c| c.params().clone())
+        .unwrap_or_else(|p| p.into_inner().params().clone());
     let reorgs_before = chain.read().map(|c| c.stats().reorgs).unwrap_or(0);
     let mut summary = ImportSummary::default();
     for path in paths {
@@ -216,7 +256,9 @@ pub fn import_files(
             summary.blocks_read += 1;
             let hash = rec.block.block_hash();
             let outcome = {
-                let mut cs = chain.write().map_err(|_| PipelineError::Inconsistent { reason: "lock poisoned".into() })?;
+                let mut cs = chain.write().map_err(|_| PipelineError::Inconsistent {
+                    reason: "lock poisoned".into(),
+                })?;
                 cs.submit_block(&rec.block)?
             };
             match outcome {
@@ -226,15 +268,20 @@ pub fn import_files(
                 }
                 SubmitOutcome::Duplicate => summary.duplicates += 1,
                 SubmitOutcome::Rejected { reason, detail } => {
-                    tracing::warn!(block_hash = %hash, offset = rec.offset, reason, "rejected: {detail}");
-                    summary.rejected.push((hash, reason.to_string(), detail));
+                    tracing::warn!(block_hash = %hash, offset = rec.offset, %reason, "rejected: {detail}");
+                    summary.rejected.push((hash, reason, detail));
                 }
             }
             bar.inc(1);
             if last_log.elapsed().as_secs() >= 10 {
                 let rate = (i + 1) as f64 / started.elapsed().as_secs_f64().max(1e-9);
                 let height = chain.read().map(|c| c.index().tip_height()).unwrap_or(0);
-                tracing::info!(height, blocks_per_s = format!("{rate:.0}"), remaining = bar.length().unwrap_or(0).saturating_sub(bar.position()), "import progress");
+                tracing::info!(
+                    height,
+                    blocks_per_s = format!("{rate:.0}"),
+                    remaining = bar.length().unwrap_or(0).saturating_sub(bar.position()),
+                    "import progress"
+                );
                 last_log = Instant::now();
             }
         }

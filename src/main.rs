@@ -167,49 +167,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::DumpUtxos { output } => {
-            let mut lines = Vec::new();
-            {
-                let mut cs = chain
-                    .write()
-                    .map_err(|_| anyhow::anyhow!("lock poisoned"))?;
-                cs.for_each_utxo(&mut |op, coin, height| {
-                    lines.push((
-                        op.txid.to_string(),
-                        op.vout,
-                        coin.value,
-                        hex(&coin.script_pubkey),
-                        height,
-                        coin.coinbase,
-                    ));
-                })?;
-            }
-            lines.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
-            let mut out = String::with_capacity(lines.len() * 120);
-            for (txid, vout, value, script, height, cb) in lines {
-                out.push_str(&format!(
-                    "{txid}:{vout} {value} {script} {height} {}\n",
-                    u8::from(cb)
-                ));
-            }
+            let mut cs = chain
+                .write()
+                .map_err(|_| anyhow::anyhow!("lock poisoned"))?;
             match output {
                 Some(p) => {
-                    std::fs::write(&p, out).with_context(|| format!("writing {}", p.display()))?
+                    let mut f = std::fs::File::create(&p)
+                        .with_context(|| format!("creating {}", p.display()))?;
+                    cs.dump_utxos(&mut f)?;
                 }
-                None => {
-                    use std::io::Write;
-                    std::io::stdout()
-                        .lock()
-                        .write_all(out.as_bytes())
-                        .context("writing to stdout")?;
-                }
+                None => cs.dump_utxos(&mut std::io::stdout().lock())?,
             }
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn print_summary(s: &kakehi::import::ImportSummary) {

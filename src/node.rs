@@ -51,7 +51,9 @@ pub enum NodeError {
 /// The default datadir of a network: `~/.kakehi/<network>` (`$HOME` unset:
 /// `./.kakehi/<network>`).
 pub fn default_datadir(params: &ChainParams) -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".kakehi").join(params.name())
 }
 
@@ -69,7 +71,10 @@ impl DataDir {
     /// [`NodeError::Datadir`] when it cannot be created or written,
     /// [`NodeError::Locked`] when another process holds it.
     pub fn open(path: &Path) -> Result<Self, NodeError> {
-        let err = |source| NodeError::Datadir { path: path.into(), source };
+        let err = |source| NodeError::Datadir {
+            path: path.into(),
+            source,
+        };
         std::fs::create_dir_all(path).map_err(err)?;
         let lock = std::fs::OpenOptions::new()
             .create(true)
@@ -79,10 +84,15 @@ impl DataDir {
             .map_err(err)?;
         match lock.try_lock() {
             Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Err(NodeError::Locked { path: path.into() }),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(NodeError::Locked { path: path.into() })
+            }
             Err(std::fs::TryLockError::Error(e)) => return Err(err(e)),
         }
-        Ok(DataDir { path: path.into(), _lock: lock })
+        Ok(DataDir {
+            path: path.into(),
+            _lock: lock,
+        })
     }
 
     /// The datadir's path.
@@ -121,7 +131,10 @@ pub fn install_signal_handlers(flag: Arc<AtomicBool>) {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
                 tracing::error!("cannot install signal handlers");
                 return;
             };

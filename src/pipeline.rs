@@ -20,6 +20,7 @@
 //! [`PURGE_DEPTH`] blocks are refused.
 
 use std::collections::{HashMap, HashSet};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -33,10 +34,12 @@ use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
 use crate::chain::ChainParams;
 use crate::filters;
 use crate::sozu::{
-    BlockId, BlockWrite, ChainView, Coin, CommitTag, Consumption, NewOutput, SozuError,
-    UtxoTable, ViewStatus, PURGE_DEPTH,
+    BlockId, BlockWrite, ChainView, Coin, CommitTag, Consumption, NewOutput, SozuError, UtxoTable,
+    ViewStatus, PURGE_DEPTH,
 };
-use crate::store::{BlockRecord, FileLoc, FlatFiles, FlatPos, Store, StoreError, WriteBatch, META_TIP};
+use crate::store::{
+    BlockRecord, FileLoc, FlatFiles, FlatPos, Store, StoreError, WriteBatch, META_TIP,
+};
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
 
 /// Maximum size of one flat file, bytes (Core's `MAX_BLOCKFILE_SIZE`).
@@ -78,6 +81,18 @@ pub enum PipelineError {
     },
 }
 
+/// Errors of [`Chainstate::dump_utxos`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DumpError {
+    /// Reading the UTXO table failed.
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    /// Writing the output failed.
+    #[error("writing the UTXO dump: {0}")]
+    Write(#[from] std::io::Error),
+}
+
 /// What happened to a submitted block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SubmitOutcome {
@@ -95,7 +110,7 @@ pub enum SubmitOutcome {
     /// status in the index.
     Rejected {
         /// Core's reject string.
-        reason: &'static str,
+        reason: String,
         /// A readable description.
         detail: String,
     },
@@ -156,7 +171,10 @@ pub struct Chainstate {
 }
 
 fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn flat_pos_bytes(p: FlatPos) -> Vec<u8> {
@@ -220,7 +238,12 @@ pub fn decode_spent(mut b: &[u8]) -> Option<Vec<SpentOutput>> {
         let script = take(&mut b, len)?.to_vec();
         out.push(SpentOutput {
             outpoint: OutPoint { txid, vout },
-            coin: Coin { value, script_pubkey: script, height, coinbase },
+            coin: Coin {
+                value,
+                script_pubkey: script,
+                height,
+                coinbase,
+            },
             txid: stxid,
             vin,
         });
@@ -243,10 +266,29 @@ impl Chainstate {
     ) -> Result<Self, PipelineError> {
         let store = Store::open(&datadir.join("index"))?;
         let magic = params.magic();
-        let pos = |name: &str| -> Result<FlatPos, StoreError> { Ok(flat_pos_from(store.meta(name)?)) };
-        let blocks = FlatFiles::open(&datadir.join("blocks"), "blk", magic, MAX_FLAT_FILE_SIZE, pos("flat_blocks")?)?;
-        let filters = FlatFiles::open(&datadir.join("filters"), "flt", magic, MAX_FLAT_FILE_SIZE, pos("flat_filters")?)?;
-        let spent = FlatFiles::open(&datadir.join("spent"), "sp", magic, MAX_FLAT_FILE_SIZE, pos("flat_spent")?)?;
+        let pos =
+            |name: &str| -> Result<FlatPos, StoreError> { Ok(flat_pos_from(store.meta(name)?)) };
+        let blocks = FlatFiles::open(
+            &datadir.join("blocks"),
+            "blk",
+            magic,
+            MAX_FLAT_FILE_SIZE,
+            pos("flat_blocks")?,
+        )?;
+        let filters = FlatFiles::open(
+            &datadir.join("filters"),
+            "flt",
+            magic,
+            MAX_FLAT_FILE_SIZE,
+            pos("flat_filters")?,
+        )?;
+        let spent = FlatFiles::open(
+            &datadir.join("spent"),
+            "sp",
+            magic,
+            MAX_FLAT_FILE_SIZE,
+            pos("flat_spent")?,
+        )?;
 
         let records = store.trees.block_by_id.values()?;
         let (index, meta) = if records.is_empty() {
@@ -262,7 +304,9 @@ impl Chainstate {
                 .meta(META_TIP)?
                 .and_then(|b| <u32 as crate::store::Codec>::decode(&b))
                 .map(BlockId)
-                .ok_or_else(|| PipelineError::Inconsistent { reason: "no tip marker".into() })?;
+                .ok_or_else(|| PipelineError::Inconsistent {
+                    reason: "no tip marker".into(),
+                })?;
             let mut entries = Vec::with_capacity(records.len());
             let mut metas = Vec::with_capacity(records.len());
             for (i, r) in records.into_iter().enumerate() {
@@ -286,7 +330,10 @@ impl Chainstate {
                     reject_reason: r.reject_reason,
                 });
             }
-            (BlockIndex::from_entries(params.clone(), entries, tip)?, metas)
+            (
+                BlockIndex::from_entries(params.clone(), entries, tip)?,
+                metas,
+            )
         };
         let mut cs = Chainstate {
             params,
@@ -317,7 +364,11 @@ impl Chainstate {
     /// commit did not happen (crash between the index's commit and the
     /// table's).
     fn reconcile_table(&mut self) -> Result<(), PipelineError> {
-        let Some(last) = self.store.meta(META_SOZU_LAST)?.and_then(|b| <u32 as crate::store::Codec>::decode(&b)) else {
+        let Some(last) = self
+            .store
+            .meta(META_SOZU_LAST)?
+            .and_then(|b| <u32 as crate::store::Codec>::decode(&b))
+        else {
             return Ok(());
         };
         let last = BlockId(last);
@@ -326,13 +377,19 @@ impl Chainstate {
             return Ok(());
         }
         let Some(entry) = self.index.get(last).cloned() else {
-            return Err(PipelineError::Inconsistent { reason: format!("sozu_last {} not in the index", last.0) });
+            return Err(PipelineError::Inconsistent {
+                reason: format!("sozu_last {} not in the index", last.0),
+            });
         };
         tracing::warn!(height = entry.height, block_hash = %entry.hash, "UTXO table is one block behind the index: replaying it");
-        let block = self.read_block(last)?.ok_or_else(|| PipelineError::Inconsistent {
-            reason: format!("block {} has no stored data", entry.hash),
+        let block = self
+            .read_block(last)?
+            .ok_or_else(|| PipelineError::Inconsistent {
+                reason: format!("block {} has no stored data", entry.hash),
+            })?;
+        let parent = entry.prev.ok_or_else(|| PipelineError::Inconsistent {
+            reason: "replay of genesis".into(),
         })?;
-        let parent = entry.prev.ok_or_else(|| PipelineError::Inconsistent { reason: "replay of genesis".into() })?;
         let (write, _, _) = match self.validate(&block, &entry, parent)? {
             Ok(v) => v,
             Err(e) => {
@@ -341,11 +398,17 @@ impl Chainstate {
                 })
             }
         };
-        let tag = CommitTag { block: last, height: entry.height, block_hash: entry.hash.to_byte_array() };
+        let tag = CommitTag {
+            block: last,
+            height: entry.height,
+            block_hash: entry.hash.to_byte_array(),
+        };
         self.table.write_block(&write, &self.index, &mut |_| {})?;
         self.table.commit(tag)?;
         if self.table.committed().map(|t| t.block) != Some(last) {
-            return Err(PipelineError::Inconsistent { reason: "UTXO table commit did not take".into() });
+            return Err(PipelineError::Inconsistent {
+                reason: "UTXO table commit did not take".into(),
+            });
         }
         Ok(())
     }
@@ -407,10 +470,14 @@ impl Chainstate {
     /// # Errors
     /// Flat-file failure or a stored block that no longer decodes.
     pub fn read_block(&self, id: BlockId) -> Result<Option<Block>, PipelineError> {
-        let Some(raw) = self.read_block_raw(id)? else { return Ok(None) };
-        deserialize(&raw).map(Some).map_err(|_| PipelineError::Inconsistent {
-            reason: format!("stored block {} does not decode", id.0),
-        })
+        let Some(raw) = self.read_block_raw(id)? else {
+            return Ok(None);
+        };
+        deserialize(&raw)
+            .map(Some)
+            .map_err(|_| PipelineError::Inconsistent {
+                reason: format!("stored block {} does not decode", id.0),
+            })
     }
 
     /// The stored serialized block `id` (with witness).
@@ -432,16 +499,24 @@ impl Chainstate {
     pub fn filter(&self, id: BlockId) -> Result<Option<(Vec<u8>, FilterHeader)>, PipelineError> {
         if id == BlockId(0) {
             let genesis = self.params.genesis_block();
-            let filter = filters::basic_filter(&genesis, &[]).map_err(|source| PipelineError::Filter {
-                hash: genesis.block_hash(),
-                source,
-            })?;
-            let header = filters::filter_header(&filter, FilterHeader::all_zeros());
+            let filter =
+                filters::basic_filter(&genesis, std::iter::empty::<&[u8]>()).map_err(|source| {
+                    PipelineError::Filter {
+                        hash: genesis.block_hash(),
+                        source,
+                    }
+                })?;
+            let header = filters::filter_header(&filter, &filters::genesis_previous_header());
             return Ok(Some((filter.content, header)));
         }
-        let Some(m) = self.meta.get(id.0 as usize) else { return Ok(None) };
+        let Some(m) = self.meta.get(id.0 as usize) else {
+            return Ok(None);
+        };
         match m.filter {
-            Some(loc) => Ok(Some((self.filters.read(loc)?, FilterHeader::from_byte_array(m.filter_header)))),
+            Some(loc) => Ok(Some((
+                self.filters.read(loc)?,
+                FilterHeader::from_byte_array(m.filter_header),
+            ))),
             None => Ok(None),
         }
     }
@@ -451,18 +526,27 @@ impl Chainstate {
     /// # Errors
     /// Flat-file failure or corrupt data.
     pub fn spent_outputs(&self, id: BlockId) -> Result<Option<Vec<SpentOutput>>, PipelineError> {
-        let Some(loc) = self.meta.get(id.0 as usize).and_then(|m| m.spent) else { return Ok(None) };
+        let Some(loc) = self.meta.get(id.0 as usize).and_then(|m| m.spent) else {
+            return Ok(None);
+        };
         let raw = self.spent.read(loc)?;
         decode_spent(&raw)
             .map(Some)
-            .ok_or_else(|| PipelineError::Inconsistent { reason: format!("spent outputs of block {} corrupt", id.0) })
+            .ok_or_else(|| PipelineError::Inconsistent {
+                reason: format!("spent outputs of block {} corrupt", id.0),
+            })
     }
 
     /// The UTXO set summary of the active chain.
     pub fn utxo_stats(&self) -> UtxoStats {
         let tip = self.index.tip();
         let m = &self.meta[tip.id.0 as usize];
-        UtxoStats { txouts: m.txouts, total_amount_sats: m.total_sats, bestblock: tip.hash, height: tip.height }
+        UtxoStats {
+            txouts: m.txouts,
+            total_amount_sats: m.total_sats,
+            bestblock: tip.hash,
+            height: tip.height,
+        }
     }
 
     /// Calls `f` with every output unspent on the active chain, with its
@@ -470,7 +554,10 @@ impl Chainstate {
     ///
     /// # Errors
     /// UTXO-table failure.
-    pub fn for_each_utxo(&mut self, f: &mut dyn FnMut(&OutPoint, &Coin, u32)) -> Result<(), PipelineError> {
+    pub fn for_each_utxo(
+        &mut self,
+        f: &mut dyn FnMut(&OutPoint, &Coin, u32),
+    ) -> Result<(), PipelineError> {
         let view = self.index.view(self.index.tip().id);
         self.table.for_each(&mut |e| {
             if let ViewStatus::Unspent = e.status_in(&view) {
@@ -478,6 +565,39 @@ impl Chainstate {
                 f(&e.outpoint, &e.coin, h);
             }
         })?;
+        Ok(())
+    }
+
+    /// Writes the UTXO set of the active chain in the text form of Core's
+    /// `dumptxoutset` as `testnet-data/regtest-a/utxos.txt` has it: one line
+    /// per output, `txid:vout value_sats scriptPubKey_hex height coinbase`,
+    /// sorted by txid (display hex) then vout.
+    ///
+    /// # Errors
+    /// UTXO-table failure or a write error.
+    pub fn dump_utxos(&mut self, out: &mut dyn std::io::Write) -> Result<(), DumpError> {
+        let mut rows = Vec::new();
+        self.for_each_utxo(&mut |op, coin, height| {
+            rows.push((
+                op.txid.to_string(),
+                op.vout,
+                coin.value,
+                coin.script_pubkey.clone(),
+                height,
+                coin.coinbase,
+            ));
+        })?;
+        rows.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut buf = std::io::BufWriter::new(out);
+        for (txid, vout, value, script, height, coinbase) in rows {
+            let script: String = script.iter().map(|b| format!("{b:02x}")).collect();
+            writeln!(
+                buf,
+                "{txid}:{vout} {value} {script} {height} {}",
+                u8::from(coinbase)
+            )?;
+        }
+        buf.flush()?;
         Ok(())
     }
 
@@ -493,7 +613,10 @@ impl Chainstate {
                 return Ok(SubmitOutcome::Duplicate);
             }
             if e.status.is_invalid() {
-                return Ok(self.reject("duplicate-invalid", format!("block {hash} is already known invalid")));
+                return Ok(self.reject(
+                    "duplicate-invalid",
+                    format!("block {hash} is already known invalid"),
+                ));
             }
         }
         let id = match self.index.accept_header(&block.header, now_secs()) {
@@ -501,9 +624,13 @@ impl Chainstate {
             Err(e) => return Ok(self.reject(e.reject_reason(), e.to_string())),
         };
         self.ensure_meta();
-        let entry = self.index.get(id).cloned().ok_or_else(|| PipelineError::Inconsistent {
-            reason: "accepted header vanished".into(),
-        })?;
+        let entry = self
+            .index
+            .get(id)
+            .cloned()
+            .ok_or_else(|| PipelineError::Inconsistent {
+                reason: "accepted header vanished".into(),
+            })?;
         let parent = entry.prev.unwrap_or(BlockId(0));
         let ctx_mtp = self.index.median_time_past(parent);
         let ctx = BlockContext {
@@ -511,7 +638,11 @@ impl Chainstate {
             height: entry.height,
             block_hash: hash,
             prev_median_time_past: ctx_mtp,
-            median_time_past_at: &|h| self.index.ancestor(parent, h).map(|a| self.index.median_time_past(a.id)),
+            median_time_past_at: &|h| {
+                self.index
+                    .ancestor(parent, h)
+                    .map(|a| self.index.median_time_past(a.id))
+            },
         };
         if let Err(e) = validation::check_block(block, &ctx) {
             let reason = e.reject_reason();
@@ -548,17 +679,23 @@ impl Chainstate {
         if status.is_some_and(|s| s.is_invalid()) {
             let m = &self.meta[id.0 as usize];
             return Ok(SubmitOutcome::Rejected {
-                reason: reject_static(&m.reject_reason),
+                reason: m.reject_reason.clone(),
                 detail: format!("block {hash} is invalid: {}", m.reject_reason),
             });
         }
         let tip = self.index.tip();
-        Ok(SubmitOutcome::Accepted { tip: tip.hash, height: tip.height })
+        Ok(SubmitOutcome::Accepted {
+            tip: tip.hash,
+            height: tip.height,
+        })
     }
 
-    fn reject(&mut self, reason: &'static str, detail: String) -> SubmitOutcome {
+    fn reject(&mut self, reason: &str, detail: String) -> SubmitOutcome {
         self.stats.blocks_rejected += 1;
-        SubmitOutcome::Rejected { reason, detail }
+        SubmitOutcome::Rejected {
+            reason: reason.to_string(),
+            detail,
+        }
     }
 
     /// Moves the active tip to the most-work valid chain whose data is
@@ -638,7 +775,10 @@ impl Chainstate {
         block: &Block,
         entry: &IndexEntry,
         parent: BlockId,
-    ) -> Result<Result<(BlockWrite, Vec<SpentOutput>, Vec<(OutPoint, Coin)>), BlockError>, PipelineError> {
+    ) -> Result<
+        Result<(BlockWrite, Vec<SpentOutput>, Vec<(OutPoint, Coin)>), BlockError>,
+        PipelineError,
+    > {
         let txids: HashSet<bitcoin::Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
         let mut keys: Vec<OutPoint> = Vec::new();
         for tx in block.txdata.iter().skip(1) {
@@ -667,7 +807,13 @@ impl Chainstate {
         for e in entries.into_iter().flatten() {
             if let ViewStatus::Unspent = e.status_in(&view) {
                 let height = e.creation_height_in(&view).unwrap_or(e.coin.height);
-                coins.insert(e.outpoint, Coin { height, ..e.coin.clone() });
+                coins.insert(
+                    e.outpoint,
+                    Coin {
+                        height,
+                        ..e.coin.clone()
+                    },
+                );
             }
         }
         let ctx = BlockContext {
@@ -675,7 +821,11 @@ impl Chainstate {
             height: entry.height,
             block_hash: entry.hash,
             prev_median_time_past: self.index.median_time_past(parent),
-            median_time_past_at: &|h| self.index.ancestor(parent, h).map(|a| self.index.median_time_past(a.id)),
+            median_time_past_at: &|h| {
+                self.index
+                    .ancestor(parent, h)
+                    .map(|a| self.index.median_time_past(a.id))
+            },
         };
         if let Err(e) = validation::check_block(block, &ctx) {
             return Ok(Err(e));
@@ -699,7 +849,16 @@ impl Chainstate {
             spent: effects
                 .spent
                 .iter()
-                .map(|s| (s.outpoint, Consumption { block: entry.id, txid: s.txid, vin: s.vin }))
+                .map(|s| {
+                    (
+                        s.outpoint,
+                        Consumption {
+                            block: entry.id,
+                            txid: s.txid,
+                            vin: s.vin,
+                        },
+                    )
+                })
                 .collect(),
         };
         Ok(Ok((write, effects.spent, effects.created)))
@@ -708,13 +867,19 @@ impl Chainstate {
     /// Connects the stored block `id` (whose parent is the active tip).
     /// Returns false if the block is invalid (it is then marked so).
     fn connect(&mut self, id: BlockId) -> Result<bool, PipelineError> {
-        let entry = self.index.get(id).cloned().ok_or_else(|| PipelineError::Inconsistent {
-            reason: format!("block id {} not in index", id.0),
-        })?;
+        let entry = self
+            .index
+            .get(id)
+            .cloned()
+            .ok_or_else(|| PipelineError::Inconsistent {
+                reason: format!("block id {} not in index", id.0),
+            })?;
         let parent = entry.prev.unwrap_or(BlockId(0));
-        let block = self.read_block(id)?.ok_or_else(|| PipelineError::Inconsistent {
-            reason: format!("block {} has no data", entry.hash),
-        })?;
+        let block = self
+            .read_block(id)?
+            .ok_or_else(|| PipelineError::Inconsistent {
+                reason: format!("block {} has no data", entry.hash),
+            })?;
         let started = std::time::Instant::now();
         let (write, spent, created) = match self.validate(&block, &entry, parent)? {
             Ok(v) => v,
@@ -734,16 +899,26 @@ impl Chainstate {
             }
         };
         // Filter from the block and its spent scripts.
-        let scripts: Vec<&[u8]> = spent.iter().map(|s| s.coin.script_pubkey.as_slice()).collect();
-        let filter: BlockFilter = filters::basic_filter(&block, &scripts)
-            .map_err(|source| PipelineError::Filter { hash: entry.hash, source })?;
+        let scripts: Vec<&[u8]> = spent
+            .iter()
+            .map(|s| s.coin.script_pubkey.as_slice())
+            .collect();
+        let filter: BlockFilter =
+            filters::basic_filter(&block, scripts.iter().copied()).map_err(|source| {
+                PipelineError::Filter {
+                    hash: entry.hash,
+                    source,
+                }
+            })?;
         let prev_header = FilterHeader::from_byte_array(self.meta[parent.0 as usize].filter_header);
         let prev_header = if parent == BlockId(0) {
-            self.filter(BlockId(0))?.map(|(_, h)| h).unwrap_or(prev_header)
+            self.filter(BlockId(0))?
+                .map(|(_, h)| h)
+                .unwrap_or(prev_header)
         } else {
             prev_header
         };
-        let header = filters::filter_header(&filter, prev_header);
+        let header = filters::filter_header(&filter, &prev_header);
 
         // Flat files first.
         let filter_loc = self.filters.append(&filter.content)?;
@@ -780,8 +955,13 @@ impl Chainstate {
         // UTXO table last (the index names this block as sozu_last, so a
         // crash before the table's commit is replayed at start-up).
         let mut purged = 0usize;
-        self.table.write_block(&write, &self.index, &mut |_| purged += 1)?;
-        let tag = CommitTag { block: id, height: entry.height, block_hash: entry.hash.to_byte_array() };
+        self.table
+            .write_block(&write, &self.index, &mut |_| purged += 1)?;
+        let tag = CommitTag {
+            block: id,
+            height: entry.height,
+            block_hash: entry.hash.to_byte_array(),
+        };
         self.table.commit(tag)?;
         self.stats.blocks_connected += 1;
         tracing::info!(
@@ -798,10 +978,4 @@ impl Chainstate {
     pub fn active_view(&self) -> impl ChainView + '_ {
         self.index.view(self.index.tip().id)
     }
-}
-
-/// Maps a stored reject string back to a static one for
-/// [`SubmitOutcome::Rejected`] (unknown strings become `"invalid"`).
-fn reject_static(s: &str) -> &'static str {
-    validation::REJECT_REASONS.iter().copied().find(|r| *r == s).unwrap_or("invalid")
 }

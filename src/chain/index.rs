@@ -210,7 +210,12 @@ impl BlockIndex {
         };
         let mut by_hash = HashMap::new();
         by_hash.insert(hash, BlockId(0));
-        BlockIndex { params, entries: vec![genesis], by_hash, active: vec![BlockId(0)] }
+        BlockIndex {
+            params,
+            entries: vec![genesis],
+            by_hash,
+            active: vec![BlockId(0)],
+        }
     }
 
     /// Rebuilds an index from stored entries (ids dense from 0, parents
@@ -241,7 +246,12 @@ impl BlockIndex {
         if tip.0 as usize >= entries.len() {
             return Err(IndexLoadError::UnknownTip { id: tip.0 });
         }
-        let mut index = BlockIndex { params, entries, by_hash, active: Vec::new() };
+        let mut index = BlockIndex {
+            params,
+            entries,
+            by_hash,
+            active: Vec::new(),
+        };
         index.set_active_tip(tip);
         Ok(index)
     }
@@ -284,7 +294,10 @@ impl BlockIndex {
     /// The active chain's tip.
     pub fn tip(&self) -> &IndexEntry {
         // invariant: `active` always holds at least genesis.
-        let id = *self.active.last().expect("invariant: active chain holds genesis");
+        let id = *self
+            .active
+            .last()
+            .expect("invariant: active chain holds genesis");
         &self.entries[id.0 as usize]
     }
 
@@ -295,12 +308,15 @@ impl BlockIndex {
 
     /// The block at `height` on the active chain.
     pub fn active_at(&self, height: u32) -> Option<&IndexEntry> {
-        self.active.get(height as usize).map(|id| &self.entries[id.0 as usize])
+        self.active
+            .get(height as usize)
+            .map(|id| &self.entries[id.0 as usize])
     }
 
     /// Whether `id` is on the active chain.
     pub fn is_active(&self, id: BlockId) -> bool {
-        self.get(id).is_some_and(|e| self.active.get(e.height as usize) == Some(&id))
+        self.get(id)
+            .is_some_and(|e| self.active.get(e.height as usize) == Some(&id))
     }
 
     /// Sets the status of `id`.
@@ -367,7 +383,7 @@ impl BlockIndex {
     /// `GetNextWorkRequired`, with testnet's 20-minute rule and BIP94).
     pub fn next_work_required(&self, prev: &IndexEntry, time: u32) -> CompactTarget {
         let pow = &self.params.pow;
-        let pow_limit_bits = pow.pow_limit.to_compact_lossy();
+        let pow_limit_bits = pow.max_attainable_target.to_compact_lossy();
         let interval = (pow.pow_target_timespan / pow.pow_target_spacing) as u32;
         let height = prev.height + 1;
         if height % interval != 0 {
@@ -399,7 +415,11 @@ impl BlockIndex {
         let timespan = u64::from(prev.header.time.saturating_sub(first.header.time));
         // BIP94: retarget from the first block of the period, not the last
         // (which may be a min-difficulty block).
-        let base = if self.params.enforce_bip94 { first.header.bits } else { prev.header.bits };
+        let base = if self.params.enforce_bip94 {
+            first.header.bits
+        } else {
+            prev.header.bits
+        };
         CompactTarget::from_next_work_required(base, timespan, pow)
     }
 
@@ -416,7 +436,10 @@ impl BlockIndex {
         }
         let prev_id = self
             .id_of(&header.prev_blockhash)
-            .ok_or(HeaderError::UnknownParent { hash, prev: header.prev_blockhash })?;
+            .ok_or(HeaderError::UnknownParent {
+                hash,
+                prev: header.prev_blockhash,
+            })?;
         let prev = &self.entries[prev_id.0 as usize];
         if prev.status.is_invalid() {
             return Err(HeaderError::InvalidParent { hash });
@@ -437,12 +460,21 @@ impl BlockIndex {
         }
         let mtp = self.median_time_past(prev_id);
         if header.time <= mtp {
-            return Err(HeaderError::TimeTooOld { hash, time: header.time, mtp });
+            return Err(HeaderError::TimeTooOld {
+                hash,
+                time: header.time,
+                mtp,
+            });
         }
         if u64::from(header.time) > now + MAX_FUTURE_BLOCK_TIME {
-            return Err(HeaderError::TimeTooNew { hash, time: header.time, now });
+            return Err(HeaderError::TimeTooNew {
+                hash,
+                time: header.time,
+                now,
+            });
         }
-        let interval = (self.params.pow.pow_target_timespan / self.params.pow.pow_target_spacing) as u32;
+        let interval =
+            (self.params.pow.pow_target_timespan / self.params.pow.pow_target_spacing) as u32;
         if self.params.enforce_bip94
             && height % interval == 0
             && header.time < prev.header.time.saturating_sub(MAX_TIMEWARP)
@@ -455,7 +487,11 @@ impl BlockIndex {
             || (version < 3 && height >= p.bip66_height)
             || (version < 4 && height >= p.bip65_height)
         {
-            return Err(HeaderError::BadVersion { hash, version, height });
+            return Err(HeaderError::BadVersion {
+                hash,
+                version,
+                height,
+            });
         }
         let id = u32::try_from(self.entries.len()).map_err(|_| HeaderError::IndexFull)?;
         let id = BlockId(id);
@@ -614,7 +650,12 @@ impl BlockIndex {
             } else {
                 TipStatus::HeadersOnly
             };
-            out.push(ChainTip { height: e.height, hash: e.hash, branch_len, status });
+            out.push(ChainTip {
+                height: e.height,
+                hash: e.hash,
+                branch_len,
+                status,
+            });
         }
         out.sort_by(|a, b| b.height.cmp(&a.height).then(a.hash.cmp(&b.hash)));
         out
@@ -700,15 +741,20 @@ impl BranchView<'_> {
 
 impl ChainView for BranchView<'_> {
     fn contains(&self, block: BlockId) -> bool {
-        let Some(e) = self.index.get(block) else { return false };
-        self.index.ancestor(self.tip, e.height).is_some_and(|a| a.id == block)
+        let Some(e) = self.index.get(block) else {
+            return false;
+        };
+        self.index
+            .ancestor(self.tip, e.height)
+            .is_some_and(|a| a.id == block)
     }
 }
 
 /// The active chain as seen by the UTXO table's purge rules.
 impl BlockOracle for BlockIndex {
     fn best_height(&self, block: BlockId) -> Option<u32> {
-        self.is_active(block).then(|| self.entries[block.0 as usize].height)
+        self.is_active(block)
+            .then(|| self.entries[block.0 as usize].height)
     }
 
     fn height(&self, block: BlockId) -> Option<u32> {
@@ -756,15 +802,23 @@ mod tests {
         // A nonce change breaks the proof of work.
         let mut bad = headers[10];
         bad.nonce ^= 1;
-        assert!(matches!(index.accept_header(&bad, now), Err(HeaderError::HighHash { .. })));
+        assert!(matches!(
+            index.accept_header(&bad, now),
+            Err(HeaderError::HighHash { .. })
+        ));
         // Wrong bits.
         let mut bad = headers[10];
         bad.bits = CompactTarget::from_consensus(0x1d00fffe);
-        assert!(matches!(index.accept_header(&bad, now), Err(HeaderError::BadDiffBits { .. })));
+        assert!(matches!(
+            index.accept_header(&bad, now),
+            Err(HeaderError::BadDiffBits { .. })
+        ));
         // A block from the future (against a clock in 2009).
         let mut index = BlockIndex::new(ChainParams::new(Network::Bitcoin));
         let first = headers[0];
-        let err = index.accept_header(&first, u64::from(first.time) - 3 * 3600).unwrap_err();
+        let err = index
+            .accept_header(&first, u64::from(first.time) - 3 * 3600)
+            .unwrap_err();
         assert!(matches!(err, HeaderError::TimeTooNew { .. }));
     }
 

@@ -37,7 +37,10 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into() }
+        ApiError {
+            status,
+            message: message.into(),
+        }
     }
     fn bad_request(m: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, m)
@@ -47,7 +50,10 @@ impl ApiError {
     }
     fn internal(m: impl std::fmt::Display) -> Self {
         tracing::error!("HTTP internal error: {m}");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error (see the node's log)")
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal error (see the node's log)",
+        )
     }
 }
 
@@ -67,7 +73,9 @@ async fn read<T: Send + 'static>(
 ) -> ApiResult<T> {
     let chain = state.chain.clone();
     tokio::task::spawn_blocking(move || {
-        let cs = chain.read().map_err(|_| ApiError::internal("chain state lock poisoned"))?;
+        let cs = chain
+            .read()
+            .map_err(|_| ApiError::internal("chain state lock poisoned"))?;
         f(&cs)
     })
     .await
@@ -76,9 +84,12 @@ async fn read<T: Send + 'static>(
 
 fn parse_hash(s: &str) -> ApiResult<BlockHash> {
     if s.len() != 64 {
-        return Err(ApiError::bad_request(format!("invalid block hash {s:?}: expected 64 hex characters")));
+        return Err(ApiError::bad_request(format!(
+            "invalid block hash {s:?}: expected 64 hex characters"
+        )));
     }
-    s.parse().map_err(|_| ApiError::bad_request(format!("invalid block hash {s:?}")))
+    s.parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid block hash {s:?}")))
 }
 
 fn text(s: String) -> Response {
@@ -95,14 +106,18 @@ enum Format {
 
 /// Splits `"<hash>.<ext>"`.
 fn split_format(s: &str) -> ApiResult<(&str, Format)> {
-    let (name, ext) = s
-        .rsplit_once('.')
-        .ok_or_else(|| ApiError::bad_request("output format not found (available: .bin, .hex, .json)"))?;
+    let (name, ext) = s.rsplit_once('.').ok_or_else(|| {
+        ApiError::bad_request("output format not found (available: .bin, .hex, .json)")
+    })?;
     let f = match ext {
         "bin" => Format::Bin,
         "hex" => Format::Hex,
         "json" => Format::Json,
-        _ => return Err(ApiError::bad_request(format!("unknown format .{ext} (available: .bin, .hex, .json)"))),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "unknown format .{ext} (available: .bin, .hex, .json)"
+            )))
+        }
     };
     Ok((name, f))
 }
@@ -111,7 +126,9 @@ fn split_format(s: &str) -> ApiResult<(&str, Format)> {
 /// `.hex` (lowercase hex and a newline, as Core does).
 fn bin_or_hex(bytes: Vec<u8>, f: Format) -> Response {
     match f {
-        Format::Bin => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        Format::Bin => {
+            ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
+        }
         _ => text(format!("{}\n", hex(&bytes))),
     }
 }
@@ -133,8 +150,13 @@ async fn tip_hash(State(s): State<AppState>) -> ApiResult<Response> {
     read(&s, |cs| Ok(text(cs.index().tip().hash.to_string()))).await
 }
 
-async fn block_at_height(State(s): State<AppState>, Path(height): Path<String>) -> ApiResult<Response> {
-    let height: u32 = height.parse().map_err(|_| ApiError::bad_request(format!("invalid height {height:?}")))?;
+async fn block_at_height(
+    State(s): State<AppState>,
+    Path(height): Path<String>,
+) -> ApiResult<Response> {
+    let height: u32 = height
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid height {height:?}")))?;
     read(&s, move |cs| {
         cs.index()
             .active_at(height)
@@ -177,15 +199,20 @@ async fn health(State(s): State<AppState>) -> ApiResult<Response> {
     .await
 }
 
-async fn rest_blockfilter(State(s): State<AppState>, Path(file): Path<String>) -> ApiResult<Response> {
+async fn rest_blockfilter(
+    State(s): State<AppState>,
+    Path(file): Path<String>,
+) -> ApiResult<Response> {
     let (hash, format) = split_format(&file)?;
     let hash = parse_hash(hash)?;
     read(&s, move |cs| {
-        let id = cs.index().id_of(&hash).ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
-        let (filter, _) = cs
-            .filter(id)
-            .map_err(ApiError::internal)?
-            .ok_or_else(|| ApiError::not_found(format!("no filter for block {hash} (not connected)")))?;
+        let id = cs
+            .index()
+            .id_of(&hash)
+            .ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
+        let (filter, _) = cs.filter(id).map_err(ApiError::internal)?.ok_or_else(|| {
+            ApiError::not_found(format!("no filter for block {hash} (not connected)"))
+        })?;
         if format == Format::Json {
             return Ok(Json(serde_json::json!({ "filter": hex(&filter) })).into_response());
         }
@@ -226,10 +253,16 @@ async fn filterheaders(s: AppState, file: String, count: String) -> ApiResult<Re
         .parse()
         .ok()
         .filter(|c| (1..=MAX_FILTER_HEADERS).contains(c))
-        .ok_or_else(|| ApiError::bad_request(format!("count must be 1..={MAX_FILTER_HEADERS}, got {count:?}")))?;
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "count must be 1..={MAX_FILTER_HEADERS}, got {count:?}"
+            ))
+        })?;
     read(&s, move |cs| {
         let index = cs.index();
-        let start = index.by_hash(&hash).ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
+        let start = index
+            .by_hash(&hash)
+            .ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
         // Like Core: walk the active chain from the block (if it is on it).
         let mut ids = vec![start.id];
         if index.is_active(start.id) {
@@ -248,7 +281,9 @@ async fn filterheaders(s: AppState, file: String, count: String) -> ApiResult<Re
             }
         }
         if headers.is_empty() {
-            return Err(ApiError::not_found(format!("no filter header for block {hash} (not connected)")));
+            return Err(ApiError::not_found(format!(
+                "no filter header for block {hash} (not connected)"
+            )));
         }
         if format == Format::Json {
             let list: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
@@ -278,8 +313,14 @@ pub fn router(state: AppState) -> Router {
         .route("/utxo/stats", get(utxo_stats))
         .route("/health", get(health))
         .route("/rest/blockfilter/basic/{file}", get(rest_blockfilter))
-        .route("/rest/blockfilterheaders/basic/{file}", get(rest_filterheaders))
-        .route("/rest/blockfilterheaders/basic/{count}/{file}", get(rest_filterheaders_legacy))
+        .route(
+            "/rest/blockfilterheaders/basic/{file}",
+            get(rest_filterheaders),
+        )
+        .route(
+            "/rest/blockfilterheaders/basic/{count}/{file}",
+            get(rest_filterheaders_legacy),
+        )
         .fallback(fallback)
         .with_state(state)
 }
@@ -295,5 +336,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "HTTP API listening");
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
 }

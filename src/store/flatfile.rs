@@ -89,8 +89,18 @@ impl FlatFiles {
         max_file_size: u64,
         pos: FlatPos,
     ) -> Result<Self, FlatFileError> {
-        std::fs::create_dir_all(dir).map_err(|source| FlatFileError::Io { path: dir.into(), source })?;
-        let mut files = FlatFiles { dir: dir.into(), prefix, magic, max_file_size, current: pos, writer: None };
+        std::fs::create_dir_all(dir).map_err(|source| FlatFileError::Io {
+            path: dir.into(),
+            source,
+        })?;
+        let mut files = FlatFiles {
+            dir: dir.into(),
+            prefix,
+            magic,
+            max_file_size,
+            current: pos,
+            writer: None,
+        };
         files.truncate_to(pos)?;
         Ok(files)
     }
@@ -100,7 +110,10 @@ impl FlatFiles {
     }
 
     fn io(&self, file: u32) -> impl FnOnce(std::io::Error) -> FlatFileError + '_ {
-        move |source| FlatFileError::Io { path: self.path(file), source }
+        move |source| FlatFileError::Io {
+            path: self.path(file),
+            source,
+        }
     }
 
     /// Cuts everything past `pos` (the last committed position).
@@ -116,7 +129,10 @@ impl FlatFiles {
         }
         let path = self.path(pos.file);
         if path.exists() {
-            let f = OpenOptions::new().write(true).open(&path).map_err(self.io(pos.file))?;
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(self.io(pos.file))?;
             let actual = f.metadata().map_err(self.io(pos.file))?.len();
             if actual > pos.len {
                 tracing::warn!(file = %path.display(), committed = pos.len, actual, "truncating flat file past its committed length");
@@ -139,11 +155,15 @@ impl FlatFiles {
     /// # Errors
     /// [`FlatFileError::Io`], [`FlatFileError::TooLarge`].
     pub fn append(&mut self, payload: &[u8]) -> Result<FileLoc, FlatFileError> {
-        let len = u32::try_from(payload.len()).map_err(|_| FlatFileError::TooLarge { len: payload.len() })?;
+        let len = u32::try_from(payload.len())
+            .map_err(|_| FlatFileError::TooLarge { len: payload.len() })?;
         if self.current.len > 0 && self.current.len + 8 + u64::from(len) > self.max_file_size {
             self.sync()?;
             self.writer = None;
-            self.current = FlatPos { file: self.current.file + 1, len: 0 };
+            self.current = FlatPos {
+                file: self.current.file + 1,
+                len: 0,
+            };
         }
         if self.writer.is_none() {
             let file = self.current.file;
@@ -161,9 +181,14 @@ impl FlatFiles {
         frame.extend_from_slice(payload);
         let path = self.path(file);
         if let Some(w) = self.writer.as_mut() {
-            w.write_all(&frame).map_err(|source| FlatFileError::Io { path, source })?;
+            w.write_all(&frame)
+                .map_err(|source| FlatFileError::Io { path, source })?;
         }
-        let loc = FileLoc { file, offset: self.current.len + 8, len };
+        let loc = FileLoc {
+            file,
+            offset: self.current.len + 8,
+            len,
+        };
         self.current.len += frame.len() as u64;
         Ok(loc)
     }
@@ -176,7 +201,8 @@ impl FlatFiles {
         let file = self.current.file;
         let path = self.path(file);
         if let Some(w) = self.writer.as_mut() {
-            w.sync_data().map_err(|source| FlatFileError::Io { path, source })?;
+            w.sync_data()
+                .map_err(|source| FlatFileError::Io { path, source })?;
         }
         Ok(())
     }
@@ -188,19 +214,34 @@ impl FlatFiles {
     /// magic or length disagree with `loc`.
     pub fn read(&self, loc: FileLoc) -> Result<Vec<u8>, FlatFileError> {
         let path = self.path(loc.file);
-        let io = |source| FlatFileError::Io { path: path.clone(), source };
+        let io = |source| FlatFileError::Io {
+            path: path.clone(),
+            source,
+        };
         let mut f = File::open(&path).map_err(io)?;
         if loc.offset < 8 {
-            return Err(FlatFileError::Corrupt { path, offset: loc.offset, reason: "offset inside the first frame header" });
+            return Err(FlatFileError::Corrupt {
+                path,
+                offset: loc.offset,
+                reason: "offset inside the first frame header",
+            });
         }
         f.seek(SeekFrom::Start(loc.offset - 8)).map_err(io)?;
         let mut head = [0u8; 8];
         f.read_exact(&mut head).map_err(io)?;
         if head[..4] != self.magic {
-            return Err(FlatFileError::Corrupt { path, offset: loc.offset, reason: "wrong magic" });
+            return Err(FlatFileError::Corrupt {
+                path,
+                offset: loc.offset,
+                reason: "wrong magic",
+            });
         }
         if u32::from_le_bytes([head[4], head[5], head[6], head[7]]) != loc.len {
-            return Err(FlatFileError::Corrupt { path, offset: loc.offset, reason: "length differs from the index" });
+            return Err(FlatFileError::Corrupt {
+                path,
+                offset: loc.offset,
+                reason: "length differs from the index",
+            });
         }
         let mut buf = vec![0u8; loc.len as usize];
         f.read_exact(&mut buf).map_err(io)?;
@@ -218,18 +259,33 @@ mod tests {
         let magic = [0xfa, 0xbf, 0xb5, 0xda];
         let mut f = FlatFiles::open(dir.path(), "blk", magic, 64, FlatPos::default()).unwrap();
         let a = f.append(b"hello").unwrap();
-        assert_eq!(a, FileLoc { file: 0, offset: 8, len: 5 });
+        assert_eq!(
+            a,
+            FileLoc {
+                file: 0,
+                offset: 8,
+                len: 5
+            }
+        );
         let committed = f.position();
         let b = f.append(&[7u8; 40]).unwrap();
         let c = f.append(&[9u8; 40]).unwrap(); // rolls over to file 1
         assert_eq!(c.file, 1);
         assert_eq!(f.read(a).unwrap(), b"hello");
         assert_eq!(f.read(b).unwrap(), vec![7u8; 40]);
-        assert!(matches!(f.read(FileLoc { len: 4, ..a }), Err(FlatFileError::Corrupt { .. })));
+        assert!(matches!(
+            f.read(FileLoc { len: 4, ..a }),
+            Err(FlatFileError::Corrupt { .. })
+        ));
         f.sync().unwrap();
         let f = FlatFiles::open(dir.path(), "blk", magic, 64, committed).unwrap();
         assert_eq!(f.position(), committed);
         assert!(!dir.path().join("blk00001.dat").exists());
-        assert_eq!(std::fs::metadata(dir.path().join("blk00000.dat")).unwrap().len(), 13);
+        assert_eq!(
+            std::fs::metadata(dir.path().join("blk00000.dat"))
+                .unwrap()
+                .len(),
+            13
+        );
     }
 }

@@ -271,7 +271,11 @@ pub struct TypedTree<K, V> {
 
 impl<K: Codec, V: Codec> TypedTree<K, V> {
     fn open(db: &sled::Db, name: &'static str) -> Result<Self, StoreError> {
-        Ok(TypedTree { name, tree: db.open_tree(name)?, _types: PhantomData })
+        Ok(TypedTree {
+            name,
+            tree: db.open_tree(name)?,
+            _types: PhantomData,
+        })
     }
 
     /// The value of `key`.
@@ -281,9 +285,10 @@ impl<K: Codec, V: Codec> TypedTree<K, V> {
     pub fn get(&self, key: &K) -> Result<Option<V>, StoreError> {
         match self.tree.get(key.encode())? {
             None => Ok(None),
-            Some(v) => V::decode(&v)
-                .map(Some)
-                .ok_or(StoreError::Corrupt { tree: self.name, reason: "value does not decode" }),
+            Some(v) => V::decode(&v).map(Some).ok_or(StoreError::Corrupt {
+                tree: self.name,
+                reason: "value does not decode",
+            }),
         }
     }
 
@@ -295,11 +300,17 @@ impl<K: Codec, V: Codec> TypedTree<K, V> {
         let mut out = Vec::new();
         for item in self.tree.scan_prefix(prefix) {
             let (k, v) = item?;
-            let corrupt = StoreError::Corrupt { tree: self.name, reason: "entry does not decode" };
-            out.push((K::decode(&k).ok_or(corrupt)?, V::decode(&v).ok_or(StoreError::Corrupt {
+            let corrupt = StoreError::Corrupt {
                 tree: self.name,
                 reason: "entry does not decode",
-            })?));
+            };
+            out.push((
+                K::decode(&k).ok_or(corrupt)?,
+                V::decode(&v).ok_or(StoreError::Corrupt {
+                    tree: self.name,
+                    reason: "entry does not decode",
+                })?,
+            ));
         }
         Ok(out)
     }
@@ -317,7 +328,8 @@ impl<K: Codec, V: Codec> TypedTree<K, V> {
     /// # Errors
     /// sled failure or corrupt entries.
     pub fn values(&self) -> Result<Vec<V>, StoreError> {
-        self.scan_prefix(&[]).map(|v| v.into_iter().map(|(_, v)| v).collect())
+        self.scan_prefix(&[])
+            .map(|v| v.into_iter().map(|(_, v)| v).collect())
     }
 }
 
@@ -374,7 +386,8 @@ impl WriteBatch {
     /// Writes a block record (and its hash → id row).
     pub fn put_block(&mut self, id: BlockId, record: &BlockRecord) {
         self.blocks.insert(id.encode(), record.encode());
-        self.by_hash.insert(record.header.block_hash().encode(), id.encode());
+        self.by_hash
+            .insert(record.header.block_hash().encode(), id.encode());
     }
     /// Sets the active chain's block at `height`.
     pub fn put_active(&mut self, height: u32, id: BlockId) {
@@ -387,7 +400,8 @@ impl WriteBatch {
     }
     /// Records that `txid` is at `position` in `block`.
     pub fn put_tx(&mut self, txid: Txid, block: BlockId, position: u32) {
-        self.txs.insert(TxBlockKey { txid, block }.encode(), position.encode());
+        self.txs
+            .insert(TxBlockKey { txid, block }.encode(), position.encode());
     }
 }
 
@@ -411,7 +425,10 @@ impl Store {
     /// # Errors
     /// [`StoreError::FormatMismatch`] for another major version; sled errors.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = sled::Config::new().path(path).mode(sled::Mode::LowSpace).open()?;
+        let db = sled::Config::new()
+            .path(path)
+            .mode(sled::Mode::LowSpace)
+            .open()?;
         let trees = Trees {
             meta_by_name: TypedTree::open(&db, "meta_by_name")?,
             block_by_id: TypedTree::open(&db, "block_by_id")?,
@@ -439,7 +456,12 @@ impl Store {
                     });
                 }
             }
-            Some(_) => return Err(StoreError::Corrupt { tree: "meta_by_name", reason: "bad format_version" }),
+            Some(_) => {
+                return Err(StoreError::Corrupt {
+                    tree: "meta_by_name",
+                    reason: "bad format_version",
+                })
+            }
         }
         Ok(store)
     }
@@ -477,9 +499,10 @@ impl Store {
             })
             .map_err(|e| match e {
                 sled::transaction::TransactionError::Storage(e) => StoreError::Sled(e),
-                sled::transaction::TransactionError::Abort(()) => {
-                    StoreError::Corrupt { tree: "*", reason: "transaction aborted" }
-                }
+                sled::transaction::TransactionError::Abort(()) => StoreError::Corrupt {
+                    tree: "*",
+                    reason: "transaction aborted",
+                },
             })?;
         self.db.flush()?;
         Ok(())
@@ -504,7 +527,9 @@ impl Store {
     /// # Errors
     /// sled failure.
     pub fn tx_known(&self, txid: &Txid) -> Result<bool, StoreError> {
-        self.trees.tx_position_by_txid_block.has_prefix(txid.as_byte_array())
+        self.trees
+            .tx_position_by_txid_block
+            .has_prefix(txid.as_byte_array())
     }
 }
 
@@ -521,9 +546,17 @@ mod tests {
             chainwork: [1u8; 32],
             status: BlockStatus::Valid,
             prev: Some(BlockId(6)),
-            data: Some(FileLoc { file: 1, offset: 8, len: 300 }),
+            data: Some(FileLoc {
+                file: 1,
+                offset: 8,
+                len: 300,
+            }),
             filter: None,
-            spent: Some(FileLoc { file: 0, offset: 16, len: 3 }),
+            spent: Some(FileLoc {
+                file: 0,
+                offset: 16,
+                len: 3,
+            }),
             filter_header: [2u8; 32],
             txouts: 10,
             total_sats: 5_000_000_000,
@@ -531,7 +564,10 @@ mod tests {
             reject_reason: "bad-cb-amount".into(),
         };
         let bytes = rec.encode();
-        assert_eq!(bytes.len(), 80 + 4 + 32 + 1 + 4 + 16 * 3 + 32 + 8 + 8 + 4 + 1 + 13);
+        assert_eq!(
+            bytes.len(),
+            80 + 4 + 32 + 1 + 4 + 16 * 3 + 32 + 8 + 8 + 4 + 1 + 13
+        );
         assert_eq!(&bytes[80..84], &7u32.to_be_bytes());
         assert_eq!(BlockRecord::decode(&bytes), Some(rec));
         assert_eq!(BlockRecord::decode(&bytes[..bytes.len() - 1]), None);
@@ -547,6 +583,9 @@ mod tests {
             s.commit(b).unwrap();
         }
         let err = Store::open(dir.path()).unwrap_err();
-        assert!(matches!(err, StoreError::FormatMismatch { found_major: 9, .. }), "{err}");
+        assert!(
+            matches!(err, StoreError::FormatMismatch { found_major: 9, .. }),
+            "{err}"
+        );
     }
 }
