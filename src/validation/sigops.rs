@@ -181,7 +181,8 @@ mod tests {
 
     #[test]
     fn p2sh_and_witness_counts() {
-        let redeem = script("5221020202020202020202020202020202020202020202020202020202020202020202210303030303030303030303030303030303030303030303030303030303030303030352ae");
+        // 2-of-2 multisig: OP_2 <33> <33> OP_2 OP_CHECKMULTISIG.
+        let redeem = script(&format!("5221{}21{}52ae", "02".repeat(33), "03".repeat(33)));
         let p2sh = redeem.to_p2sh();
         let mut input = TxIn::default();
         let mut sig = Vec::from_hex("00").expect("hex");
