@@ -197,8 +197,10 @@ mod tests {
 
         // P2WSH 2-of-2 (accurate count of the witness script = 2).
         let p2wsh = redeem.to_p2wsh();
-        let mut winput = TxIn::default();
-        winput.witness = Witness::from_slice(&[vec![], vec![1u8; 71], redeem.to_bytes()]);
+        let winput = TxIn {
+            witness: Witness::from_slice(&[vec![], vec![1u8; 71], redeem.to_bytes()]),
+            ..TxIn::default()
+        };
         assert_eq!(witness_sigops(&winput, &p2wsh), 2);
         // Empty witness: 0.
         assert_eq!(witness_sigops(&TxIn::default(), &p2wsh), 0);
