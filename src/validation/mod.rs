@@ -455,6 +455,26 @@ impl BlockError {
     }
 }
 
+/// From this height BIP34 no longer makes coinbase txids unique (an early
+/// block's coinbase scriptSig can read as a valid BIP34 height push), so
+/// Core checks BIP30 again (Core's `BIP34_IMPLIES_BIP30_LIMIT`).
+pub const BIP34_IMPLIES_BIP30_LIMIT: u32 = 1_983_702;
+
+/// Whether Bitcoin Core looks for BIP30 duplicates in a block at `height`
+/// (`ConnectBlock`'s `fEnforceBIP30`): always, except on the networks whose
+/// BIP34 activation block Core pins by hash (mainnet, testnet3) from the
+/// block after BIP34 activation up to [`BIP34_IMPLIES_BIP30_LIMIT`], where
+/// BIP34 makes a duplicate impossible. When this is false the pipeline need
+/// not put BIP30 candidates in [`connect_block`]'s `coins`.
+pub fn bip30_check_needed(params: &ChainParams, height: u32) -> bool {
+    match params.network {
+        Network::Bitcoin | Network::Testnet => {
+            !(height > params.bip34_height && height < BIP34_IMPLIES_BIP30_LIMIT)
+        }
+        _ => true,
+    }
+}
+
 /// Whether an output can never be spent, so never enters the UTXO set:
 /// its script starts with `OP_RETURN` or is over 10,000 bytes (Core's
 /// `CScript::IsUnspendable`).

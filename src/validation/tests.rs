@@ -903,3 +903,21 @@ fn reject_reasons_are_cores_strings() {
     assert!(BlockError::Bip30 { outpoint }.is_consensus_failure());
     assert!(!BlockError::Bip30 { outpoint }.is_mutation());
 }
+
+#[test]
+fn bip30_is_skipped_only_where_core_skips_it() {
+    let main = ChainParams::new(Network::Bitcoin);
+    assert!(bip30_check_needed(&main, 91_842));
+    assert!(
+        bip30_check_needed(&main, 227_931),
+        "BIP34 activation block itself"
+    );
+    assert!(!bip30_check_needed(&main, 227_932));
+    assert!(!bip30_check_needed(&main, 1_983_701));
+    assert!(bip30_check_needed(&main, 1_983_702));
+    let test3 = ChainParams::new(Network::Testnet);
+    assert!(!bip30_check_needed(&test3, 21_112));
+    for network in [Network::Regtest, Network::Signet, Network::Testnet4] {
+        assert!(bip30_check_needed(&ChainParams::new(network), 1_000));
+    }
+}
