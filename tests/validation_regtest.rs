@@ -21,7 +21,9 @@ use bitcoin::{Amount, Block, BlockHash, Network, OutPoint, Sequence, Txid};
 use kakehi::chain::params::ChainParams;
 use kakehi::filters::{basic_filter, filter_header, genesis_previous_header};
 use kakehi::sozu::Coin;
-use kakehi::validation::{check_block, connect_block, BlockContext, BlockEffects, BlockError};
+use kakehi::validation::{
+    check_block, connect_block, spent_outpoints, BlockContext, BlockEffects, BlockError,
+};
 
 fn data(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -128,12 +130,7 @@ fn format_utxos(set: &HashMap<OutPoint, Coin>) -> String {
 /// The coins the pipeline would read for `block`: the outpoints it spends
 /// and its own outputs (BIP30 candidates), as far as they are unspent.
 fn coins_for(block: &Block, utxos: &HashMap<OutPoint, Coin>) -> HashMap<OutPoint, Coin> {
-    let mut wanted: Vec<OutPoint> = block
-        .txdata
-        .iter()
-        .filter(|tx| !tx.is_coinbase())
-        .flat_map(|tx| tx.input.iter().map(|i| i.previous_output))
-        .collect();
+    let mut wanted = spent_outpoints(block);
     for tx in &block.txdata {
         let txid = tx.compute_txid();
         wanted.extend((0..tx.output.len() as u32).map(|vout| OutPoint { txid, vout }));
@@ -490,7 +487,8 @@ impl Branch {
                 median_time_past_at: &mtp_at,
             };
             check_block(block, &ctx).unwrap_or_else(|e| panic!("check_block {height}: {e}"));
-            connect_block(block, &ctx, &self.utxos)
+            // Only what the pipeline would read, not the whole set.
+            connect_block(block, &ctx, &coins_for(block, &self.utxos))
                 .unwrap_or_else(|e| panic!("connect_block {height}: {e}"))
         };
         let filter = basic_filter(

@@ -455,6 +455,28 @@ impl BlockError {
     }
 }
 
+/// The outpoints the pipeline must read for `block` (item (a) of
+/// [`connect_block`]'s `coins`): every outpoint a non-coinbase input spends
+/// that is not an output of an *earlier* transaction of the same block,
+/// each once, in block order.
+pub fn spent_outpoints(block: &Block) -> Vec<OutPoint> {
+    let mut earlier: HashSet<Txid> = HashSet::with_capacity(block.txdata.len());
+    let mut seen: HashSet<OutPoint> = HashSet::new();
+    let mut out = Vec::new();
+    for tx in &block.txdata {
+        if !tx.is_coinbase() {
+            for input in &tx.input {
+                let outpoint = input.previous_output;
+                if !earlier.contains(&outpoint.txid) && seen.insert(outpoint) {
+                    out.push(outpoint);
+                }
+            }
+        }
+        earlier.insert(tx.compute_txid());
+    }
+    out
+}
+
 /// From this height BIP34 no longer makes coinbase txids unique (an early
 /// block's coinbase scriptSig can read as a valid BIP34 height push), so
 /// Core checks BIP30 again (Core's `BIP34_IMPLIES_BIP30_LIMIT`).
@@ -770,10 +792,9 @@ impl BlockView<'_> {
 /// `height` is its creation height on this branch.
 ///
 /// Rules:
-/// - BIP30: no output of the block already exists unspent, except in
-///   `params.bip30_exceptions` (`bad-txns-BIP30`); enforced at every height
-///   (Core skips it between BIP34 activation and 1,983,702 only where
-///   BIP34's hash is known, which no kakehi network relies on);
+/// - BIP30: no output of the block is already among `coins`, except in
+///   `params.bip30_exceptions` (`bad-txns-BIP30`); the check is as good as
+///   the candidates supplied ([`bip30_check_needed`] says when Core looks);
 /// - every input spends a coin unspent on the branch or created by an
 ///   *earlier* transaction of the block, and no outpoint twice in the block
 ///   (`bad-txns-inputs-missingorspent`);

@@ -188,6 +188,8 @@ fn valid_block_effects() {
     let b_id = b.compute_txid();
     let fees = 10_000 + 1_000;
     let blk = block(subsidy() + fees, vec![a, b]);
+    // The store is read for ops[0] only: a:1 comes from the block itself.
+    assert_eq!(spent_outpoints(&blk), vec![ops[0]]);
     let effects = validate(&blk, &coins).expect("valid");
     assert_eq!(effects.fees, fees);
     let created: Vec<OutPoint> = effects.created.iter().map(|c| c.0).collect();
