@@ -31,17 +31,18 @@ fn data(path: &str) -> PathBuf {
         .join(path)
 }
 
-/// Blocks of a file in Bitcoin Core blk framing (magic, LE length, block).
+/// Blocks of a regtest file in Bitcoin Core blk framing (magic, LE length, block).
 fn read_blocks(path: &Path) -> Vec<Block> {
+    read_blocks_with_magic(path, [0xfa, 0xbf, 0xb5, 0xda])
+}
+
+/// Blocks of a file in Bitcoin Core blk framing with the given magic.
+fn read_blocks_with_magic(path: &Path, magic: [u8; 4]) -> Vec<Block> {
     let bytes = std::fs::read(path).expect("read blk file");
     let mut blocks = Vec::new();
     let mut pos = 0;
     while pos + 8 <= bytes.len() {
-        assert_eq!(
-            bytes[pos..pos + 4],
-            [0xfa, 0xbf, 0xb5, 0xda],
-            "regtest magic at {pos}"
-        );
+        assert_eq!(bytes[pos..pos + 4], magic, "magic at {pos}");
         let len = u32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().expect("4 bytes")) as usize;
         let mut slice = &bytes[pos + 8..pos + 8 + len];
         blocks.push(Block::consensus_decode(&mut slice).expect("block"));
@@ -809,5 +810,107 @@ fn random_edits_of_real_blocks_never_panic_and_conserve_value() {
     assert!(
         accepted > 0 && reasons.len() > 10,
         "edits reach many rules: {reasons:?}"
+    );
+}
+
+fn mainnet_blocks(name: &str) -> Vec<Block> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testnet-data/mainnet-samples")
+        .join(name);
+    read_blocks_with_magic(&path, [0xf9, 0xbe, 0xb4, 0xd9])
+}
+
+/// Real mainnet blocks 1-255 (`mainnet-blocks-1-256.dat`, btcd's
+/// fixtures) validate from genesis under mainnet rules.
+#[test]
+fn real_mainnet_blocks_validate() {
+    let params = ChainParams::new(Network::Bitcoin);
+    let genesis = params.genesis_block();
+    let mut branch = Branch {
+        utxos: HashMap::new(),
+        times: vec![genesis.header.time],
+        mtps: vec![genesis.header.time],
+        filter_header: genesis_previous_header(),
+    };
+    let mut parent = genesis.block_hash();
+    let mut txs = 0;
+    for block in mainnet_blocks("mainnet-blocks-1-256.dat") {
+        assert_eq!(block.header.prev_blockhash, parent, "a chain from genesis");
+        parent = block.block_hash();
+        let got = branch.connect(&params, &block, block.header.time);
+        assert!(!got.effects.created.is_empty());
+        txs += block.txdata.len() - 1;
+    }
+    // Mainnet block 170 holds the first payment; six more follow by 255.
+    assert_eq!(branch.times.len(), 256);
+    assert_eq!(txs, 7);
+}
+
+/// btcd's `blk_0_to_4.dat` is not mainnet's chain: it is a synthetic chain
+/// on mainnet's genesis made for tests that set the coinbase maturity to 1
+/// (btcd's `TstSetCoinbaseMaturity(1)`). Its block 2 spends block 1's
+/// coinbase, so under the real rule (100) it is rejected, with exactly
+/// these numbers. Importing it (and the 3A/4A/5A reorg) needs a
+/// coinbase-maturity parameter (see `coinbase_maturity` in
+/// src/validation/mod.rs).
+#[test]
+fn btcd_synthetic_fixture_needs_maturity_one() {
+    let params = ChainParams::new(Network::Bitcoin);
+    let blocks = mainnet_blocks("blk_0_to_4.dat");
+    assert_eq!(blocks[0].block_hash(), params.genesis_hash());
+    let genesis_time = blocks[0].header.time;
+    let mtps = [genesis_time, blocks[1].header.time.min(genesis_time)];
+    let mtp_at = |h: u32| mtps.get(h as usize).copied();
+    let mut utxos = HashMap::new();
+    for (height, block) in blocks.iter().enumerate().skip(1).take(2) {
+        let ctx = BlockContext {
+            params: &params,
+            height: height as u32,
+            block_hash: block.block_hash(),
+            prev_median_time_past: mtps[height - 1],
+            median_time_past_at: &mtp_at,
+        };
+        check_block(block, &ctx).expect("context-free checks pass");
+        match connect_block(block, &ctx, &utxos) {
+            Ok(effects) => {
+                assert_eq!(height, 1);
+                utxos.extend(effects.created);
+            }
+            Err(BlockError::PrematureCoinbaseSpend {
+                coin_height,
+                spend_height,
+                ..
+            }) => {
+                assert_eq!((coin_height, spend_height), (1, 2));
+            }
+            Err(e) => panic!("block {height}: {e}"),
+        }
+    }
+}
+
+/// Mainnet block 277647 (after BIP34): every context-free check passes,
+/// including its real BIP34 height push; a wrong height is caught.
+#[test]
+fn mainnet_block_277647_passes_context_free_checks() {
+    let params = ChainParams::new(Network::Bitcoin);
+    let block = mainnet_blocks("mainnet-block-277647.dat").remove(0);
+    let no_mtp = |_h: u32| None;
+    let ctx = BlockContext {
+        params: &params,
+        height: 277_647,
+        block_hash: block.block_hash(),
+        // CSV is not active at this height: finality uses the block's time.
+        prev_median_time_past: 0,
+        median_time_past_at: &no_mtp,
+    };
+    assert!(block.txdata.len() > 100);
+    assert_eq!(check_block(&block, &ctx), Ok(()));
+    let wrong = BlockContext {
+        height: 277_648,
+        ..ctx
+    };
+    assert_eq!(
+        check_block(&block, &wrong),
+        Err(BlockError::CoinbaseHeight { height: 277_648 })
     );
 }
