@@ -29,6 +29,19 @@
 //! the one Core reports; [`BlockError::reject_reason`] gives Core's reject
 //! string.
 //!
+//! # Differences from Bitcoin Core
+//!
+//! - No script evaluation (above), hence no signet block-solution check
+//!   (it is a script).
+//! - BIP30 looks only at the candidates the caller puts in `coins`
+//!   ([`bip30_check_needed`] says when Core looks at all).
+//! - Coin heights come from the caller (the Sozu payload's creation height
+//!   on the block's branch); maturity and BIP68 trust them.
+//!
+//! Evidence: `tests/validation_regtest.rs` replays all 1,529 blocks of
+//! regtest-a (bcoin) without a false rejection, ends on bcoin's exact UTXO
+//! set and filters, and rejects its 19 invalid blocks with bcoin's reasons.
+//!
 //! Source: Bitcoin Core `src/validation.cpp` (`CheckBlock`,
 //! `ContextualCheckBlock`, `ConnectBlock`), `src/consensus/tx_check.cpp`,
 //! `src/consensus/tx_verify.cpp`; BIPs 30, 34, 68, 113, 141.
