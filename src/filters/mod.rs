@@ -11,6 +11,9 @@
 //! where `filter_hash = double-SHA256(filter bytes)` and the genesis block's
 //! previous header is 32 zero bytes.
 //!
+//! [`FilterHeader`]'s `Display` is the reversed (RPC) byte order, as Core's
+//! REST interface and bcoin show headers.
+//!
 //! The coding is rust-bitcoin's [`bitcoin::bip158`]; this module supplies
 //! the spent scripts and checks they match the block's inputs.
 //!

@@ -923,3 +923,32 @@ fn bip30_is_skipped_only_where_core_skips_it() {
         assert!(bip30_check_needed(&ChainParams::new(network), 1_000));
     }
 }
+
+#[test]
+fn mainnet_bip16_exception_block_counts_no_p2sh_sigops() {
+    let params = ChainParams::new(Network::Bitcoin);
+    let redeem = ScriptBuf::from_bytes(vec![0xac; 200]);
+    let (ops, coins) = funding(&[(1_000, redeem.to_p2sh(), 100_000, false)]);
+    let mut spend = tx(vec![input(ops[0])], vec![(1_000, p2wpkh())]);
+    let mut push = vec![0x4c, 200];
+    push.extend_from_slice(redeem.as_bytes());
+    spend.input[0].script_sig = ScriptBuf::from_bytes(push);
+    let blk = block(params.block_subsidy(BIP16_EXCEPTION.0), vec![spend]);
+    let mtp = |_h: u32| Some(PREV_MTP);
+    let mut c = BlockContext {
+        params: &params,
+        height: BIP16_EXCEPTION.0,
+        block_hash: BIP16_EXCEPTION.1.parse().expect("hash"),
+        prev_median_time_past: PREV_MTP,
+        median_time_past_at: &mtp,
+    };
+    assert_eq!(
+        connect_block(&blk, &c, &coins).expect("valid").sigop_cost,
+        0
+    );
+    c.block_hash = blk.block_hash();
+    assert_eq!(
+        connect_block(&blk, &c, &coins).expect("valid").sigop_cost,
+        800
+    );
+}
