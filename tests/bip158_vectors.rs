@@ -9,10 +9,12 @@ use std::str::FromStr;
 
 use bitcoin::bip158::FilterHeader;
 use bitcoin::consensus::deserialize;
+use bitcoin::hashes::Hash;
 use bitcoin::hex::{DisplayHex, FromHex};
 use bitcoin::{Block, BlockHash, OutPoint, ScriptBuf};
 use kakehi::filters::{
-    basic_filter, basic_filter_from_map, filter_header, genesis_previous_header, FilterError,
+    basic_filter, basic_filter_from_map, filter_hash, filter_header, genesis_previous_header,
+    FilterError,
 };
 
 struct Vector {
@@ -82,6 +84,10 @@ fn all_nine_vectors_filter_and_header() {
             "header of {}",
             v.height
         );
+        // The header is double-SHA256(filter hash || previous header).
+        let mut preimage = filter_hash(&filter).to_byte_array().to_vec();
+        preimage.extend_from_slice(&v.prev_header.to_byte_array());
+        assert_eq!(FilterHeader::hash(&preimage), v.header);
         if v.height == 0 {
             assert_eq!(v.prev_header, genesis_previous_header());
         }

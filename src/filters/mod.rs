@@ -11,6 +11,9 @@
 //! where `filter_hash = double-SHA256(filter bytes)` and the genesis block's
 //! previous header is 32 zero bytes.
 //!
+//! [`FilterHeader`]'s `Display` is the reversed (RPC) byte order, as Core's
+//! REST interface and bcoin show headers.
+//!
 //! The coding is rust-bitcoin's [`bitcoin::bip158`]; this module supplies
 //! the spent scripts and checks they match the block's inputs.
 //!
@@ -19,7 +22,7 @@
 
 use std::collections::HashMap;
 
-use bitcoin::bip158::{self, BlockFilter, FilterHeader};
+use bitcoin::bip158::{self, BlockFilter, FilterHash, FilterHeader};
 use bitcoin::hashes::Hash;
 use bitcoin::{Block, OutPoint, ScriptBuf};
 
@@ -67,9 +70,10 @@ fn spending_inputs(block: &Block) -> usize {
 }
 
 /// The BIP-158 basic filter of `block`, given the scripts of the outputs its
-/// non-coinbase inputs spend, **in input order** (transaction by
-/// transaction, input by input, exactly
-/// [`crate::validation::BlockEffects::spent`]'s order).
+/// non-coinbase inputs spend: one per input, e.g.
+/// `effects.spent.iter().map(|s| s.coin.script_pubkey.as_slice())` from
+/// [`crate::validation::BlockEffects::spent`]. The filter is a set, so the
+/// order does not matter; the count is checked.
 ///
 /// Empty scripts may be passed; they are left out of the filter, as BIP-158
 /// requires.
@@ -122,6 +126,12 @@ pub fn basic_filter_from_map(
             .ok_or(bip158::Error::UtxoMissing(*outpoint))
     })?;
     Ok(filter)
+}
+
+/// The filter's hash, `double-SHA256(filter bytes)` (BIP-157): what a
+/// `cfheaders` message lists and what the header commits to.
+pub fn filter_hash(filter: &BlockFilter) -> FilterHash {
+    FilterHash::hash(&filter.content)
 }
 
 /// The header of `filter` given the previous block's filter header (BIP-157):

@@ -181,7 +181,8 @@ mod tests {
 
     #[test]
     fn p2sh_and_witness_counts() {
-        let redeem = script("5221020202020202020202020202020202020202020202020202020202020202020202210303030303030303030303030303030303030303030303030303030303030303030352ae");
+        // 2-of-2 multisig: OP_2 <33> <33> OP_2 OP_CHECKMULTISIG.
+        let redeem = script(&format!("5221{}21{}52ae", "02".repeat(33), "03".repeat(33)));
         let p2sh = redeem.to_p2sh();
         let mut input = TxIn::default();
         let mut sig = Vec::from_hex("00").expect("hex");
@@ -196,8 +197,10 @@ mod tests {
 
         // P2WSH 2-of-2 (accurate count of the witness script = 2).
         let p2wsh = redeem.to_p2wsh();
-        let mut winput = TxIn::default();
-        winput.witness = Witness::from_slice(&[vec![], vec![1u8; 71], redeem.to_bytes()]);
+        let winput = TxIn {
+            witness: Witness::from_slice(&[vec![], vec![1u8; 71], redeem.to_bytes()]),
+            ..TxIn::default()
+        };
         assert_eq!(witness_sigops(&winput, &p2wsh), 2);
         // Empty witness: 0.
         assert_eq!(witness_sigops(&TxIn::default(), &p2wsh), 0);
