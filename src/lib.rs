@@ -3,5 +3,6 @@
 //! See `docs/architecture.md` for the data flow and `../shared/DESIGN.md` for
 //! the design this crate follows.
 
+pub mod archive;
 pub mod chain;
 pub mod sozu;
