@@ -144,4 +144,19 @@ mod tests {
         assert!(EpochFilter::from_bytes(&bad).is_err());
         assert!(!EpochFilter::build(vec![]).unwrap().may_contain(1));
     }
+
+    /// Two builds from the same keys are byte-identical. Fails if xorf's
+    /// default `uniform-random` feature gets enabled anywhere in the build
+    /// (it fills unused slots from a thread RNG).
+    #[test]
+    fn construction_is_deterministic() {
+        let keys: Vec<u64> = (0u32..5000)
+            .map(|i| filter_key(&[(i % 251) as u8; 36]) ^ u64::from(i))
+            .collect();
+        let mut rev = keys.clone();
+        rev.reverse();
+        let a = EpochFilter::build(keys).unwrap().to_bytes();
+        let b = EpochFilter::build(rev).unwrap().to_bytes();
+        assert!(a == b);
+    }
 }
