@@ -507,3 +507,180 @@ fn kill_9_during_sealing_then_reopen_gives_the_same_commitment() {
     );
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// Proofs of several shapes for the tamper tests: (bytes, anchor).
+fn tamper_cases() -> &'static Vec<(Vec<u8>, Anchor)> {
+    static C: OnceLock<Vec<(Vec<u8>, Anchor)>> = OnceLock::new();
+    C.get_or_init(|| {
+        let f = fixture();
+        let a = &f.archive;
+        let txo = |h: &bitcoin::BlockHash, t: &bitcoin::Txid| f.chain.txoutproof(h, t);
+        let last = a.epochs().last().unwrap().last_height;
+        let spent: Vec<OutPoint> = feed::spent_lines()
+            .into_iter()
+            .filter(|s| s.3 <= last)
+            .map(|s| s.0)
+            .step_by(5003)
+            .collect();
+        let utxos: Vec<OutPoint> = feed::utxo_lines()
+            .into_iter()
+            .map(|u| u.0)
+            .step_by(3001)
+            .collect();
+        let c = Anchor::Commitment(a.commitment());
+        let single = a.prove_with(&spent[..1], &txo).unwrap();
+        let mut mixed_ops = spent[1..4].to_vec();
+        mixed_ops.extend_from_slice(&utxos[..3]);
+        let mixed = a.prove_with(&mixed_ops, &txo).unwrap();
+        let (e, leaf) = a.lookup(&spent[5]).unwrap().unwrap();
+        let rooted = a
+            .prove_in_epoch(&[leaf.outpoint, utxos[4]], e, Some(&txo))
+            .unwrap();
+        let absent = a.prove(&utxos[5..6]).unwrap();
+        vec![
+            (single.to_bytes(), c),
+            (mixed.to_bytes(), c),
+            (
+                rooted.to_bytes(),
+                Anchor::EpochRoot(a.epochs()[e as usize].root),
+            ),
+            (absent.to_bytes(), c),
+        ]
+    })
+}
+
+fn flip_bit(b: &[u8], bit: usize) -> Vec<u8> {
+    let mut v = b.to_vec();
+    v[bit / 8] ^= 1 << (bit % 8);
+    v
+}
+
+fn flip_anchor(a: Anchor, bit: usize) -> Anchor {
+    let f = |h: [u8; 32]| {
+        let mut h = h;
+        h[bit / 8] ^= 1 << (bit % 8);
+        h
+    };
+    match a {
+        Anchor::Commitment(h) => Anchor::Commitment(f(h)),
+        Anchor::EpochRoot(h) => Anchor::EpochRoot(f(h)),
+        other => other,
+    }
+}
+
+#[test]
+fn every_bit_flip_of_small_proofs_and_anchors_is_rejected() {
+    for (bytes, anchor) in tamper_cases() {
+        verify_bytes(bytes, *anchor).expect("untampered proof verifies");
+        for bit in 0..256 {
+            assert!(
+                verify_bytes(bytes, flip_anchor(*anchor, bit)).is_err(),
+                "anchor bit {bit}"
+            );
+        }
+    }
+    // Exhaustive: every bit of every case.
+    for (bytes, anchor) in tamper_cases() {
+        for bit in 0..bytes.len() * 8 {
+            assert!(
+                verify_bytes(&flip_bit(bytes, bit), *anchor).is_err(),
+                "bit {bit} of {}",
+                bytes.len()
+            );
+        }
+    }
+    // Exhaustive with the checksum recomputed, for the existence proof with
+    // its txoutproof: only flips in meaningless padding may pass, and then
+    // the verified facts are unchanged.
+    let (bytes, anchor) = &tamper_cases()[0];
+    let orig = verify_bytes(bytes, *anchor).unwrap();
+    // The txoutproof is the last field before the checksum.
+    let mb_len = match &ProofBatch::from_bytes(bytes).unwrap().items[0] {
+        ProofItem::Spent {
+            txoutproof: Some(mb),
+            ..
+        } => bitcoin::consensus::serialize(mb).len(),
+        other => panic!("{other:?}"),
+    };
+    let mb_start = bytes.len() - 4 - mb_len;
+    let mut passed = 0;
+    for bit in 0..(bytes.len() - 4) * 8 {
+        if let Ok(v) = verify_bytes(&reencode(&flip_bit(bytes, bit)).unwrap(), *anchor) {
+            assert_eq!(v, orig, "bit {bit} changed the verified facts");
+            passed += 1;
+            assert!(
+                bit / 8 >= mb_start,
+                "accepted flip at byte {} outside the txoutproof",
+                bit / 8
+            );
+        }
+    }
+    // Known malleability of BIP37 partial merkle trees: unused flag padding
+    // bits and low bits of the transaction count can change without
+    // changing the root; the facts stay the same (checked above).
+    assert!(passed <= 16, "{passed} flips accepted");
+}
+
+/// Strips the checksum's protection: re-encodes a tampered proof with a
+/// fresh checksum, so only the Merkle checks stand between it and success.
+fn reencode(tampered: &[u8]) -> Option<Vec<u8>> {
+    use bitcoin::hashes::{sha256, Hash};
+    let mut v = tampered.to_vec();
+    let n = v.len();
+    let sum = sha256::Hash::hash(&v[..n - 4]).to_byte_array();
+    v[n - 4..].copy_from_slice(&sum[..4]);
+    Some(v)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 400, ..Default::default() })]
+
+    /// Any bit flip anywhere in any proof is rejected.
+    #[test]
+    fn prop_bit_flip_rejected(case in 0usize..4, pos in proptest::prelude::any::<proptest::sample::Index>()) {
+        let (bytes, anchor) = &tamper_cases()[case];
+        let bit = pos.index(bytes.len() * 8);
+        proptest::prop_assert!(verify_bytes(&flip_bit(bytes, bit), *anchor).is_err());
+    }
+
+    /// With the checksum recomputed after the flip (an attacker, not line
+    /// noise), the Merkle, header and item checks still reject every flip
+    /// outside the txoutproof's unused padding.
+    #[test]
+    fn prop_bit_flip_with_fixed_checksum(case in 0usize..4, pos in proptest::prelude::any::<proptest::sample::Index>()) {
+        let (bytes, anchor) = &tamper_cases()[case];
+        let bit = pos.index((bytes.len() - 4) * 8);
+        let t = reencode(&flip_bit(bytes, bit)).unwrap();
+        match verify_bytes(&t, *anchor) {
+            Err(_) => {}
+            Ok(v) => {
+                // Accepted only if every fact it states is true of the real
+                // archive (e.g. a flipped bit in the outpoint of an absence
+                // item that still falls in the same gap proves, truly, the
+                // absence of that other outpoint; the result names it).
+                let a = &fixture().archive;
+                for (op, st) in &v.outpoints {
+                    match st {
+                        VerifiedStatus::Spent { epoch, leaf, .. } => {
+                            proptest::prop_assert_eq!(a.lookup(op).unwrap(), Some((*epoch, leaf.clone())), "bit {}", bit)
+                        }
+                        VerifiedStatus::Absent { .. } => proptest::prop_assert_eq!(a.lookup(op).unwrap(), None, "bit {}", bit),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Any single-bit edit of the JSON form is rejected.
+    #[test]
+    fn prop_json_edit_rejected(case in 0usize..4, pos in proptest::prelude::any::<proptest::sample::Index>()) {
+        let (bytes, anchor) = &tamper_cases()[case];
+        let json = ProofBatch::from_bytes(bytes).unwrap().to_json();
+        let mut b = json.clone().into_bytes();
+        let i = pos.index(b.len());
+        b[i] ^= 1;
+        if let Ok(s) = String::from_utf8(b) {
+            proptest::prop_assert!(verify_json(&s, *anchor).is_err(), "edit at {} accepted", i);
+        }
+    }
+}
