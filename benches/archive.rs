@@ -36,14 +36,22 @@ fn main() {
 
     // Sealing.
     let mut a = Archive::open(&dir, EPOCH_LENGTH).expect("open");
-    let epochs: Vec<_> = (0..chain.complete_epochs()).map(|n| chain.epoch_leaves(n)).collect();
+    let epochs: Vec<_> = (0..chain.complete_epochs())
+        .map(|n| chain.epoch_leaves(n))
+        .collect();
     let leaves: usize = epochs.iter().map(Vec::len).sum();
     let t = Instant::now();
     for (n, l) in epochs.iter().enumerate() {
         a.seal(n as u32, l.clone()).expect("seal");
     }
     let seal = t.elapsed().as_secs_f64();
-    let bytes: u64 = (0..a.next_epoch()).map(|n| std::fs::metadata(a.epoch_path(n)).map(|m| m.len()).unwrap_or(0)).sum();
+    let bytes: u64 = (0..a.next_epoch())
+        .map(|n| {
+            std::fs::metadata(a.epoch_path(n))
+                .map(|m| m.len())
+                .unwrap_or(0)
+        })
+        .sum();
     println!("## sealing");
     println!(
         "epochs {} | spent-output leaves {} | seal total {:.3} s, {:.1} ms/epoch, {} leaves",
@@ -58,7 +66,10 @@ fn main() {
     for n in 0..a.next_epoch() {
         a.verify_epoch_file(n).expect("deep verify");
     }
-    println!("deep verify of all epoch files: {:.3} s", t.elapsed().as_secs_f64());
+    println!(
+        "deep verify of all epoch files: {:.3} s",
+        t.elapsed().as_secs_f64()
+    );
     let t = Instant::now();
     drop(a);
     let a = Archive::open(&dir, EPOCH_LENGTH).expect("reopen");
@@ -91,7 +102,10 @@ fn main() {
         a.next_epoch()
     );
     let held: Vec<u64> = epochs[3].iter().map(|l| filter_key(&l.key())).collect();
-    assert!(held.iter().all(|k| a.filter(3).unwrap().may_contain(*k)), "no false negatives");
+    assert!(
+        held.iter().all(|k| a.filter(3).unwrap().may_contain(*k)),
+        "no false negatives"
+    );
 
     // Proofs.
     let anchor = Anchor::Commitment(a.commitment());
@@ -113,7 +127,10 @@ fn main() {
             let n = if batch == 1 { 3000 } else { 10_000 };
             let ops = &set[..n.min(set.len())];
             let t = Instant::now();
-            let proofs: Vec<ProofBatch> = ops.chunks(batch).map(|c| a.prove(c).expect("prove")).collect();
+            let proofs: Vec<ProofBatch> = ops
+                .chunks(batch)
+                .map(|c| a.prove(c).expect("prove"))
+                .collect();
             let pt = t.elapsed().as_secs_f64();
             let enc: Vec<Vec<u8>> = proofs.iter().map(ProofBatch::to_bytes).collect();
             let t = Instant::now();
@@ -145,6 +162,9 @@ fn main() {
         e.len() as f64 / 1000.0
     );
     let json = p.to_json();
-    println!("JSON form of that batch: {:.0} bytes/outpoint", json.len() as f64 / 1000.0);
+    println!(
+        "JSON form of that batch: {:.0} bytes/outpoint",
+        json.len() as f64 / 1000.0
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

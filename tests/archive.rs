@@ -564,7 +564,6 @@ fn flip_anchor(a: Anchor, bit: usize) -> Anchor {
     match a {
         Anchor::Commitment(h) => Anchor::Commitment(f(h)),
         Anchor::EpochRoot(h) => Anchor::EpochRoot(f(h)),
-        other => other,
     }
 }
 
@@ -682,5 +681,52 @@ proptest::proptest! {
         if let Ok(s) = String::from_utf8(b) {
             proptest::prop_assert!(verify_json(&s, *anchor).is_err(), "edit at {} accepted", i);
         }
+    }
+}
+
+#[test]
+fn truncated_or_garbage_input_is_an_error_not_a_panic() {
+    for (bytes, anchor) in tamper_cases() {
+        for len in 0..bytes.len() {
+            assert!(verify_bytes(&bytes[..len], *anchor).is_err());
+        }
+        let json = ProofBatch::from_bytes(bytes).unwrap().to_json();
+        for len in (0..json.len()).step_by(7) {
+            if json.is_char_boundary(len) {
+                assert!(verify_json(&json[..len], *anchor).is_err());
+            }
+        }
+    }
+    // A huge declared count with no bytes behind it allocates nothing.
+    let mut b = b"KKAP\x01".to_vec();
+    b.extend_from_slice(&u32::MAX.to_be_bytes());
+    let sum = {
+        use bitcoin::hashes::{sha256, Hash};
+        sha256::Hash::hash(&b).to_byte_array()
+    };
+    b.extend_from_slice(&sum[..4]);
+    assert!(matches!(
+        ProofBatch::from_bytes(&b),
+        Err(VerifyError::CountTooLarge { .. })
+    ));
+    let a = Anchor::commitment_from_hex(&"00".repeat(32)).unwrap();
+    assert_eq!(a, Anchor::Commitment([0; 32]));
+    assert!(Anchor::root_from_hex("abcd").is_err());
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
+
+    /// Arbitrary bytes after a valid magic and version never panic.
+    #[test]
+    fn prop_random_bytes_never_panic(tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+        let mut b = b"KKAP\x01".to_vec();
+        b.extend_from_slice(&tail);
+        let _ = verify_bytes(&b, Anchor::Commitment([0; 32]));
+        // With a valid checksum the parser itself is exercised.
+        use bitcoin::hashes::{sha256, Hash};
+        let sum = sha256::Hash::hash(&b).to_byte_array();
+        b.extend_from_slice(&sum[..4]);
+        let _ = verify_bytes(&b, Anchor::Commitment([0; 32]));
     }
 }

@@ -189,6 +189,6 @@ pub enum ArchiveError {
         dir: PathBuf,
         /// The verification failure.
         #[source]
-        source: VerifyError,
+        source: Box<VerifyError>,
     },
 }

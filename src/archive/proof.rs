@@ -56,6 +56,33 @@ pub enum Anchor {
     Commitment(#[serde(with = "hex32")] NodeHash),
 }
 
+impl Anchor {
+    /// Parses 64 lowercase or uppercase hex characters (byte order, as
+    /// `GET /archive/epoch/:n` prints roots) as an epoch-root anchor
+    /// (`kakehi proof verify --root HEX`).
+    ///
+    /// # Errors
+    /// [`VerifyError::BadField`] if not 32 bytes of hex.
+    pub fn root_from_hex(hex: &str) -> Result<Anchor, VerifyError> {
+        parse_hash32(hex).map(Anchor::EpochRoot)
+    }
+
+    /// Parses a commitment anchor (`--commitment HEX`, as
+    /// `GET /archive/commitment` prints it).
+    ///
+    /// # Errors
+    /// [`VerifyError::BadField`] if not 32 bytes of hex.
+    pub fn commitment_from_hex(hex: &str) -> Result<Anchor, VerifyError> {
+        parse_hash32(hex).map(Anchor::Commitment)
+    }
+}
+
+fn parse_hash32(hex: &str) -> Result<NodeHash, VerifyError> {
+    <[u8; 32]>::from_hex(hex.trim()).map_err(|_| VerifyError::BadField {
+        what: "anchor hex (need 64 hex characters)",
+    })
+}
+
 /// A sibling node of a batch proof.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

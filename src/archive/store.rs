@@ -129,6 +129,14 @@ fn be_u64(b: &[u8]) -> u64 {
     u64::from_be_bytes(a)
 }
 
+/// A txoutproof source: `(spend block hash, spending txid)` → the
+/// `MerkleBlock` of that transaction in that block, if the caller has it.
+pub type TxOutProofFn<'a> = &'a dyn Fn(&BlockHash, &Txid) -> Option<MerkleBlock>;
+
+/// Result of a binary search: `Ok((index, entry))` if held, else
+/// `Err(low)` (the gap `low < key < low + 1`).
+type SearchResult = Result<(u32, TreeEntry), u32>;
+
 /// Everything a seal computes before writing.
 struct Built {
     header: EpochHeader,
@@ -351,6 +359,15 @@ impl Archive {
     /// (saturating at `u32::MAX`).
     pub fn epoch_range(&self, n: u32) -> (u32, u32) {
         epoch_range_of(n, self.epoch_length)
+    }
+
+    /// The next epoch to seal if it is complete once blocks up to
+    /// `final_height` are final (`epoch_range(next_epoch()).1 ≤
+    /// final_height`), else `None`. The pipeline calls this after each
+    /// final block and after a restart, sealing until it returns `None`.
+    pub fn next_sealable(&self, final_height: u32) -> Option<u32> {
+        let n = self.next_epoch();
+        (self.epoch_range(n).1 <= final_height).then_some(n)
     }
 
     /// The epoch holding block height `height` (`height / L`).
@@ -646,12 +663,7 @@ impl Archive {
 
     /// Binary search of epoch `ef` for `key`: `Ok((index, entry))` if held,
     /// else `Err(low)` with leaves `low < key < low + 1`.
-    #[allow(clippy::type_complexity)]
-    fn search(
-        &self,
-        ef: &EpochFile,
-        key: &[u8; 36],
-    ) -> Result<Result<(u32, TreeEntry), u32>, ArchiveError> {
+    fn search(&self, ef: &EpochFile, key: &[u8; 36]) -> Result<SearchResult, ArchiveError> {
         let (mut lo, mut hi) = (0u32, ef.leaf_count - 1);
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
@@ -729,7 +741,7 @@ impl Archive {
     pub fn prove_with(
         &self,
         outpoints: &[OutPoint],
-        txoutproof: &dyn Fn(&BlockHash, &Txid) -> Option<MerkleBlock>,
+        txoutproof: TxOutProofFn<'_>,
     ) -> Result<ProofBatch, ArchiveError> {
         self.prove_impl(outpoints, None, Some(txoutproof))
     }
@@ -744,7 +756,7 @@ impl Archive {
         &self,
         outpoints: &[OutPoint],
         epoch: u32,
-        txoutproof: Option<&dyn Fn(&BlockHash, &Txid) -> Option<MerkleBlock>>,
+        txoutproof: Option<TxOutProofFn<'_>>,
     ) -> Result<ProofBatch, ArchiveError> {
         if epoch >= self.next_epoch() {
             return Err(ArchiveError::NoSuchEpoch { epoch });
@@ -756,7 +768,7 @@ impl Archive {
         &self,
         outpoints: &[OutPoint],
         only: Option<u32>,
-        txoutproof: Option<&dyn Fn(&BlockHash, &Txid) -> Option<MerkleBlock>>,
+        txoutproof: Option<TxOutProofFn<'_>>,
     ) -> Result<ProofBatch, ArchiveError> {
         if outpoints.is_empty() || outpoints.len() > MAX_ITEMS {
             return Err(ArchiveError::BadRequest {
@@ -826,8 +838,8 @@ impl Archive {
                         };
                         let m = per_epoch.entry(e).or_default();
                         for i in [low, low + 1] {
-                            if !m.contains_key(&i) {
-                                m.insert(i, self.entry_at(ef, i)?);
+                            if let std::collections::btree_map::Entry::Vacant(v) = m.entry(i) {
+                                v.insert(self.entry_at(ef, i)?);
                             }
                         }
                         gaps.push(Gap { epoch: e, low });
@@ -880,7 +892,7 @@ impl Archive {
         };
         verify(&batch, anchor).map_err(|source| ArchiveError::SelfCheck {
             dir: self.dir.clone(),
-            source,
+            source: Box::new(source),
         })?;
         Ok(batch)
     }
