@@ -906,3 +906,92 @@ pub fn epoch_range_of(n: u32, epoch_length: u32) -> (u32, u32) {
         .saturating_sub(1);
     (first, last)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::leaf::Spend;
+    use crate::archive::VerifiedStatus;
+    use bitcoin::hashes::Hash;
+    use bitcoin::ScriptBuf;
+
+    fn leaf(tag: u8, vout: u32, height: u32) -> Leaf {
+        Leaf {
+            outpoint: OutPoint {
+                txid: Txid::from_byte_array([tag; 32]),
+                vout,
+            },
+            value: u64::from(tag) * 1000,
+            script_pubkey: ScriptBuf::from_bytes(vec![0x51; usize::from(tag % 5)]),
+            creation_height: height.saturating_sub(1),
+            spend: Spend {
+                block_hash: BlockHash::from_byte_array([height as u8; 32]),
+                height,
+                txid: Txid::from_byte_array([tag ^ 0xff; 32]),
+                vin: vout,
+            },
+        }
+    }
+
+    /// Small and degenerate epochs (0, 1, 2, 3 leaves): every leaf has an
+    /// existence proof, keys between and around them absence proofs.
+    #[test]
+    fn tiny_epochs_prove_and_verify() {
+        let dir = std::env::temp_dir().join(format!("kakehi-archive-unit-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut a = Archive::open(&dir, 10).unwrap();
+        assert_eq!(a.next_sealable(8), None);
+        assert_eq!(a.next_sealable(9), Some(0));
+        let sets: Vec<Vec<Leaf>> = vec![
+            vec![],
+            vec![leaf(5, 0, 12)],
+            vec![leaf(9, 1, 25), leaf(3, 0, 20)],
+            vec![leaf(7, 2, 30), leaf(7, 1, 31), leaf(200, 0, 39)],
+        ];
+        for (n, s) in sets.iter().enumerate() {
+            let h = a.seal(n as u32, s.clone()).unwrap();
+            assert_eq!(h.leaf_count as usize, s.len() + 2);
+            a.verify_epoch_file(n as u32).unwrap();
+        }
+        let c = Anchor::Commitment(a.commitment());
+        for s in &sets {
+            for l in s {
+                let p = a.prove(&[l.outpoint]).unwrap();
+                let v = verify(&p, c).unwrap();
+                assert!(
+                    matches!(v.status(&l.outpoint), Some(VerifiedStatus::Spent { leaf, .. }) if leaf == l)
+                );
+            }
+        }
+        let absent: Vec<OutPoint> = [(0u8, 0u32), (5, 1), (7, 0), (7, 3), (8, 0), (255, 9)]
+            .iter()
+            .map(|&(t, v)| OutPoint {
+                txid: Txid::from_byte_array([t; 32]),
+                vout: v,
+            })
+            .collect();
+        let p = a.prove(&absent).unwrap();
+        let v = verify(&ProofBatch::from_bytes(&p.to_bytes()).unwrap(), c).unwrap();
+        for o in &absent {
+            assert!(
+                matches!(v.status(o), Some(VerifiedStatus::Absent { epochs }) if epochs == &vec![0, 1, 2, 3])
+            );
+        }
+        // Empty archive: commitment zero, absence in no epoch.
+        let d2 = dir.join("empty");
+        let e = Archive::open(&d2, 10).unwrap();
+        assert_eq!(e.commitment(), [0; 32]);
+        let p = e.prove(&absent[..1]).unwrap();
+        assert!(verify(&p, Anchor::Commitment([0; 32])).is_ok());
+        assert!(matches!(e.prove(&[]), Err(ArchiveError::BadRequest { .. })));
+        assert!(matches!(
+            a.prove(&[absent[0], absent[0]]),
+            Err(ArchiveError::DuplicateOutpoint { .. })
+        ));
+        assert!(matches!(
+            a.seal(4, vec![leaf(1, 0, 40), leaf(1, 0, 41)]),
+            Err(ArchiveError::DuplicateLeaf { .. })
+        ));
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
