@@ -730,3 +730,57 @@ proptest::proptest! {
         let _ = verify_bytes(&b, Anchor::Commitment([0; 32]));
     }
 }
+
+/// The sample proof in docs/examples (the JSON the HTTP routes return, for
+/// `kakehi proof verify`) is what this archive produces today and verifies
+/// against the roots/commitment recorded beside it. Regenerate with
+/// `KAKEHI_BLESS=1 cargo test --test archive example_proofs`.
+#[test]
+fn example_proofs_are_current() {
+    let f = fixture();
+    let a = &f.archive;
+    let txo = |h: &bitcoin::BlockHash, t: &bitcoin::Txid| f.chain.txoutproof(h, t);
+    let spent = feed::spent_lines()
+        .into_iter()
+        .find(|s| s.3 >= 600 && s.3 < 700)
+        .unwrap()
+        .0;
+    let unspent = feed::utxo_lines()[0].0;
+    let (e, _) = a.lookup(&spent).unwrap().unwrap();
+    let root_proof = a.prove_in_epoch(&[spent], e, Some(&txo)).unwrap();
+    let all_proof = a.prove_with(&[spent, unspent], &txo).unwrap();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/examples");
+    let files = [
+        (
+            "archive-proof-root.json",
+            serde_json::to_string_pretty(&root_proof).unwrap(),
+            Anchor::EpochRoot(a.epochs()[e as usize].root),
+        ),
+        (
+            "archive-proof-commitment.json",
+            serde_json::to_string_pretty(&all_proof).unwrap(),
+            Anchor::Commitment(a.commitment()),
+        ),
+    ];
+    let anchors = format!(
+        "epoch {e} root: {}\ncommitment: {}\n",
+        bitcoin::hex::DisplayHex::to_lower_hex_string(&a.epochs()[e as usize].root[..]),
+        bitcoin::hex::DisplayHex::to_lower_hex_string(&a.commitment()[..])
+    );
+    if std::env::var("KAKEHI_BLESS").is_ok() {
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, json, _) in &files {
+            std::fs::write(dir.join(name), format!("{json}\n")).unwrap();
+        }
+        std::fs::write(dir.join("archive-anchors.txt"), &anchors).unwrap();
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("archive-anchors.txt")).unwrap(),
+        anchors
+    );
+    for (name, json, anchor) in &files {
+        let stored = std::fs::read_to_string(dir.join(name)).unwrap();
+        assert_eq!(stored.trim_end(), json, "{name} is stale");
+        verify_json(&stored, *anchor).unwrap();
+    }
+}
