@@ -90,6 +90,18 @@ pub enum LeafDecodeError {
 }
 
 impl Leaf {
+    /// The leaf of `outpoint`, whose output is `coin` (a Sozu table entry's
+    /// coin: value, script, creation height), spent by `spend`.
+    pub fn from_coin(outpoint: OutPoint, coin: &crate::sozu::types::Coin, spend: Spend) -> Leaf {
+        Leaf {
+            outpoint,
+            value: coin.value,
+            script_pubkey: ScriptBuf::from_bytes(coin.script_pubkey.clone()),
+            creation_height: coin.height,
+            spend,
+        }
+    }
+
     /// The 36-byte sort key of the leaf: txid (internal order) then vout
     /// big-endian (the Sozu key, [`outpoint_key`]).
     pub fn key(&self) -> OutPointKey {
