@@ -7,6 +7,7 @@
 //! the [`store`] and the table. The [`http`] API reads committed state.
 //! Scripts and signatures are not evaluated.
 
+pub mod archive;
 pub mod chain;
 pub mod filters;
 pub mod http;

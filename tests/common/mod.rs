@@ -2,6 +2,8 @@
 //! a node imported from it.
 #![allow(dead_code)]
 
+pub mod feed;
+
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::RwLock;
