@@ -4,4 +4,5 @@
 //! the design this crate follows.
 
 pub mod chain;
+pub mod p2p;
 pub mod sozu;
