@@ -22,6 +22,7 @@
 //! nothing costs us nothing.
 
 use std::io;
+use std::time::Duration;
 
 use bitcoin::block::Header;
 use bitcoin::consensus::encode::{self, deserialize_partial, Decodable, VarInt};
@@ -360,18 +361,20 @@ impl Dec<'_> {
     }
 }
 
-/// Reads one message from `reader`: the 24-byte header, then the payload
-/// (growing the buffer only as bytes arrive), then decodes it.
+/// Reads one message from `reader`: the 24-byte header (no time limit: an
+/// idle peer is the ping logic's business), then the payload within
+/// `body_timeout` (growing the buffer only as bytes arrive), then decodes it.
 ///
 /// Not cancel safe: run it in a task of its own (the peer's reader task), not
 /// directly in a `select!`.
 ///
 /// # Errors
 /// Every [`CodecError`]; [`CodecError::Io`] with `UnexpectedEof` when the
-/// peer closes mid-message.
+/// peer closes mid-message, `TimedOut` when the payload is too slow.
 pub async fn read_message<R: AsyncRead + Unpin>(
     reader: &mut R,
     magic: Magic,
+    body_timeout: Duration,
 ) -> Result<NetworkMessage, CodecError> {
     let mut head = [0u8; HEADER_LEN];
     reader
@@ -381,10 +384,12 @@ pub async fn read_message<R: AsyncRead + Unpin>(
     let header = parse_header(&head, magic)?;
     let len = header.len as usize;
     let mut payload = Vec::with_capacity(len.min(INITIAL_BUFFER));
-    let got = (&mut *reader)
-        .take(len as u64)
-        .read_to_end(&mut payload)
+    let mut limited = (&mut *reader).take(len as u64);
+    let got = tokio::time::timeout(body_timeout, limited.read_to_end(&mut payload))
         .await
+        .map_err(|_| CodecError::Io {
+            source: io::ErrorKind::TimedOut.into(),
+        })?
         .map_err(|source| CodecError::Io { source })?;
     if got != len {
         return Err(CodecError::Io {
@@ -420,6 +425,21 @@ pub fn encode_message(magic: Magic, msg: NetworkMessage) -> Vec<u8> {
     bitcoin::consensus::serialize(&RawNetworkMessage::new(magic, msg))
 }
 
+/// Frames an already-serialized payload (for instance a stored block) as
+/// `command`: header (magic, NUL-padded command, length, checksum) then the
+/// payload, byte for byte. `command` must be ASCII of at most 12 bytes
+/// (callers pass constants).
+pub fn encode_raw(magic: Magic, command: &str, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&magic.to_bytes());
+    out.extend_from_slice(&command_bytes(command));
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    let hash = sha256d::Hash::hash(payload);
+    out.extend_from_slice(&hash[..4]);
+    out.extend_from_slice(payload);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,13 +450,7 @@ mod tests {
     const M: Magic = Magic::REGTEST;
 
     fn frame(command: &str, payload: &[u8]) -> Vec<u8> {
-        let mut out = M.to_bytes().to_vec();
-        out.extend_from_slice(&command_bytes(command));
-        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        let h = sha256d::Hash::hash(payload);
-        out.extend_from_slice(&h[..4]);
-        out.extend_from_slice(payload);
-        out
+        encode_raw(M, command, payload)
     }
 
     #[test]
@@ -634,12 +648,16 @@ mod tests {
         bytes.extend_from_slice(&[0; 4]);
         bytes.extend_from_slice(&[0; 10]);
         let mut r = &bytes[..];
-        let err = read_message(&mut r, M).await.unwrap_err();
+        let err = read_message(&mut r, M, Duration::from_secs(5))
+            .await
+            .unwrap_err();
         assert!(matches!(err, CodecError::Io { .. }));
         let good = encode_message(M, NetworkMessage::Pong(5));
         let mut r = &good[..];
         assert_eq!(
-            read_message(&mut r, M).await.unwrap(),
+            read_message(&mut r, M, Duration::from_secs(5))
+                .await
+                .unwrap(),
             NetworkMessage::Pong(5)
         );
     }

@@ -1,0 +1,415 @@
+//! The connection manager: listener with caps, outbound dialing (connect,
+//! addnode, address book), DNS seeding, shared state of all peers.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bitcoin::p2p::Magic;
+use bitcoin::Transaction;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use super::addrman::{AddrBook, BanList};
+use super::peer::{self, PeerCmd};
+use super::sync::{PeerId, Scheduler};
+use super::{HandleShared, NetCommand, NodeBackend, P2pConfig, P2pControl, P2pError, PeerInfo};
+
+/// Transactions kept for `getdata` after a relay.
+const RECENT_TXS: usize = 100;
+
+/// Locks a mutex, recovering the data if a thread panicked while holding it
+/// (the state is plain bookkeeping that stays consistent per operation).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) struct PeerEntry {
+    pub addr: SocketAddr,
+    pub inbound: bool,
+    pub manual: bool,
+    pub tx: mpsc::Sender<PeerCmd>,
+}
+
+/// State shared by the connection manager and every peer task.
+pub(crate) struct Net {
+    pub backend: Arc<dyn NodeBackend>,
+    pub config: P2pConfig,
+    pub magic: Magic,
+    pub peers: Mutex<HashMap<PeerId, PeerEntry>>,
+    pub bans: Mutex<BanList>,
+    pub addrs: Mutex<AddrBook>,
+    pub sched: Mutex<Scheduler>,
+    /// The peer doing the initial header sync, with the time of its last
+    /// progress.
+    pub header_sync: Mutex<Option<(PeerId, Instant)>>,
+    pub recent_txs: Mutex<VecDeque<Arc<Transaction>>>,
+    /// Nonces of our outbound `version` messages (self-connection check).
+    pub our_nonces: Mutex<HashSet<u64>>,
+    pub shared: Arc<HandleShared>,
+    next_id: AtomicU64,
+}
+
+impl Net {
+    fn new(backend: Arc<dyn NodeBackend>, config: P2pConfig, shared: Arc<HandleShared>) -> Self {
+        let magic = Magic::from_bytes(backend.params().magic());
+        let book = match &config.addr_file {
+            Some(path) => AddrBook::load(path).unwrap_or_else(|e| {
+                warn!(path = %path.display(), error = %e, "address book unreadable; starting empty");
+                AddrBook::new()
+            }),
+            None => AddrBook::new(),
+        };
+        let sched = Scheduler::new(config.timeouts.stall_base, config.timeouts.stall_max);
+        Net {
+            backend,
+            magic,
+            peers: Mutex::new(HashMap::new()),
+            bans: Mutex::new(BanList::default()),
+            addrs: Mutex::new(book),
+            sched: Mutex::new(sched),
+            header_sync: Mutex::new(None),
+            recent_txs: Mutex::new(VecDeque::new()),
+            our_nonces: Mutex::new(HashSet::new()),
+            shared,
+            next_id: AtomicU64::new(1),
+            config,
+        }
+    }
+
+    pub fn is_banned(&self, ip: IpAddr) -> bool {
+        lock(&self.bans).is_banned(ip)
+    }
+
+    pub fn ban(&self, ip: IpAddr) {
+        lock(&self.bans).ban(ip, self.config.ban_duration);
+    }
+
+    fn register(
+        &self,
+        addr: SocketAddr,
+        inbound: bool,
+        manual: bool,
+    ) -> (PeerId, mpsc::Receiver<PeerCmd>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(64);
+        lock(&self.peers).insert(
+            id,
+            PeerEntry {
+                addr,
+                inbound,
+                manual,
+                tx,
+            },
+        );
+        lock(&self.shared.peers).insert(
+            id,
+            PeerInfo {
+                id,
+                addr,
+                inbound,
+                services: 0,
+                user_agent: String::new(),
+                start_height: 0,
+            },
+        );
+        (id, rx)
+    }
+
+    pub fn unregister(&self, id: PeerId) {
+        lock(&self.peers).remove(&id);
+        lock(&self.shared.peers).remove(&id);
+        lock(&self.sched).release_peer(id);
+        let mut hs = lock(&self.header_sync);
+        if matches!(*hs, Some((p, _)) if p == id) {
+            *hs = None;
+        }
+    }
+
+    /// Sends `cmd` to every peer (dropped for a peer whose queue is full).
+    pub fn broadcast(&self, cmd: impl Fn() -> PeerCmd) {
+        for e in lock(&self.peers).values() {
+            let _ = e.tx.try_send(cmd());
+        }
+    }
+
+    pub fn send_to(&self, id: PeerId, cmd: PeerCmd) {
+        if let Some(e) = lock(&self.peers).get(&id) {
+            let _ = e.tx.try_send(cmd);
+        }
+    }
+
+    fn counts(&self) -> (usize, usize) {
+        let peers = lock(&self.peers);
+        let inbound = peers.values().filter(|e| e.inbound).count();
+        (inbound, peers.len() - inbound)
+    }
+}
+
+/// Runs the P2P layer until `shutdown` becomes `true` (or its sender is
+/// dropped): listener, dialing, one task per peer. Peer tasks end with it;
+/// the address book is saved on the way out.
+///
+/// # Errors
+/// [`P2pError::Bind`] when the listen address cannot be bound. Nothing a
+/// peer does ends `run`.
+pub async fn run(
+    backend: Arc<dyn NodeBackend>,
+    config: P2pConfig,
+    control: P2pControl,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), P2pError> {
+    let P2pControl { mut cmd_rx, shared } = control;
+    let listener = match config.listen {
+        Some(addr) => {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|source| P2pError::Bind { addr, source })?;
+            let local = l
+                .local_addr()
+                .map_err(|source| P2pError::Bind { addr, source })?;
+            info!(%local, "p2p listening");
+            shared.local_addr.send_replace(Some(local));
+            Some(l)
+        }
+        None => None,
+    };
+    let net = Arc::new(Net::new(backend, config, shared));
+    let mut tasks = JoinSet::new();
+    let mut connecting: HashSet<SocketAddr> = HashSet::new();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(SocketAddr, bool)>();
+    let mut retry: HashMap<SocketAddr, (Instant, Duration)> = HashMap::new();
+    let mut tick = tokio::time::interval(net.config.timeouts.maintenance);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_save = Instant::now();
+
+    if net.config.connect.is_empty()
+        && net.config.dns_seeds
+        && lock(&net.addrs).len() < 100
+        && !net.backend.params().dns_seeds.is_empty()
+    {
+        let n = net.clone();
+        tasks.spawn(async move { seed_from_dns(n).await });
+    }
+
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        tokio::select! {
+            accepted = accept(&listener) => {
+                match accepted {
+                    Ok((stream, addr)) => on_inbound(&net, &mut tasks, &shutdown, stream, addr),
+                    Err(e) => {
+                        warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+            Some((addr, ok)) = done_rx.recv() => {
+                connecting.remove(&addr);
+                let manual = net.config.connect.contains(&addr) || net.config.addnode.contains(&addr);
+                if manual {
+                    let backoff = if ok { Duration::from_secs(1) } else {
+                        retry.get(&addr).map(|(_, d)| (*d * 2).min(Duration::from_secs(60))).unwrap_or(Duration::from_secs(1))
+                    };
+                    retry.insert(addr, (Instant::now() + backoff, backoff));
+                }
+            }
+            cmd = cmd_rx.recv() => match cmd {
+                Some(NetCommand::AnnounceTip) => net.broadcast(|| PeerCmd::AnnounceTip),
+                Some(NetCommand::RelayTx(tx)) => {
+                    {
+                        let mut recent = lock(&net.recent_txs);
+                        recent.push_back(tx.clone());
+                        while recent.len() > RECENT_TXS {
+                            recent.pop_front();
+                        }
+                    }
+                    net.broadcast(|| PeerCmd::RelayTx(tx.clone()));
+                }
+                None => {}
+            },
+            _ = tick.tick() => {
+                maintain_outbound(&net, &mut tasks, &shutdown, &mut connecting, &mut retry, &done_tx);
+                if last_save.elapsed() > Duration::from_secs(300) {
+                    last_save = Instant::now();
+                    save_book(&net).await;
+                }
+            }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+    info!("p2p shutting down");
+    net.broadcast(|| PeerCmd::Shutdown);
+    let drain = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(5), drain)
+        .await
+        .is_err()
+    {
+        tasks.abort_all();
+    }
+    save_book(&net).await;
+    Ok(())
+}
+
+async fn accept(l: &Option<TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match l {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn save_book(net: &Arc<Net>) {
+    let Some(path) = net.config.addr_file.clone() else {
+        return;
+    };
+    let n = net.clone();
+    let res = tokio::task::spawn_blocking(move || lock(&n.addrs).save(&path)).await;
+    match res {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "saving the address book failed"),
+        Err(e) => warn!(error = %e, "address book save task failed"),
+    }
+}
+
+fn on_inbound(
+    net: &Arc<Net>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+    stream: TcpStream,
+    addr: SocketAddr,
+) {
+    let ip = addr.ip();
+    if net.is_banned(ip) {
+        debug!(peer = %addr, "refusing discouraged address");
+        return;
+    }
+    let (inbound, outbound) = net.counts();
+    if inbound >= net.config.max_inbound || inbound + outbound >= net.config.max_total {
+        debug!(peer = %addr, inbound, "refusing inbound: slots full");
+        return;
+    }
+    let same_ip = lock(&net.peers)
+        .values()
+        .filter(|e| e.addr.ip() == ip)
+        .count();
+    if same_ip >= net.config.per_ip_limit {
+        debug!(peer = %addr, same_ip, "refusing inbound: per-IP limit");
+        return;
+    }
+    let (id, rx) = net.register(addr, true, false);
+    let n = net.clone();
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        peer::run_peer(n, stream, addr, id, true, rx, sd).await;
+    });
+}
+
+fn maintain_outbound(
+    net: &Arc<Net>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+    connecting: &mut HashSet<SocketAddr>,
+    retry: &mut HashMap<SocketAddr, (Instant, Duration)>,
+    done_tx: &mpsc::UnboundedSender<(SocketAddr, bool)>,
+) {
+    let connected: HashSet<SocketAddr> = lock(&net.peers).values().map(|e| e.addr).collect();
+    let now = Instant::now();
+    let manual: Vec<SocketAddr> = net
+        .config
+        .connect
+        .iter()
+        .chain(net.config.addnode.iter())
+        .copied()
+        .collect();
+    for addr in manual {
+        if connected.contains(&addr) || connecting.contains(&addr) {
+            continue;
+        }
+        if matches!(retry.get(&addr), Some((at, _)) if *at > now) {
+            continue;
+        }
+        dial(net, tasks, shutdown, connecting, done_tx, addr, true);
+    }
+    if !net.config.connect.is_empty() {
+        return;
+    }
+    let (inbound, _) = net.counts();
+    let auto_out = lock(&net.peers)
+        .values()
+        .filter(|e| !e.inbound && !e.manual)
+        .count();
+    let pending = connecting.len();
+    if auto_out + pending >= net.config.max_outbound_full_relay
+        || inbound + auto_out + pending >= net.config.max_total
+    {
+        return;
+    }
+    let mut exclude = connected;
+    exclude.extend(connecting.iter().copied());
+    let pick = {
+        let mut bans = lock(&net.bans);
+        bans.purge_expired();
+        lock(&net.addrs).select(&exclude, |ip| bans.is_banned(ip))
+    };
+    if let Some(addr) = pick {
+        dial(net, tasks, shutdown, connecting, done_tx, addr, false);
+    }
+}
+
+fn dial(
+    net: &Arc<Net>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+    connecting: &mut HashSet<SocketAddr>,
+    done_tx: &mpsc::UnboundedSender<(SocketAddr, bool)>,
+    addr: SocketAddr,
+    manual: bool,
+) {
+    connecting.insert(addr);
+    let n = net.clone();
+    let sd = shutdown.clone();
+    let done = done_tx.clone();
+    tasks.spawn(async move {
+        let conn = tokio::time::timeout(n.config.timeouts.connect, TcpStream::connect(addr)).await;
+        match conn {
+            Ok(Ok(stream)) => {
+                let (id, rx) = n.register(addr, false, manual);
+                let _ = done.send((addr, true));
+                peer::run_peer(n, stream, addr, id, false, rx, sd).await;
+            }
+            _ => {
+                debug!(peer = %addr, "connect failed");
+                lock(&n.addrs).mark_failed(addr);
+                let _ = done.send((addr, false));
+            }
+        }
+    });
+}
+
+async fn seed_from_dns(net: Arc<Net>) {
+    let port = net.backend.params().p2p_port;
+    for seed in net.backend.params().dns_seeds {
+        let lookup = tokio::net::lookup_host((*seed, port));
+        match tokio::time::timeout(Duration::from_secs(10), lookup).await {
+            Ok(Ok(addrs)) => {
+                let mut book = lock(&net.addrs);
+                let mut n = 0;
+                for a in addrs.take(256) {
+                    // NODE_NETWORK | NODE_WITNESS: what seeds filter for.
+                    book.add(a, 1 | 8, None);
+                    n += 1;
+                }
+                info!(seed, addresses = n, "dns seed answered");
+            }
+            Ok(Err(e)) => debug!(seed, error = %e, "dns seed failed"),
+            Err(_) => debug!(seed, "dns seed timed out"),
+        }
+    }
+}

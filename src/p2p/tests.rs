@@ -1,0 +1,647 @@
+//! Loopback tests of the P2P layer against the regtest-a data set (blocks
+//! from bcoin, filters from bcoin's FilterIndexer, checked independently;
+//! see testnet-data/regtest-a/README.md). Every test is bounded in time.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bitcoin::bip158::{FilterHash, FilterHeader};
+use bitcoin::block::Header;
+use bitcoin::hashes::Hash;
+use bitcoin::p2p::message::NetworkMessage;
+use bitcoin::p2p::message_blockdata::{GetHeadersMessage, Inventory};
+use bitcoin::p2p::message_filter::{GetCFCheckpt, GetCFHeaders, GetCFilters};
+use bitcoin::p2p::message_network::VersionMessage;
+use bitcoin::p2p::{address::Address, Magic, ServiceFlags};
+use bitcoin::BlockHash;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::timeout;
+
+use super::codec::{self, encode_message, CodecError};
+use super::mock::{dataset, MockBackend};
+use super::*;
+
+const M: Magic = Magic::REGTEST;
+
+fn test_config() -> P2pConfig {
+    let mut c = P2pConfig::default();
+    c.listen = Some("127.0.0.1:0".parse().unwrap());
+    c.dns_seeds = false;
+    c.timeouts.handshake = Duration::from_secs(2);
+    c.timeouts.maintenance = Duration::from_millis(100);
+    c
+}
+
+struct Node {
+    handle: P2pHandle,
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), P2pError>>,
+}
+
+impl Node {
+    async fn start(backend: MockBackend, config: P2pConfig) -> Node {
+        let backend = Arc::new(backend);
+        let (handle, control) = handle();
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(run(backend.clone(), config, control, rx));
+        let addr = timeout(Duration::from_secs(5), handle.local_addr())
+            .await
+            .unwrap()
+            .unwrap();
+        Node {
+            handle,
+            addr,
+            stop,
+            task,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.send_replace(true);
+        timeout(Duration::from_secs(10), self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// A hand-driven peer speaking raw protocol through our codec.
+struct TestPeer {
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    version: Option<VersionMessage>,
+}
+
+impl TestPeer {
+    async fn connect(addr: SocketAddr) -> TestPeer {
+        let s = TcpStream::connect(addr).await.unwrap();
+        let (rd, wr) = s.into_split();
+        TestPeer {
+            rd,
+            wr,
+            version: None,
+        }
+    }
+
+    async fn handshake(addr: SocketAddr) -> TestPeer {
+        let mut p = Self::connect(addr).await;
+        let me: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let v = VersionMessage {
+            version: 70016,
+            services: ServiceFlags::NETWORK | ServiceFlags::WITNESS,
+            timestamp: 0,
+            receiver: Address::new(&addr, ServiceFlags::NONE),
+            sender: Address::new(&me, ServiceFlags::NONE),
+            nonce: 42,
+            user_agent: "/test/".into(),
+            start_height: 0,
+            relay: false,
+        };
+        p.send(NetworkMessage::Version(v)).await;
+        p.send(NetworkMessage::WtxidRelay).await;
+        p.send(NetworkMessage::Verack).await;
+        let mut got_verack = false;
+        while p.version.is_none() || !got_verack {
+            match p.recv().await.unwrap() {
+                NetworkMessage::Version(v) => p.version = Some(v),
+                NetworkMessage::Verack => got_verack = true,
+                _ => {}
+            }
+        }
+        p
+    }
+
+    async fn send(&mut self, msg: NetworkMessage) {
+        self.wr.write_all(&encode_message(M, msg)).await.unwrap();
+    }
+
+    async fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.wr.write_all(bytes).await
+    }
+
+    /// Next message, within 10 s.
+    async fn recv(&mut self) -> Result<NetworkMessage, CodecError> {
+        match timeout(
+            Duration::from_secs(10),
+            codec::read_message(&mut self.rd, M, Duration::from_secs(10)),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => panic!("no message within 10 s"),
+        }
+    }
+
+    /// Receives until `f` returns Some, skipping pings/inv/etc.
+    async fn recv_until<T>(&mut self, mut f: impl FnMut(NetworkMessage) -> Option<T>) -> T {
+        loop {
+            let m = self.recv().await.expect("connection still open");
+            if let Some(t) = f(m) {
+                return t;
+            }
+        }
+    }
+
+    /// Pings and waits for the matching pong; returns the round trip.
+    async fn ping(&mut self, nonce: u64) -> Duration {
+        let t = Instant::now();
+        self.send(NetworkMessage::Ping(nonce)).await;
+        self.recv_until(|m| matches!(m, NetworkMessage::Pong(n) if n == nonce).then_some(()))
+            .await;
+        t.elapsed()
+    }
+
+    /// Whether the remote closes the connection within `within`.
+    async fn closed_within(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match timeout(
+                left,
+                codec::read_message(&mut self.rd, M, Duration::from_secs(5)),
+            )
+            .await
+            {
+                Err(_) => return false,
+                Ok(Err(CodecError::Io { .. })) => return true,
+                Ok(Err(e)) => panic!("unexpected codec error {e}"),
+                Ok(Ok(_)) => continue,
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_b_syncs_headers_and_blocks_from_a() {
+    let data = dataset();
+    let a = Node::start(MockBackend::regtest_a(), test_config()).await;
+    let mut cb = test_config();
+    cb.listen = None;
+    cb.connect = vec![a.addr];
+    let backend_b = Arc::new(MockBackend::genesis_only());
+    let (hb, control) = handle();
+    let (stop_b, rx) = watch::channel(false);
+    let started = Instant::now();
+    let task_b = tokio::spawn(run(backend_b.clone(), cb, control, rx));
+    let target = *data.best_chain.last().unwrap();
+    let done = timeout(Duration::from_secs(90), async {
+        while backend_b.tip().1 != target {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let elapsed = started.elapsed();
+    assert!(done.is_ok(), "B reached only {:?} in 90 s", backend_b.tip());
+    assert_eq!(backend_b.tip(), (1500, target));
+    assert_eq!(backend_b.best_header_tip(), (1500, target));
+    // Every best-chain block is byte-identical to the data set's.
+    let by_hash: std::collections::HashMap<_, _> = data.blocks.iter().cloned().collect();
+    for h in &data.best_chain[1..] {
+        assert_eq!(
+            backend_b.block_bytes(h).as_ref(),
+            by_hash.get(h),
+            "block {h}"
+        );
+    }
+    eprintln!(
+        "p2p sync of regtest-a: 1500 blocks in {:.2} s ({:.0} blocks/s), {} submitted",
+        elapsed.as_secs_f64(),
+        1500.0 / elapsed.as_secs_f64(),
+        backend_b.submitted()
+    );
+    assert_eq!(hb.peer_count(), 1);
+    assert!(!a.handle.peers()[0].user_agent.is_empty());
+    stop_b.send_replace(true);
+    timeout(Duration::from_secs(10), task_b)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    a.stop().await;
+}
+
+fn display_filter_headers() -> Vec<FilterHeader> {
+    let data = dataset();
+    data.best_chain.iter().map(|h| data.filters[h].1).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_filters_consistent_with_filters_json() {
+    let data = dataset();
+    let expected = display_filter_headers();
+    let a = Node::start(MockBackend::regtest_a(), test_config()).await;
+    let mut p = TestPeer::handshake(a.addr).await;
+    let services = p.version.as_ref().unwrap().services;
+    assert!(
+        services.has(ServiceFlags::COMPACT_FILTERS | ServiceFlags::NETWORK | ServiceFlags::WITNESS)
+    );
+    assert_eq!(p.version.as_ref().unwrap().version, 70016);
+    let tip = *data.best_chain.last().unwrap();
+
+    // getcfcheckpt: one checkpoint (height 1000) below tip 1500.
+    p.send(NetworkMessage::GetCFCheckpt(GetCFCheckpt {
+        filter_type: 0,
+        stop_hash: tip,
+    }))
+    .await;
+    let cp = p
+        .recv_until(|m| match m {
+            NetworkMessage::CFCheckpt(c) => Some(c),
+            _ => None,
+        })
+        .await;
+    assert_eq!(cp.stop_hash, tip);
+    assert_eq!(cp.filter_headers, vec![expected[1000]]);
+
+    // getcfheaders 0..=1500 (1501 ≤ 2000): hashes chain to every header.
+    p.send(NetworkMessage::GetCFHeaders(GetCFHeaders {
+        filter_type: 0,
+        start_height: 0,
+        stop_hash: tip,
+    }))
+    .await;
+    let ch = p
+        .recv_until(|m| match m {
+            NetworkMessage::CFHeaders(c) => Some(c),
+            _ => None,
+        })
+        .await;
+    assert_eq!(ch.previous_filter_header, FilterHeader::all_zeros());
+    assert_eq!(ch.filter_hashes.len(), 1501);
+    let mut prev = ch.previous_filter_header;
+    for (height, fh) in ch.filter_hashes.iter().enumerate() {
+        prev = fh.filter_header(&prev);
+        assert_eq!(prev, expected[height], "filter header at height {height}");
+    }
+
+    // getcfilters 0..=999: the maximum of 1,000; filters hash to cfheaders.
+    let stop = data.best_chain[999];
+    p.send(NetworkMessage::GetCFilters(GetCFilters {
+        filter_type: 0,
+        start_height: 0,
+        stop_hash: stop,
+    }))
+    .await;
+    for height in 0..1000 {
+        let f = p
+            .recv_until(|m| match m {
+                NetworkMessage::CFilter(f) => Some(f),
+                _ => None,
+            })
+            .await;
+        assert_eq!(f.block_hash, data.best_chain[height]);
+        assert_eq!(
+            FilterHash::hash(&f.filter),
+            ch.filter_hashes[height],
+            "filter at {height}"
+        );
+    }
+
+    // getcfheaders starting mid-chain: previous header is the one below.
+    p.send(NetworkMessage::GetCFHeaders(GetCFHeaders {
+        filter_type: 0,
+        start_height: 700,
+        stop_hash: data.best_chain[900],
+    }))
+    .await;
+    let mid = p
+        .recv_until(|m| match m {
+            NetworkMessage::CFHeaders(c) => Some(c),
+            _ => None,
+        })
+        .await;
+    assert_eq!(mid.previous_filter_header, expected[699]);
+    assert_eq!(mid.filter_hashes.len(), 201);
+
+    // Stale branch, by stop hash: the deepest reorg's stale tip.
+    let (stale_hash, stale_height) = data.stale.iter().copied().max_by_key(|(_, h)| *h).unwrap();
+    let start = stale_height - 20;
+    p.send(NetworkMessage::GetCFHeaders(GetCFHeaders {
+        filter_type: 0,
+        start_height: start,
+        stop_hash: stale_hash,
+    }))
+    .await;
+    let st = p
+        .recv_until(|m| match m {
+            NetworkMessage::CFHeaders(c) => Some(c),
+            _ => None,
+        })
+        .await;
+    assert_eq!(st.stop_hash, stale_hash);
+    let mut prev = st.previous_filter_header;
+    for fh in &st.filter_hashes {
+        prev = fh.filter_header(&prev);
+    }
+    assert_eq!(
+        prev, data.filters[&stale_hash].1,
+        "stale branch header chain"
+    );
+    assert_ne!(prev, expected[stale_height as usize]);
+    p.send(NetworkMessage::GetCFilters(GetCFilters {
+        filter_type: 0,
+        start_height: stale_height,
+        stop_hash: stale_hash,
+    }))
+    .await;
+    let sf = p
+        .recv_until(|m| match m {
+            NetworkMessage::CFilter(f) => Some(f),
+            _ => None,
+        })
+        .await;
+    assert_eq!(sf.block_hash, stale_hash);
+    assert_eq!(sf.filter, data.filters[&stale_hash].0);
+
+    // An unknown stop hash (race at the tip) is ignored, not punished.
+    let unknown = BlockHash::from_byte_array([7; 32]);
+    p.send(NetworkMessage::GetCFHeaders(GetCFHeaders {
+        filter_type: 0,
+        start_height: 0,
+        stop_hash: unknown,
+    }))
+    .await;
+    p.send(NetworkMessage::GetCFilters(GetCFilters {
+        filter_type: 0,
+        start_height: 0,
+        stop_hash: unknown,
+    }))
+    .await;
+    p.send(NetworkMessage::GetCFCheckpt(GetCFCheckpt {
+        filter_type: 0,
+        stop_hash: unknown,
+    }))
+    .await;
+    p.send(NetworkMessage::Ping(99)).await;
+    let first = p
+        .recv_until(|m| match m {
+            NetworkMessage::Pong(n) => Some(Ok(n)),
+            NetworkMessage::CFHeaders(_)
+            | NetworkMessage::CFilter(_)
+            | NetworkMessage::CFCheckpt(_) => Some(Err(())),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        first,
+        Ok(99),
+        "unknown stop hash must be ignored, the ping answered"
+    );
+
+    // Over the limit: 1,001 filters → disconnect (Core's p2p_blockfilters.py).
+    let mut q = TestPeer::handshake(a.addr).await;
+    q.send(NetworkMessage::GetCFilters(GetCFilters {
+        filter_type: 0,
+        start_height: 0,
+        stop_hash: data.best_chain[1000],
+    }))
+    .await;
+    assert!(
+        q.closed_within(Duration::from_secs(3)).await,
+        "1,001 filters must disconnect"
+    );
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_filter_requests_disconnect_good_ones_are_served() {
+    let data = dataset();
+    // Ban lifted at once so each bad case can reconnect from 127.0.0.1.
+    let mut config = test_config();
+    config.ban_duration = Duration::ZERO;
+    let a = Node::start(MockBackend::regtest_a(), config).await;
+    let mut ok = TestPeer::handshake(a.addr).await;
+    let cases: Vec<(&str, NetworkMessage)> = vec![
+        (
+            "cfilters 1,001 blocks",
+            NetworkMessage::GetCFilters(GetCFilters {
+                filter_type: 0,
+                start_height: 500,
+                stop_hash: data.best_chain[1500],
+            }),
+        ),
+        (
+            "cfheaders type 1",
+            NetworkMessage::GetCFHeaders(GetCFHeaders {
+                filter_type: 1,
+                start_height: 0,
+                stop_hash: data.best_chain[10],
+            }),
+        ),
+        (
+            "cfcheckpt type 1",
+            NetworkMessage::GetCFCheckpt(GetCFCheckpt {
+                filter_type: 1,
+                stop_hash: data.best_chain[10],
+            }),
+        ),
+        (
+            "cfilters start above stop",
+            NetworkMessage::GetCFilters(GetCFilters {
+                filter_type: 0,
+                start_height: 11,
+                stop_hash: data.best_chain[10],
+            }),
+        ),
+        (
+            "cfheaders start above stop",
+            NetworkMessage::GetCFHeaders(GetCFHeaders {
+                filter_type: 0,
+                start_height: 11,
+                stop_hash: data.best_chain[10],
+            }),
+        ),
+    ];
+    for (name, bad) in cases {
+        let mut p = TestPeer::handshake(a.addr).await;
+        p.send(bad).await;
+        assert!(
+            p.closed_within(Duration::from_secs(3)).await,
+            "{name} must disconnect"
+        );
+        assert!(ok.ping(5).await < Duration::from_secs(2), "{name}");
+    }
+    // The largest legal requests are served: 1,000 filters, 1,501 headers.
+    ok.send(NetworkMessage::GetCFilters(GetCFilters {
+        filter_type: 0,
+        start_height: 501,
+        stop_hash: data.best_chain[1500],
+    }))
+    .await;
+    for height in 501..=1500 {
+        let f = ok
+            .recv_until(|m| match m {
+                NetworkMessage::CFilter(f) => Some(f),
+                _ => None,
+            })
+            .await;
+        assert_eq!(f.block_hash, data.best_chain[height]);
+    }
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_headers_and_blocks() {
+    let data = dataset();
+    let a = Node::start(MockBackend::regtest_a(), test_config()).await;
+    let mut p = TestPeer::handshake(a.addr).await;
+    let genesis = data.best_chain[0];
+    p.send(NetworkMessage::GetHeaders(GetHeadersMessage::new(
+        vec![genesis],
+        BlockHash::all_zeros(),
+    )))
+    .await;
+    let hs: Vec<Header> = p
+        .recv_until(|m| match m {
+            NetworkMessage::Headers(h) => Some(h),
+            _ => None,
+        })
+        .await;
+    assert_eq!(hs.len(), 1500);
+    for (i, h) in hs.iter().enumerate() {
+        assert_eq!(h.block_hash(), data.best_chain[i + 1]);
+    }
+    // Stop hash limits the answer.
+    p.send(NetworkMessage::GetHeaders(GetHeadersMessage::new(
+        vec![data.best_chain[100]],
+        data.best_chain[110],
+    )))
+    .await;
+    let hs: Vec<Header> = p
+        .recv_until(|m| match m {
+            NetworkMessage::Headers(h) => Some(h),
+            _ => None,
+        })
+        .await;
+    assert_eq!(hs.len(), 10);
+    assert_eq!(hs[9].block_hash(), data.best_chain[110]);
+
+    // Witness block by getdata: byte-identical to blocks.dat; a stale block
+    // too; an unknown one gives notfound.
+    let by_hash: std::collections::HashMap<_, _> = data.blocks.iter().cloned().collect();
+    let (stale, _) = data.stale[0];
+    let unknown = BlockHash::from_byte_array([9; 32]);
+    p.send(NetworkMessage::GetData(vec![
+        Inventory::WitnessBlock(data.best_chain[1200]),
+        Inventory::WitnessBlock(stale),
+        Inventory::WitnessBlock(unknown),
+    ]))
+    .await;
+    for want in [data.best_chain[1200], stale] {
+        let b = p
+            .recv_until(|m| match m {
+                NetworkMessage::Block(b) => Some(b),
+                _ => None,
+            })
+            .await;
+        assert_eq!(b.block_hash(), want);
+        assert_eq!(&bitcoin::consensus::serialize(&b), &by_hash[&want]);
+    }
+    let nf = p
+        .recv_until(|m| match m {
+            NetworkMessage::NotFound(n) => Some(n),
+            _ => None,
+        })
+        .await;
+    assert_eq!(nf, vec![Inventory::WitnessBlock(unknown)]);
+    // Non-witness request: witnesses stripped, same txids and merkle root.
+    let h = data.best_chain[1300];
+    p.send(NetworkMessage::GetData(vec![Inventory::Block(h)]))
+        .await;
+    let b = p
+        .recv_until(|m| match m {
+            NetworkMessage::Block(b) => Some(b),
+            _ => None,
+        })
+        .await;
+    assert_eq!(b.block_hash(), h);
+    assert!(b
+        .txdata
+        .iter()
+        .all(|t| t.input.iter().all(|i| i.witness.is_empty())));
+    assert!(b.check_merkle_root());
+    a.stop().await;
+}
+
+/// One malformed message: the sender is disconnected and discouraged, a
+/// second peer's pings are answered within 2 s throughout.
+async fn malformed_case(name: &str, bytes: Vec<u8>, handshake_first: bool) {
+    let a = Node::start(MockBackend::genesis_only(), test_config()).await;
+    let mut good = TestPeer::handshake(a.addr).await;
+    let mut bad = if handshake_first {
+        TestPeer::handshake(a.addr).await
+    } else {
+        TestPeer::connect(a.addr).await
+    };
+    let _ = bad.send_raw(&bytes).await;
+    assert!(
+        bad.closed_within(Duration::from_secs(2)).await,
+        "{name}: sender not disconnected"
+    );
+    let rtt = good.ping(1).await;
+    assert!(rtt < Duration::from_secs(2), "{name}: ping took {rtt:?}");
+    // Discouraged: a new connection from the same IP is dropped at once.
+    let mut again = TestPeer::connect(a.addr).await;
+    assert!(
+        again.closed_within(Duration::from_secs(2)).await,
+        "{name}: banned IP accepted"
+    );
+    assert!(good.ping(2).await < Duration::from_secs(2));
+    assert_eq!(a.handle.peer_count(), 1, "{name}");
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_traffic_disconnects_sender_only() {
+    let mut bad_magic = encode_message(M, NetworkMessage::Ping(1));
+    bad_magic[..4].copy_from_slice(&Magic::BITCOIN.to_bytes());
+    malformed_case("bad magic", bad_magic, false).await;
+
+    let mut bad_checksum = encode_message(M, NetworkMessage::Ping(1));
+    bad_checksum[20] ^= 0xff;
+    malformed_case("bad checksum", bad_checksum, true).await;
+
+    // Header announcing 4,000,001 bytes; no payload follows.
+    let mut oversized = codec::encode_raw(M, "block", &[]);
+    oversized[16..20].copy_from_slice(&4_000_001u32.to_le_bytes());
+    malformed_case("oversized payload", oversized, true).await;
+
+    let genesis = bitcoin::constants::genesis_block(bitcoin::Network::Regtest).header;
+    let headers = encode_message(M, NetworkMessage::Headers(vec![genesis; 2001]));
+    malformed_case("2001 headers", headers, true).await;
+
+    let inv = vec![Inventory::Block(BlockHash::all_zeros()); 50_001];
+    malformed_case(
+        "50001 inv",
+        encode_message(M, NetworkMessage::Inv(inv)),
+        true,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_peer_hits_handshake_timeout_and_unknown_commands_are_ignored() {
+    let a = Node::start(MockBackend::genesis_only(), test_config()).await;
+    let mut silent = TestPeer::connect(a.addr).await;
+    let mut p = TestPeer::handshake(a.addr).await;
+    p.send_raw(&codec::encode_raw(M, "kakehi-zz", &[1, 2, 3]))
+        .await
+        .unwrap();
+    assert!(p.ping(3).await < Duration::from_secs(2));
+    let t = Instant::now();
+    assert!(silent.closed_within(Duration::from_secs(5)).await);
+    assert!(
+        t.elapsed() >= Duration::from_millis(1500),
+        "closed before the 2 s handshake timeout"
+    );
+    // Not discouraged: a handshake timeout is not misbehaviour.
+    let mut again = TestPeer::handshake(a.addr).await;
+    assert!(again.ping(4).await < Duration::from_secs(2));
+    a.stop().await;
+}
