@@ -122,8 +122,9 @@ pub struct P2pConfig {
     pub max_outbound_full_relay: usize,
     /// Maximum simultaneous connections from one IP address.
     pub per_ip_limit: usize,
-    /// How long a misbehaving peer's IP is refused (Core's default
-    /// discouragement: 24 h).
+    /// How long a misbehaving peer's IP stays discouraged (Core: 24 h):
+    /// never dialed, and accepted inbound only when it does not take the
+    /// last inbound slot (Core's `CreateNodeFromAcceptedSocket`).
     pub ban_duration: Duration,
     /// Where the address book is persisted (`None`: memory only).
     pub addr_file: Option<PathBuf>,

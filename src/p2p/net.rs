@@ -242,7 +242,12 @@ pub async fn run(
                 }
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            _ = shutdown.changed() => {}
+            changed = shutdown.changed() => {
+                if changed.is_err() {
+                    // The sender is gone: nobody can stop us any more, stop now.
+                    break;
+                }
+            }
         }
     }
     info!("p2p shutting down");
@@ -286,13 +291,16 @@ fn on_inbound(
     addr: SocketAddr,
 ) {
     let ip = addr.ip();
-    if net.is_banned(ip) {
-        debug!(peer = %addr, "refusing discouraged address");
-        return;
-    }
     let (inbound, outbound) = net.counts();
     if inbound >= net.config.max_inbound || inbound + outbound >= net.config.max_total {
         debug!(peer = %addr, inbound, "refusing inbound: slots full");
+        return;
+    }
+    // Core's discouragement (net.cpp `CreateNodeFromAcceptedSocket`): a
+    // discouraged address gets an inbound slot only if it would not take
+    // the last one.
+    if net.is_banned(ip) && inbound + 1 >= net.config.max_inbound {
+        debug!(peer = %addr, "refusing discouraged address");
         return;
     }
     let same_ip = lock(&net.peers)
