@@ -167,6 +167,30 @@ impl MockBackend {
         node
     }
 
+    /// A node holding the first `n` blocks of blocks.dat (file order, so
+    /// the data set's reorgs replay as more are loaded) and all filters.
+    pub fn regtest_a_prefix(n: usize) -> Self {
+        let node = Self::genesis_only();
+        node.load_blocks(0..n);
+        {
+            let mut s = node.state.lock().unwrap();
+            s.filters = dataset().filters.clone();
+            s.filters_synced = true;
+            s.submitted = 0;
+        }
+        node
+    }
+
+    /// Accepts and stores blocks `range` of blocks.dat (file order).
+    pub fn load_blocks(&self, range: std::ops::Range<usize>) {
+        let data = dataset();
+        for (_, bytes) in &data.blocks[range] {
+            let block: Block = deserialize(bytes).unwrap();
+            self.accept_headers(&[block.header]).unwrap();
+            self.submit_block(block).unwrap();
+        }
+    }
+
     /// Number of blocks submitted since creation (or since loading).
     pub fn submitted(&self) -> usize {
         self.state.lock().unwrap().submitted
