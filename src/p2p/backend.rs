@@ -170,7 +170,12 @@ pub enum HeadersError {
         source: BoxError,
     },
     /// The chain is valid so far but below the network's minimum chainwork,
-    /// so nothing was stored (headers presync). Not penalised.
+    /// so nothing was stored (headers presync, Core's `HeadersSyncState`
+    /// simplified). Not penalised. The P2P layer keeps asking the same peer
+    /// with locator `[last]` while it sends full (2,000) messages, so the
+    /// node must keep a bounded presync state that the next message (whose
+    /// first header's parent is `last`) continues, and store the headers
+    /// only once the chain passes the minimum chainwork.
     #[error("headers up to {last} are below the minimum chainwork")]
     BelowMinimumWork {
         /// The last header of the message.

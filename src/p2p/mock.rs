@@ -456,7 +456,7 @@ impl NodeBackend for MockBackend {
         branch
             .iter()
             .enumerate()
-            .filter(|(height, _)| *height > 0 && height % 1000 == 0)
+            .filter(|(height, _)| *height > 0 && height % super::CFCHECKPT_INTERVAL as usize == 0)
             .map(|(_, h)| {
                 s.filters
                     .get(h)

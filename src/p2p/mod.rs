@@ -44,7 +44,15 @@ pub use backend::{
 };
 pub use codec::CodecError;
 pub use net::run;
-pub use sync::PeerId;
+pub use peer::{
+    Disconnect, Misbehaviour, MAX_BLOCKS_TO_ANNOUNCE, MAX_GETBLOCKS, MAX_GETCFHEADERS,
+    MAX_GETCFILTERS, MAX_UNCONNECTING_HEADERS,
+};
+pub use sync::{PeerId, DOWNLOAD_WINDOW, MAX_IN_FLIGHT_PER_PEER};
+
+/// Filter headers are checkpointed every this many blocks in `cfcheckpt`
+/// (BIP157 `CFCHECKPT_INTERVAL`).
+pub const CFCHECKPT_INTERVAL: u32 = 1_000;
 
 /// Protocol version we speak (Core's `PROTOCOL_VERSION`: wtxidrelay, BIP339).
 pub const PROTOCOL_VERSION: u32 = 70016;
@@ -278,9 +286,10 @@ impl P2pHandle {
         self.shared.peers.lock().map(|p| p.len()).unwrap_or(0)
     }
 
-    /// The bound listen address, waiting until the listener is up; `None`
-    /// if the network stops first or has no listener (returns after the
-    /// network task ends).
+    /// The bound listen address (useful with port 0), waiting until the
+    /// listener is up. Waits forever when [`P2pConfig::listen`] is `None`;
+    /// `None` is never returned while this handle lives (the channel's
+    /// sender is kept by the handle itself).
     pub async fn local_addr(&self) -> Option<SocketAddr> {
         let mut rx = self.shared.local_addr.subscribe();
         loop {

@@ -852,6 +852,20 @@ impl Peer {
             Err(e @ (HeadersError::NotContinuous { .. } | HeadersError::Invalid { .. })) => {
                 Err(misbehaving(Misbehaviour::Headers(e)))
             }
+            Err(HeadersError::BelowMinimumWork { last: below }) => {
+                // Presync: the node keeps bounded state for this chain and
+                // stores nothing yet; keep asking while the peer has more.
+                if n as u64 == MAX_HEADERS {
+                    if let Some((_, since)) = lock(&self.net.header_sync).as_mut() {
+                        *since = Instant::now();
+                    }
+                    self.send_getheaders(vec![below]).await
+                } else {
+                    debug!(peer = %self.addr, "peer's chain ends below the minimum chainwork");
+                    self.end_header_sync();
+                    Ok(())
+                }
+            }
             Err(e) => {
                 warn!(peer = %self.addr, error = %e, "headers not stored");
                 self.end_header_sync();

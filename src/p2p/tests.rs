@@ -104,6 +104,11 @@ impl TestPeer {
     }
 
     async fn handshake(addr: SocketAddr) -> TestPeer {
+        Self::handshake_with(addr, false).await
+    }
+
+    /// Handshake announcing `relay` (BIP37 flag: wants transactions).
+    async fn handshake_with(addr: SocketAddr, relay: bool) -> TestPeer {
         let mut p = Self::connect(addr).await;
         let me: SocketAddr = "127.0.0.1:1".parse().unwrap();
         let v = VersionMessage {
@@ -115,10 +120,11 @@ impl TestPeer {
             nonce: 42,
             user_agent: "/test/".into(),
             start_height: 0,
-            relay: false,
+            relay,
         };
         p.send(NetworkMessage::Version(v)).await;
         p.send(NetworkMessage::WtxidRelay).await;
+        p.send(NetworkMessage::SendAddrV2).await;
         p.send(NetworkMessage::Verack).await;
         let mut got_verack = false;
         while p.version.is_none() || !got_verack {
@@ -834,5 +840,93 @@ async fn stalling_peer_is_replaced() {
     );
     eprintln!("stall recovered: {requested_from_fake} blocks re-requested, synced {:.1} s after A came up", t.elapsed().as_secs_f64());
     b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addr_gossip_is_persisted_and_served_and_book_is_dialed() {
+    use bitcoin::p2p::address::{AddrV2, AddrV2Message};
+    let dir = tempfile::tempdir().unwrap();
+    let book = dir.path().join("peers.json");
+    // A (regtest-a) listens; C learns A's address by gossip from a test
+    // peer, persists it, and after a restart dials it from the book alone.
+    let a = Node::start(MockBackend::regtest_a(), test_config()).await;
+    let mut cc = test_config();
+    cc.addr_file = Some(book.clone());
+    let c = Node::start(MockBackend::genesis_only(), cc.clone()).await;
+    let mut p = TestPeer::handshake(c.addr).await;
+    let std::net::IpAddr::V4(ip) = a.addr.ip() else {
+        panic!("v4 loopback")
+    };
+    let gossip = vec![AddrV2Message {
+        time: 1_700_000_000,
+        services: ServiceFlags::NETWORK | ServiceFlags::WITNESS,
+        addr: AddrV2::Ipv4(ip),
+        port: a.addr.port(),
+    }];
+    p.send(NetworkMessage::AddrV2(gossip)).await;
+    p.send(NetworkMessage::GetAddr).await;
+    let back = p
+        .recv_until(|m| match m {
+            NetworkMessage::AddrV2(v) => Some(v),
+            _ => None,
+        })
+        .await;
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].socket_addr().unwrap(), a.addr);
+    drop(p);
+    c.stop().await;
+    let saved = std::fs::read_to_string(&book).unwrap();
+    assert!(saved.contains(&a.addr.to_string()), "{saved}");
+    // Restart C: no connect, no addnode, no DNS: it dials A from the book.
+    let c = Node::start(MockBackend::genesis_only(), cc).await;
+    wait_for_tip(&c.backend, a.backend.tip(), Duration::from_secs(20)).await;
+    c.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_transaction_is_announced_by_wtxid_and_served() {
+    let data = dataset();
+    let a = Node::start(MockBackend::genesis_only(), test_config()).await;
+    let mut quiet = TestPeer::handshake_with(a.addr, false).await;
+    let mut p = TestPeer::handshake_with(a.addr, true).await;
+    // A real segwit transaction from regtest-a (block 1200, second tx).
+    let block: bitcoin::Block = bitcoin::consensus::deserialize(
+        &data
+            .blocks
+            .iter()
+            .find(|(h, _)| *h == data.best_chain[1200])
+            .unwrap()
+            .1,
+    )
+    .unwrap();
+    let tx = block.txdata[1].clone();
+    a.handle.relay_transaction(tx.clone()).unwrap();
+    let inv = p
+        .recv_until(|m| match m {
+            NetworkMessage::Inv(i) => Some(i),
+            _ => None,
+        })
+        .await;
+    assert_eq!(inv, vec![Inventory::WTx(tx.compute_wtxid())]);
+    p.send(NetworkMessage::GetData(inv)).await;
+    let got = p
+        .recv_until(|m| match m {
+            NetworkMessage::Tx(t) => Some(t),
+            _ => None,
+        })
+        .await;
+    assert_eq!(got, tx);
+    // The peer that asked for no relay got no inv before its pong.
+    quiet.send(NetworkMessage::Ping(11)).await;
+    let first = quiet
+        .recv_until(|m| match m {
+            NetworkMessage::Inv(_) => Some(false),
+            NetworkMessage::Pong(11) => Some(true),
+            _ => None,
+        })
+        .await;
+    assert!(first);
     a.stop().await;
 }
