@@ -12,7 +12,7 @@ use bitcoin::Transaction;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, info_span, warn, Instrument};
 
 use super::addrman::{AddrBook, BanList};
 use super::peer::{self, PeerCmd};
@@ -315,7 +315,9 @@ fn on_inbound(
     let n = net.clone();
     let sd = shutdown.clone();
     tasks.spawn(async move {
-        peer::run_peer(n, stream, addr, id, true, rx, sd).await;
+        peer::run_peer(n, stream, addr, id, true, rx, sd)
+            .instrument(info_span!("peer", peer = %addr, id))
+            .await;
     });
 }
 
@@ -390,7 +392,9 @@ fn dial(
             Ok(Ok(stream)) => {
                 let (id, rx) = n.register(addr, false, manual);
                 let _ = done.send((addr, true));
-                peer::run_peer(n, stream, addr, id, false, rx, sd).await;
+                peer::run_peer(n, stream, addr, id, false, rx, sd)
+                    .instrument(info_span!("peer", peer = %addr, id))
+                    .await;
             }
             _ => {
                 debug!(peer = %addr, "connect failed");

@@ -1135,7 +1135,8 @@ fn strip_witness(bytes: &[u8]) -> Option<Vec<u8>> {
 /// Runs a blocking backend call off the executor. `None` if the call
 /// panicked (logged).
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    match tokio::task::spawn_blocking(f).await {
+    let span = tracing::Span::current();
+    match tokio::task::spawn_blocking(move || span.in_scope(f)).await {
         Ok(v) => Some(v),
         Err(e) => {
             warn!(error = %e, "backend call failed");
