@@ -813,6 +813,10 @@ impl Peer {
     async fn on_headers(&mut self, headers: Vec<Header>) -> Result<(), Disconnect> {
         let n = headers.len();
         let Some(last) = headers.last().map(|h| h.block_hash()) else {
+            // Nothing beyond our locator: the peer's chain is no better than
+            // our best header, whatever its `version` claimed.
+            let (best, _) = self.net.backend.best_header_tip();
+            self.best_height = self.best_height.min(best);
             self.end_header_sync();
             return Ok(());
         };
@@ -822,7 +826,10 @@ impl Peer {
         match res {
             Ok(out) => {
                 self.unconnecting = 0;
-                if out.last_height >= self.best_height {
+                if out.last_height >= self.best_height || (n as u64) < MAX_HEADERS {
+                    // A message that is not full ends at the peer's tip, so
+                    // this also corrects a height claimed too high in
+                    // `version` (else we would ask again every tick).
                     self.best_height = out.last_height;
                     self.best_hash = Some(last);
                 }
