@@ -209,7 +209,7 @@ impl AddrBook {
     /// Up to `max` entries for a `getaddr` answer, most recently seen first.
     pub fn sample(&self, max: usize) -> Vec<AddrEntry> {
         let mut all: Vec<AddrEntry> = self.entries.values().cloned().collect();
-        all.sort_by(|a, b| b.last_seen.cmp(&a.last_seen));
+        all.sort_by_key(|e| std::cmp::Reverse(e.last_seen));
         all.truncate(max);
         all
     }

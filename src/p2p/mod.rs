@@ -17,6 +17,8 @@
 //! BIP 130 (sendheaders), 133 (feefilter), 155 (addrv2), 157/158 (filters),
 //! 339 (wtxidrelay).
 
+#![warn(missing_docs)]
+
 pub mod addrman;
 pub mod backend;
 pub mod codec;

@@ -186,7 +186,10 @@ pub(crate) async fn run_peer(
 ) {
     let _ = stream.set_nodelay(true);
     let (rd, wr) = stream.into_split();
-    let (msg_tx, msg_rx) = mpsc::channel(4);
+    // One decoded message waits here while the reader reads the next: at
+    // most ~2 payloads (≤ 8 MB) buffered per peer; TCP back-pressure does
+    // the rest (Core bounds its receive buffer per peer likewise).
+    let (msg_tx, msg_rx) = mpsc::channel(1);
     let reader = tokio::spawn(reader_loop(
         rd,
         net.magic,

@@ -28,9 +28,11 @@ use super::*;
 const M: Magic = Magic::REGTEST;
 
 fn test_config() -> P2pConfig {
-    let mut c = P2pConfig::default();
-    c.listen = Some("127.0.0.1:0".parse().unwrap());
-    c.dns_seeds = false;
+    let mut c = P2pConfig {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        dns_seeds: false,
+        ..Default::default()
+    };
     c.timeouts.handshake = Duration::from_secs(2);
     c.timeouts.maintenance = Duration::from_millis(100);
     c
