@@ -648,6 +648,16 @@ async fn malformed_traffic_disconnects_sender_only() {
         true,
     )
     .await;
+
+    // 80 junk messages of 4,000,000 bytes each (bad checksum): the first
+    // one ends the connection.
+    let mut junk = Vec::with_capacity(80 * 4_000_024);
+    for i in 0..80u8 {
+        let mut one = codec::encode_raw(M, "block", &vec![i; 4_000_000]);
+        one[20] ^= 0xff;
+        junk.extend_from_slice(&one);
+    }
+    malformed_case("80 junk 4 MB messages", junk, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
