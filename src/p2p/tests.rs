@@ -981,3 +981,87 @@ async fn bench_getcfilters_throughput() {
     );
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_tip_announced_by_headers_or_inv() {
+    let data = dataset();
+    let backend = Arc::new(MockBackend::regtest_a_prefix(100));
+    let (h, control) = handle();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(run(backend.clone(), test_config(), control, rx));
+    let addr = timeout(Duration::from_secs(5), h.local_addr())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut with_headers = TestPeer::handshake(addr).await;
+    with_headers.send(NetworkMessage::SendHeaders).await;
+    // Tell A which block the peer has (its getheaders answer), so the next
+    // announcement can connect to it.
+    with_headers
+        .send(NetworkMessage::GetHeaders(GetHeadersMessage::new(
+            vec![data.best_chain[0]],
+            BlockHash::all_zeros(),
+        )))
+        .await;
+    let first = with_headers
+        .recv_until(|m| match m {
+            NetworkMessage::Headers(h) => Some(h),
+            _ => None,
+        })
+        .await;
+    assert_eq!(first.len(), 100);
+    let mut with_inv = TestPeer::handshake(addr).await;
+    assert!(with_inv.ping(1).await < Duration::from_secs(2));
+    backend.load_blocks(100..101);
+    h.announce_tip();
+    let new_tip = data.best_chain[101];
+    let hs = with_headers
+        .recv_until(|m| match m {
+            NetworkMessage::Headers(h) => Some(h),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        hs.iter().map(|x| x.block_hash()).collect::<Vec<_>>(),
+        vec![new_tip]
+    );
+    let inv = with_inv
+        .recv_until(|m| match m {
+            NetworkMessage::Inv(i) => Some(i),
+            _ => None,
+        })
+        .await;
+    assert_eq!(inv, vec![Inventory::Block(new_tip)]);
+    stop.send_replace(true);
+    timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filter_service_bit_only_when_index_synced() {
+    let b = Node::start(MockBackend::genesis_only(), test_config()).await;
+    let mut p = TestPeer::handshake(b.addr).await;
+    let services = p.version.as_ref().unwrap().services;
+    assert!(services.has(ServiceFlags::NETWORK | ServiceFlags::WITNESS));
+    assert!(!services.has(ServiceFlags::COMPACT_FILTERS));
+    // Filter requests are then ignored (not answered, not punished).
+    let genesis = dataset().best_chain[0];
+    p.send(NetworkMessage::GetCFCheckpt(GetCFCheckpt {
+        filter_type: 0,
+        stop_hash: genesis,
+    }))
+    .await;
+    p.send(NetworkMessage::Ping(3)).await;
+    let first = p
+        .recv_until(|m| match m {
+            NetworkMessage::CFCheckpt(_) => Some(false),
+            NetworkMessage::Pong(3) => Some(true),
+            _ => None,
+        })
+        .await;
+    assert!(first);
+    b.stop().await;
+}
