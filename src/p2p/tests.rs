@@ -914,6 +914,10 @@ async fn relayed_transaction_is_announced_by_wtxid_and_served() {
     )
     .unwrap();
     let tx = block.txdata[1].clone();
+    // A pong proves the node finished both handshakes (commands that arrive
+    // during a handshake are dropped).
+    p.ping(1).await;
+    quiet.ping(1).await;
     a.handle.relay_transaction(tx.clone()).unwrap();
     let inv = p
         .recv_until(|m| match m {
