@@ -604,7 +604,21 @@ impl Peer {
         let now = Instant::now();
         let (assigned, staller) = {
             let mut sched = lock(&self.net.sched);
-            let assigned = sched.assign(self.id, &window, |h| self.not_found.contains(h), now);
+            // Only blocks the peer can have: at or below the height it is
+            // known to have (Core's `pindexBestKnownBlock`, by height), and
+            // not ones it said it does not have. Core sends no `notfound`
+            // for blocks, so asking a lagging peer would only stall.
+            let backend = &self.net.backend;
+            let peer_height = self.best_height;
+            let assigned = sched.assign(
+                self.id,
+                &window,
+                |h| {
+                    self.not_found.contains(h)
+                        || !matches!(backend.block_height(h), Some(x) if x <= peer_height)
+                },
+                now,
+            );
             let mut staller = None;
             let (best, _) = self.net.backend.best_header_tip();
             let window_limits = best > tip_height + DOWNLOAD_WINDOW as u32;

@@ -1069,3 +1069,26 @@ async fn filter_service_bit_only_when_index_synced() {
     assert!(first);
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn syncs_from_two_peers_one_lagging_and_keeps_both() {
+    let data = dataset();
+    let full = Node::start(MockBackend::regtest_a(), test_config()).await;
+    let lagging = Node::start(MockBackend::regtest_a_prefix(700), test_config()).await;
+    let mut cb = test_config();
+    cb.listen = None;
+    cb.connect = vec![lagging.addr, full.addr];
+    let b = Node::start_with(MockBackend::genesis_only(), cb).await;
+    wait_for_tip(
+        &b.backend,
+        (1500, *data.best_chain.last().unwrap()),
+        Duration::from_secs(30),
+    )
+    .await;
+    // Neither peer was dropped: the lagging one was never asked for blocks
+    // above its height.
+    assert_eq!(b.handle.peer_count(), 2);
+    b.stop().await;
+    full.stop().await;
+    lagging.stop().await;
+}
