@@ -19,6 +19,18 @@ use super::peer::{self, PeerCmd};
 use super::sync::{PeerId, Scheduler};
 use super::{HandleShared, NetCommand, NodeBackend, P2pConfig, P2pControl, P2pError, PeerInfo};
 
+/// Back-off of manual peers (`connect`, `addnode`) after a failure.
+const MIN_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// What became of an outbound dial.
+enum DialEvent {
+    Connected,
+    Failed,
+    /// The session ended after this long.
+    Ended(Duration),
+}
+
 /// Transactions kept for `getdata` after a relay.
 const RECENT_TXS: usize = 100;
 
@@ -181,7 +193,7 @@ pub async fn run(
     let net = Arc::new(Net::new(backend, config, shared));
     let mut tasks = JoinSet::new();
     let mut connecting: HashSet<SocketAddr> = HashSet::new();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(SocketAddr, bool)>();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(SocketAddr, DialEvent)>();
     let mut retry: HashMap<SocketAddr, (Instant, Duration)> = HashMap::new();
     let mut tick = tokio::time::interval(net.config.timeouts.maintenance);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -210,14 +222,27 @@ pub async fn run(
                     }
                 }
             }
-            Some((addr, ok)) = done_rx.recv() => {
-                connecting.remove(&addr);
+            Some((addr, event)) = done_rx.recv() => {
                 let manual = net.config.connect.contains(&addr) || net.config.addnode.contains(&addr);
-                if manual {
-                    let backoff = if ok { Duration::from_secs(1) } else {
-                        retry.get(&addr).map(|(_, d)| (*d * 2).min(Duration::from_secs(60))).unwrap_or(Duration::from_secs(1))
-                    };
-                    retry.insert(addr, (Instant::now() + backoff, backoff));
+                let grow = |retry: &HashMap<SocketAddr, (Instant, Duration)>| {
+                    retry.get(&addr).map(|(_, d)| (*d * 2).min(MAX_BACKOFF)).unwrap_or(MIN_BACKOFF)
+                };
+                let backoff = match event {
+                    DialEvent::Connected => {
+                        connecting.remove(&addr);
+                        None
+                    }
+                    DialEvent::Failed => {
+                        connecting.remove(&addr);
+                        Some(grow(&retry))
+                    }
+                    // A session that ended quickly (the peer refuses us, or
+                    // we it) backs off like a failure; a long one resets.
+                    DialEvent::Ended(lasted) if lasted < Duration::from_secs(10) => Some(grow(&retry)),
+                    DialEvent::Ended(_) => Some(MIN_BACKOFF),
+                };
+                if let (true, Some(b)) = (manual, backoff) {
+                    retry.insert(addr, (Instant::now() + b, b));
                 }
             }
             cmd = cmd_rx.recv() => match cmd {
@@ -327,7 +352,7 @@ fn maintain_outbound(
     shutdown: &watch::Receiver<bool>,
     connecting: &mut HashSet<SocketAddr>,
     retry: &mut HashMap<SocketAddr, (Instant, Duration)>,
-    done_tx: &mpsc::UnboundedSender<(SocketAddr, bool)>,
+    done_tx: &mpsc::UnboundedSender<(SocketAddr, DialEvent)>,
 ) {
     let connected: HashSet<SocketAddr> = lock(&net.peers).values().map(|e| e.addr).collect();
     let now = Instant::now();
@@ -378,7 +403,7 @@ fn dial(
     tasks: &mut JoinSet<()>,
     shutdown: &watch::Receiver<bool>,
     connecting: &mut HashSet<SocketAddr>,
-    done_tx: &mpsc::UnboundedSender<(SocketAddr, bool)>,
+    done_tx: &mpsc::UnboundedSender<(SocketAddr, DialEvent)>,
     addr: SocketAddr,
     manual: bool,
 ) {
@@ -391,15 +416,17 @@ fn dial(
         match conn {
             Ok(Ok(stream)) => {
                 let (id, rx) = n.register(addr, false, manual);
-                let _ = done.send((addr, true));
+                let _ = done.send((addr, DialEvent::Connected));
+                let started = Instant::now();
                 peer::run_peer(n, stream, addr, id, false, rx, sd)
                     .instrument(info_span!("peer", peer = %addr, id))
                     .await;
+                let _ = done.send((addr, DialEvent::Ended(started.elapsed())));
             }
             _ => {
                 debug!(peer = %addr, "connect failed");
                 lock(&n.addrs).mark_failed(addr);
-                let _ = done.send((addr, false));
+                let _ = done.send((addr, DialEvent::Failed));
             }
         }
     });
