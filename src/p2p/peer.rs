@@ -921,6 +921,15 @@ impl Peer {
                 Some(Err(_)) => return Ok(()),
             }
         }
+        if !requested {
+            // Core processes an unrequested block only if it could extend
+            // the best chain; by height here (work is the node's business).
+            let (tip_height, _) = self.net.backend.tip();
+            if !matches!(self.net.backend.block_height(&hash), Some(h) if h > tip_height) {
+                debug!(peer = %self.addr, block_hash = %hash, "unrequested block below our tip; ignored");
+                return Ok(());
+            }
+        }
         let b = self.backend();
         match blocking(move || b.submit_block(block)).await {
             Some(Ok(SubmitOutcome::NewTip { height, hash })) => {

@@ -1092,3 +1092,30 @@ async fn syncs_from_two_peers_one_lagging_and_keeps_both() {
     full.stop().await;
     lagging.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsolicited_blocks_only_when_extending() {
+    let data = dataset();
+    let by_hash: std::collections::HashMap<_, _> = data.blocks.iter().cloned().collect();
+    let block =
+        |h: &BlockHash| -> bitcoin::Block { bitcoin::consensus::deserialize(&by_hash[h]).unwrap() };
+    let a = Node::start(MockBackend::regtest_a_prefix(100), test_config()).await;
+    let mut p = TestPeer::handshake(a.addr).await;
+    // The next block (height 101), pushed unrequested: accepted, new tip.
+    p.send(NetworkMessage::Block(block(&data.best_chain[101])))
+        .await;
+    wait_for_tip(
+        &a.backend,
+        (101, data.best_chain[101]),
+        Duration::from_secs(5),
+    )
+    .await;
+    // A block that does not link (height 103, parent unknown): ignored,
+    // not punished.
+    p.send(NetworkMessage::Block(block(&data.best_chain[103])))
+        .await;
+    assert!(p.ping(2).await < Duration::from_secs(2));
+    assert_eq!(a.backend.tip().0, 101);
+    assert_eq!(a.backend.block_height(&data.best_chain[103]), None);
+    a.stop().await;
+}
