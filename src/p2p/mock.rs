@@ -191,6 +191,14 @@ impl MockBackend {
         }
     }
 
+    /// Replaces the network's DNS seeds and default port (for seeding
+    /// tests against `localhost`).
+    pub fn with_dns_seeds(mut self, seeds: &'static [&'static str], port: u16) -> Self {
+        self.params.dns_seeds = seeds;
+        self.params.p2p_port = port;
+        self
+    }
+
     /// Number of blocks submitted since creation (or since loading).
     pub fn submitted(&self) -> usize {
         self.state.lock().unwrap().submitted

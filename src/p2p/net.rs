@@ -19,6 +19,8 @@ use super::peer::{self, PeerCmd};
 use super::sync::{PeerId, Scheduler};
 use super::{HandleShared, NetCommand, NodeBackend, P2pConfig, P2pControl, P2pError, PeerInfo};
 
+/// Minimum time between two rounds of DNS seeding.
+const SEED_INTERVAL: Duration = Duration::from_secs(300);
 /// Back-off of manual peers (`connect`, `addnode`) after a failure.
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -199,14 +201,7 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_save = Instant::now();
 
-    if net.config.connect.is_empty()
-        && net.config.dns_seeds
-        && lock(&net.addrs).len() < 100
-        && !net.backend.params().dns_seeds.is_empty()
-    {
-        let n = net.clone();
-        tasks.spawn(async move { seed_from_dns(n).await });
-    }
+    let mut last_seed: Option<Instant> = None;
 
     loop {
         if *shutdown.borrow() {
@@ -261,6 +256,18 @@ pub async fn run(
             },
             _ = tick.tick() => {
                 maintain_outbound(&net, &mut tasks, &shutdown, &mut connecting, &mut retry, &done_tx);
+                // DNS seeds at start, and again every 5 min while the book
+                // stays small (all its entries may have failed and gone).
+                if net.config.connect.is_empty()
+                    && net.config.dns_seeds
+                    && !net.backend.params().dns_seeds.is_empty()
+                    && last_seed.map_or(true, |t: Instant| t.elapsed() > SEED_INTERVAL)
+                    && lock(&net.addrs).len() < 100
+                {
+                    last_seed = Some(Instant::now());
+                    let n = net.clone();
+                    tasks.spawn(async move { seed_from_dns(n).await });
+                }
                 if last_save.elapsed() > Duration::from_secs(300) {
                     last_save = Instant::now();
                     save_book(&net).await;

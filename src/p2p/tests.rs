@@ -1119,3 +1119,21 @@ async fn unsolicited_blocks_only_when_extending() {
     assert_eq!(a.backend.block_height(&data.best_chain[103]), None);
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_seed_fills_the_book_and_is_dialed() {
+    let a = Node::start(MockBackend::regtest_a_prefix(300), test_config()).await;
+    // "localhost" as the only DNS seed, on A's port: resolved with
+    // tokio::net::lookup_host like a real seed, then dialed from the book.
+    let mut cc = test_config();
+    cc.listen = None;
+    cc.dns_seeds = true;
+    let c = Node::start_with(
+        MockBackend::genesis_only().with_dns_seeds(&["localhost"], a.addr.port()),
+        cc,
+    )
+    .await;
+    wait_for_tip(&c.backend, a.backend.tip(), Duration::from_secs(20)).await;
+    c.stop().await;
+    a.stop().await;
+}
