@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,9 @@ pub(crate) struct Net {
     /// Nonces of our outbound `version` messages (self-connection check).
     pub our_nonces: Mutex<HashSet<u64>>,
     pub shared: Arc<HandleShared>,
+    /// Set once the tip has reached the best header (end of the initial
+    /// download); latches.
+    pub caught_up: AtomicBool,
     next_id: AtomicU64,
 }
 
@@ -90,6 +93,7 @@ impl Net {
             recent_txs: Mutex::new(VecDeque::new()),
             our_nonces: Mutex::new(HashSet::new()),
             shared,
+            caught_up: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
             config,
         }

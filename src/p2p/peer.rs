@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -533,10 +534,14 @@ impl Peer {
     async fn announce_tip(&mut self) -> Result<(), Disconnect> {
         let (height, tip) = self.net.backend.tip();
         let (best_height, _) = self.net.backend.best_header_tip();
-        // Catching up (initial download): announce nothing, as Core.
-        if height < best_height {
+        // Catching up (initial download): announce nothing, as Core. Like
+        // Core's `IsInitialBlockDownload` this latches: once caught up, a
+        // peer feeding us a higher header chain it never delivers cannot
+        // silence our announcements.
+        if height < best_height && !self.net.caught_up.load(Ordering::Relaxed) {
             return Ok(());
         }
+        self.net.caught_up.store(true, Ordering::Relaxed);
         if self.last_announced == Some(tip) || self.best_hash == Some(tip) {
             return Ok(());
         }
