@@ -47,6 +47,13 @@ pub(crate) struct PeerEntry {
     pub inbound: bool,
     pub manual: bool,
     pub tx: mpsc::Sender<PeerCmd>,
+    /// When the connection was registered (eviction: uptime).
+    pub connected_at: Instant,
+    /// Best ping round trip seen (eviction: lowest pings are protected).
+    pub min_ping: Option<Duration>,
+    /// When the peer last gave us a block that moved our tip (eviction:
+    /// protected).
+    pub last_block: Option<Instant>,
 }
 
 /// State shared by the connection manager and every peer task.
@@ -122,6 +129,9 @@ impl Net {
                 inbound,
                 manual,
                 tx,
+                connected_at: Instant::now(),
+                min_ping: None,
+                last_block: None,
             },
         );
         lock(&self.shared.peers).insert(
@@ -153,6 +163,81 @@ impl Net {
         for e in lock(&self.peers).values() {
             let _ = e.tx.try_send(cmd());
         }
+    }
+
+    /// Records a ping round trip of peer `id`.
+    pub fn note_ping(&self, id: PeerId, rtt: Duration) {
+        if let Some(e) = lock(&self.peers).get_mut(&id) {
+            e.min_ping = Some(e.min_ping.map_or(rtt, |m| m.min(rtt)));
+        }
+    }
+
+    /// Records that peer `id` gave us a block that moved our tip.
+    pub fn note_block(&self, id: PeerId) {
+        if let Some(e) = lock(&self.peers).get_mut(&id) {
+            e.last_block = Some(Instant::now());
+        }
+    }
+
+    /// Picks an inbound peer to evict for a new inbound connection, or
+    /// `None` when every candidate is protected. Core's
+    /// `SelectNodeToEvict` (net.cpp), simplified: protect the 8 lowest
+    /// pings, the 4 most recent block providers, then the older half by
+    /// uptime; prefer discouraged peers; evict the youngest peer of the
+    /// network group (IPv4 /16, IPv6 /32) with the most connections.
+    pub fn select_eviction(&self) -> Option<PeerId> {
+        struct Cand {
+            id: PeerId,
+            group: Vec<u8>,
+            connected_at: Instant,
+            min_ping: Option<Duration>,
+            last_block: Option<Instant>,
+            discouraged: bool,
+        }
+        let mut c: Vec<Cand> = {
+            let bans = lock(&self.bans);
+            lock(&self.peers)
+                .iter()
+                .filter(|(_, e)| e.inbound && !e.manual)
+                .map(|(id, e)| Cand {
+                    id: *id,
+                    group: netgroup(e.addr.ip()),
+                    connected_at: e.connected_at,
+                    min_ping: e.min_ping,
+                    last_block: e.last_block,
+                    discouraged: bans.is_banned(e.addr.ip()),
+                })
+                .collect()
+        };
+        // 8 lowest pings (peers never measured sort last and are not
+        // protected by this rule).
+        c.sort_by_key(|x| x.min_ping.unwrap_or(Duration::MAX));
+        let protect = c.iter().take(8).filter(|x| x.min_ping.is_some()).count();
+        c.drain(..protect);
+        // 4 most recent block providers.
+        c.sort_by_key(|x| std::cmp::Reverse(x.last_block));
+        let protect = c.iter().take(4).filter(|x| x.last_block.is_some()).count();
+        c.drain(..protect);
+        // The older half by uptime.
+        c.sort_by_key(|x| x.connected_at);
+        let protect = c.len() / 2;
+        c.drain(..protect);
+        if c.is_empty() {
+            return None;
+        }
+        if c.iter().any(|x| x.discouraged) {
+            c.retain(|x| x.discouraged);
+        }
+        let mut groups: HashMap<Vec<u8>, Vec<&Cand>> = HashMap::new();
+        for x in &c {
+            groups.entry(x.group.clone()).or_default().push(x);
+        }
+        // Largest group; ties go to the group with the youngest member.
+        let youngest = |g: &Vec<&Cand>| g.iter().map(|x| x.connected_at).max();
+        let group = groups
+            .values()
+            .max_by(|a, b| a.len().cmp(&b.len()).then(youngest(a).cmp(&youngest(b))))?;
+        group.iter().max_by_key(|x| x.connected_at).map(|x| x.id)
     }
 
     pub fn send_to(&self, id: PeerId, cmd: PeerCmd) {
@@ -328,10 +413,6 @@ fn on_inbound(
 ) {
     let ip = addr.ip();
     let (inbound, outbound) = net.counts();
-    if inbound >= net.config.max_inbound || inbound + outbound >= net.config.max_total {
-        debug!(peer = %addr, inbound, "refusing inbound: slots full");
-        return;
-    }
     // Core's discouragement (net.cpp `CreateNodeFromAcceptedSocket`): a
     // discouraged address gets an inbound slot only if it would not take
     // the last one.
@@ -346,6 +427,18 @@ fn on_inbound(
     if same_ip >= net.config.per_ip_limit {
         debug!(peer = %addr, same_ip, "refusing inbound: per-IP limit");
         return;
+    }
+    if inbound >= net.config.max_inbound || inbound + outbound >= net.config.max_total {
+        match net.select_eviction() {
+            Some(victim) => {
+                debug!(peer = %addr, victim, "inbound slots full: evicting a peer");
+                net.send_to(victim, PeerCmd::Disconnect(peer::Disconnect::Evicted));
+            }
+            None => {
+                debug!(peer = %addr, inbound, "refusing inbound: slots full, all protected");
+                return;
+            }
+        }
     }
     let (id, rx) = net.register(addr, true, false);
     let n = net.clone();
@@ -460,6 +553,25 @@ async fn seed_from_dns(net: Arc<Net>) {
             }
             Ok(Err(e)) => debug!(seed, error = %e, "dns seed failed"),
             Err(_) => debug!(seed, "dns seed timed out"),
+        }
+    }
+}
+
+/// Network group of an address for eviction: IPv4 /16, IPv6 /32
+/// (IPv4-mapped IPv6 as IPv4), as Core's `NetGroupManager` without ASmap.
+fn netgroup(ip: IpAddr) -> Vec<u8> {
+    let ip = match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) => vec![4, v4.octets()[0], v4.octets()[1]],
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            vec![6, o[0], o[1], o[2], o[3]]
         }
     }
 }

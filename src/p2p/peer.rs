@@ -144,6 +144,9 @@ pub enum Disconnect {
     /// A block request went unanswered too long.
     #[error("block request timeout")]
     BlockTimeout,
+    /// Evicted to make room for a new inbound peer (inbound slots full).
+    #[error("evicted for a new inbound peer")]
+    Evicted,
     /// The node is shutting down.
     #[error("shutdown")]
     Shutdown,
@@ -673,8 +676,11 @@ impl Peer {
             }
             NetworkMessage::Ping(n) => self.send(NetworkMessage::Pong(n)).await,
             NetworkMessage::Pong(n) => {
-                if matches!(self.ping, Some((nonce, _)) if nonce == n) {
-                    self.ping = None;
+                if let Some((nonce, sent)) = self.ping {
+                    if nonce == n {
+                        self.net.note_ping(self.id, sent.elapsed());
+                        self.ping = None;
+                    }
                 }
                 Ok(())
             }
@@ -938,6 +944,7 @@ impl Peer {
         let b = self.backend();
         match blocking(move || b.submit_block(block)).await {
             Some(Ok(SubmitOutcome::NewTip { height, hash })) => {
+                self.net.note_block(self.id);
                 debug!(height, block_hash = %hash, "new tip");
                 self.net.broadcast(|| PeerCmd::AnnounceTip);
             }

@@ -160,10 +160,15 @@ impl TestPeer {
         }
     }
 
-    /// Receives until `f` returns Some, skipping pings/inv/etc.
+    /// Receives until `f` returns Some, skipping other messages; the
+    /// node's pings are answered on the way, as a real peer would.
     async fn recv_until<T>(&mut self, mut f: impl FnMut(NetworkMessage) -> Option<T>) -> T {
         loop {
             let m = self.recv().await.expect("connection still open");
+            if let NetworkMessage::Ping(n) = m {
+                self.send(NetworkMessage::Pong(n)).await;
+                continue;
+            }
             if let Some(t) = f(m) {
                 return t;
             }
@@ -1135,5 +1140,42 @@ async fn dns_seed_fills_the_book_and_is_dialed() {
     .await;
     wait_for_tip(&c.backend, a.backend.tip(), Duration::from_secs(20)).await;
     c.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_inbound_slots_evict_an_unprotected_peer() {
+    let mut config = test_config();
+    config.max_inbound = 20;
+    config.per_ip_limit = 30;
+    let a = Node::start(MockBackend::genesis_only(), config).await;
+    let mut peers = Vec::new();
+    for _ in 0..20 {
+        peers.push(TestPeer::handshake(a.addr).await);
+    }
+    // The 8 youngest answer the node's ping (sent after the handshake), so
+    // they are protected by lowest ping; the others never answer it.
+    for (i, p) in peers.iter_mut().enumerate().skip(12) {
+        p.ping(i as u64).await;
+    }
+    // Let the node record the pongs.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(a.handle.peer_count(), 20);
+    // A 21st peer: peers 12..20 protected by ping, the older half of peers
+    // 0..12 by uptime; the youngest of the rest (peer 11) is evicted.
+    let mut newcomer = TestPeer::handshake(a.addr).await;
+    assert!(
+        peers[11].closed_within(Duration::from_secs(2)).await,
+        "peer 11 not evicted"
+    );
+    assert!(newcomer.ping(100).await < Duration::from_secs(2));
+    for (i, p) in peers.iter_mut().enumerate() {
+        if i != 11 {
+            assert!(
+                p.ping(200 + i as u64).await < Duration::from_secs(2),
+                "peer {i} dropped"
+            );
+        }
+    }
     a.stop().await;
 }
