@@ -6,8 +6,9 @@
 //! calls may block). Wiring:
 //!
 //! ```ignore
-//! let (handle, control) = kakehi::p2p::handle();
-//! tokio::spawn(kakehi::p2p::run(node.clone(), config, control, shutdown_rx));
+//! let (handle, task) = kakehi::p2p::spawn(node.clone(), config, shutdown_rx);
+//! // or: let (handle, control) = kakehi::p2p::handle();
+//! //     tokio::spawn(kakehi::p2p::run(node.clone(), config, control, shutdown_rx));
 //! // after the pipeline connects a block from elsewhere (import, HTTP):
 //! handle.announce_tip();
 //! ```
@@ -244,6 +245,17 @@ pub fn handle() -> (P2pHandle, P2pControl) {
         },
         P2pControl { cmd_rx, shared },
     )
+}
+
+/// Starts [`run`] on the current tokio runtime and returns its handle and
+/// join handle: the one-line wiring for the node.
+pub fn spawn(
+    backend: Arc<dyn NodeBackend>,
+    config: P2pConfig,
+    shutdown: watch::Receiver<bool>,
+) -> (P2pHandle, tokio::task::JoinHandle<Result<(), P2pError>>) {
+    let (h, control) = handle();
+    (h, tokio::spawn(run(backend, config, control, shutdown)))
 }
 
 impl P2pHandle {

@@ -57,9 +57,8 @@ impl Node {
     async fn start_with(backend: MockBackend, config: P2pConfig) -> Node {
         let backend = Arc::new(backend);
         let listens = config.listen.is_some();
-        let (handle, control) = handle();
         let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(run(backend.clone(), config, control, rx));
+        let (handle, task) = spawn(backend.clone(), config, rx);
         let addr = if listens {
             timeout(Duration::from_secs(5), handle.local_addr())
                 .await
