@@ -43,6 +43,8 @@ pub const MAX_UNCONNECTING_HEADERS: u32 = 10;
 /// Headers sent in a `headers` announcement before falling back to `inv`
 /// (Core's `MAX_BLOCKS_TO_ANNOUNCE`).
 pub const MAX_BLOCKS_TO_ANNOUNCE: usize = 8;
+/// Bytes gathered before a write when sending many messages.
+const WRITE_BATCH: usize = 1 << 20;
 /// Blocks listed in answer to `getblocks` (Core: 500).
 pub const MAX_GETBLOCKS: usize = 500;
 
@@ -284,11 +286,19 @@ impl Peer {
         self.write(&bytes).await
     }
 
-    /// Sends several messages in one write.
+    /// Sends several messages, batched into writes of about
+    /// [`WRITE_BATCH`] bytes (few syscalls, bounded extra memory).
     async fn send_all(&mut self, msgs: Vec<NetworkMessage>) -> Result<(), Disconnect> {
         let mut buf = Vec::new();
         for m in msgs {
             buf.extend(codec::encode_message(self.net.magic, m));
+            if buf.len() >= WRITE_BATCH {
+                self.write(&buf).await?;
+                buf.clear();
+            }
+        }
+        if buf.is_empty() {
+            return Ok(());
         }
         self.write(&buf).await
     }
