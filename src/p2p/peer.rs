@@ -43,6 +43,8 @@ pub const MAX_UNCONNECTING_HEADERS: u32 = 10;
 /// Headers sent in a `headers` announcement before falling back to `inv`
 /// (Core's `MAX_BLOCKS_TO_ANNOUNCE`).
 pub const MAX_BLOCKS_TO_ANNOUNCE: usize = 8;
+/// How long an unanswered `getheaders` excuses unconnecting `headers`.
+const GETHEADERS_ANSWER_WAIT: Duration = Duration::from_secs(60);
 /// Bytes gathered before a write when sending many messages.
 const WRITE_BATCH: usize = 1 << 20;
 /// Blocks listed in answer to `getblocks` (Core: 500).
@@ -237,6 +239,11 @@ struct Peer {
     best_height: u32,
     best_hash: Option<BlockHash>,
     last_announced: Option<BlockHash>,
+    /// A block whose header the peer is known to have (it sent it, or we
+    /// sent it in `headers`): the base of `headers` announcements.
+    peer_has: Option<BlockHash>,
+    /// When our last `getheaders` to this peer left, until answered.
+    getheaders_at: Option<Instant>,
     unconnecting: u32,
     not_found: HashSet<BlockHash>,
     sent_getaddr_answer: bool,
@@ -263,6 +270,8 @@ impl Peer {
             best_height: 0,
             best_hash: None,
             last_announced: None,
+            peer_has: None,
+            getheaders_at: None,
             unconnecting: 0,
             not_found: HashSet::new(),
             sent_getaddr_answer: false,
@@ -496,6 +505,7 @@ impl Peer {
 
     async fn send_getheaders(&mut self, locator: Vec<BlockHash>) -> Result<(), Disconnect> {
         let msg = GetHeadersMessage::new(locator, BlockHash::all_zeros());
+        self.getheaders_at = Some(Instant::now());
         self.send(NetworkMessage::GetHeaders(msg)).await
     }
 
@@ -558,10 +568,12 @@ impl Peer {
         if self.last_announced == Some(tip) || self.best_hash == Some(tip) {
             return Ok(());
         }
-        let since = self.last_announced.or(self.best_hash);
         self.last_announced = Some(tip);
         if self.send_headers {
-            if let Some(since) = since {
+            // Headers only if they connect to a header the peer has (an
+            // `inv` we sent does not count: the peer may not have fetched
+            // it yet, and unconnecting headers are penalised).
+            if let Some(since) = self.peer_has {
                 let b = self.backend();
                 let headers =
                     blocking(move || b.headers_after(&[since], tip, MAX_BLOCKS_TO_ANNOUNCE + 1))
@@ -571,6 +583,7 @@ impl Peer {
                     && headers.len() <= MAX_BLOCKS_TO_ANNOUNCE
                     && headers.last().map(|h| h.block_hash()) == Some(tip)
                 {
+                    self.peer_has = Some(tip);
                     return self.send(NetworkMessage::Headers(headers)).await;
                 }
             }
@@ -768,6 +781,7 @@ impl Peer {
         .unwrap_or_default();
         if let Some(last) = headers.last() {
             self.last_announced = Some(last.block_hash());
+            self.peer_has = Some(last.block_hash());
         }
         self.send(NetworkMessage::Headers(headers)).await
     }
@@ -832,6 +846,7 @@ impl Peer {
             if let Inventory::Block(h) | Inventory::WitnessBlock(h) = item {
                 match self.net.backend.block_height(&h) {
                     Some(height) => {
+                        self.peer_has = Some(h);
                         if height > self.best_height {
                             self.best_height = height;
                             self.best_hash = Some(h);
@@ -855,6 +870,7 @@ impl Peer {
             // our best header, whatever its `version` claimed.
             let (best, _) = self.net.backend.best_header_tip();
             self.best_height = self.best_height.min(best);
+            self.getheaders_at = None;
             self.end_header_sync();
             return Ok(());
         };
@@ -864,6 +880,8 @@ impl Peer {
         match res {
             Ok(out) => {
                 self.unconnecting = 0;
+                self.getheaders_at = None;
+                self.peer_has = Some(last);
                 if out.last_height >= self.best_height || (n as u64) < MAX_HEADERS {
                     // A message that is not full ends at the peer's tip, so
                     // this also corrects a height claimed too high in
@@ -885,6 +903,14 @@ impl Peer {
                 self.request_blocks().await
             }
             Err(HeadersError::Unconnected { .. }) => {
+                // While our `getheaders` is unanswered, announcements racing
+                // it are expected not to connect: wait for the answer.
+                if self
+                    .getheaders_at
+                    .is_some_and(|t| t.elapsed() < GETHEADERS_ANSWER_WAIT)
+                {
+                    return Ok(());
+                }
                 self.unconnecting += 1;
                 if self.unconnecting > MAX_UNCONNECTING_HEADERS {
                     return Err(misbehaving(Misbehaviour::Unconnecting {
