@@ -13,6 +13,7 @@ pub mod filters;
 pub mod http;
 pub mod import;
 pub mod node;
+pub mod p2p;
 pub mod pipeline;
 pub mod sozu;
 pub mod store;

@@ -1,0 +1,300 @@
+//! Address book (fed by DNS seeds and addr/addrv2 gossip, persisted as JSON
+//! by write-to-temp-and-rename) and the in-memory ban list.
+//!
+//! File format (`peers.json`, UTF-8 JSON):
+//! `{"version": 1, "addrs": [{"addr": "203.0.113.5:18333", "services": 1033,
+//! "last_seen": 1700000000, "failures": 0}, …]}`; `services` is the u64
+//! service bit field, `last_seen` unix seconds. At most [`MAX_ADDRS`]
+//! entries. A missing or unreadable file starts an empty book (logged).
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// Maximum entries kept in the address book.
+pub const MAX_ADDRS: usize = 20_000;
+/// Entries that failed this many times in a row are dropped.
+pub const MAX_FAILURES: u32 = 10;
+
+/// One known address.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AddrEntry {
+    /// The peer's address.
+    pub addr: SocketAddr,
+    /// Service bits it advertised (or that the source claimed).
+    pub services: u64,
+    /// Last time it was seen or advertised, unix seconds.
+    pub last_seen: u32,
+    /// Failed connection attempts in a row.
+    pub failures: u32,
+    /// When we last tried it (not persisted).
+    #[serde(skip)]
+    pub last_try: Option<Instant>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct AddrFile {
+    version: u32,
+    addrs: Vec<AddrEntry>,
+}
+
+/// The address book. Not thread-safe on its own; the network keeps it in a
+/// mutex.
+#[derive(Debug, Default)]
+pub struct AddrBook {
+    entries: HashMap<SocketAddr, AddrEntry>,
+    rng: u64,
+}
+
+fn now_unix() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as u32)
+        .unwrap_or(0)
+}
+
+impl AddrBook {
+    /// An empty book with a random selection seed.
+    pub fn new() -> Self {
+        let mut seed = [0u8; 8];
+        let _ = getrandom::getrandom(&mut seed);
+        AddrBook {
+            entries: HashMap::new(),
+            rng: u64::from_le_bytes(seed) | 1,
+        }
+    }
+
+    /// Loads the book from `path`; an absent file gives an empty book.
+    ///
+    /// # Errors
+    /// The file exists but cannot be read or parsed.
+    pub fn load(path: &Path) -> Result<Self, std::io::Error> {
+        let mut book = Self::new();
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(book),
+            Err(e) => return Err(e),
+        };
+        let file: AddrFile = serde_json::from_slice(&bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        for e in file.addrs.into_iter().take(MAX_ADDRS) {
+            book.entries.insert(e.addr, e);
+        }
+        Ok(book)
+    }
+
+    /// Writes the book to `path` atomically: `path.tmp`, fsync, rename.
+    ///
+    /// # Errors
+    /// Any I/O error; the previous file is left intact.
+    pub fn save(&self, path: &Path) -> Result<(), std::io::Error> {
+        let file = AddrFile {
+            version: 1,
+            addrs: self.entries.values().cloned().collect(),
+        };
+        let bytes = serde_json::to_vec(&file)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        let tmp: PathBuf = path.with_extension("tmp");
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the book is empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Adds or refreshes an address (from a DNS seed or gossip). Ignored
+    /// when the book is full and the address is new, or the port is 0.
+    pub fn add(&mut self, addr: SocketAddr, services: u64, last_seen: Option<u32>) {
+        if addr.port() == 0 || addr.ip().is_unspecified() {
+            return;
+        }
+        let seen = last_seen
+            .unwrap_or_else(now_unix)
+            .min(now_unix().saturating_add(600));
+        if let Some(e) = self.entries.get_mut(&addr) {
+            e.last_seen = e.last_seen.max(seen);
+            e.services |= services;
+            return;
+        }
+        if self.entries.len() >= MAX_ADDRS {
+            return;
+        }
+        self.entries.insert(
+            addr,
+            AddrEntry {
+                addr,
+                services,
+                last_seen: seen,
+                failures: 0,
+                last_try: None,
+            },
+        );
+    }
+
+    /// Records a successful connection.
+    pub fn mark_good(&mut self, addr: SocketAddr, services: u64) {
+        if let Some(e) = self.entries.get_mut(&addr) {
+            e.failures = 0;
+            e.services = services;
+            e.last_seen = now_unix();
+        }
+    }
+
+    /// Records a failed attempt; drops the entry after [`MAX_FAILURES`].
+    pub fn mark_failed(&mut self, addr: SocketAddr) {
+        let drop = match self.entries.get_mut(&addr) {
+            Some(e) => {
+                e.failures += 1;
+                e.failures >= MAX_FAILURES
+            }
+            None => false,
+        };
+        if drop {
+            self.entries.remove(&addr);
+        }
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        // xorshift64*: selection only needs to be unpredictable enough to
+        // spread connections, not cryptographic.
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Picks an address to dial: not in `exclude`, not rejected by `banned`,
+    /// and not tried within 60 s × 2^failures. Marks it tried.
+    pub fn select(
+        &mut self,
+        exclude: &HashSet<SocketAddr>,
+        banned: impl Fn(IpAddr) -> bool,
+    ) -> Option<SocketAddr> {
+        let now = Instant::now();
+        let candidates: Vec<SocketAddr> = self
+            .entries
+            .values()
+            .filter(|e| !exclude.contains(&e.addr) && !banned(e.addr.ip()))
+            .filter(|e| match e.last_try {
+                Some(t) => now.duration_since(t) >= Duration::from_secs(60 << e.failures.min(6)),
+                None => true,
+            })
+            .map(|e| e.addr)
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let pick = candidates[(self.next_rand() % candidates.len() as u64) as usize];
+        if let Some(e) = self.entries.get_mut(&pick) {
+            e.last_try = Some(now);
+        }
+        Some(pick)
+    }
+
+    /// Up to `max` entries for a `getaddr` answer, most recently seen first.
+    pub fn sample(&self, max: usize) -> Vec<AddrEntry> {
+        let mut all: Vec<AddrEntry> = self.entries.values().cloned().collect();
+        all.sort_by_key(|e| std::cmp::Reverse(e.last_seen));
+        all.truncate(max);
+        all
+    }
+}
+
+/// Discouraged IP addresses with their expiry.
+#[derive(Debug, Default)]
+pub struct BanList {
+    until: HashMap<IpAddr, Instant>,
+}
+
+impl BanList {
+    /// Discourages `ip` for `duration`.
+    pub fn ban(&mut self, ip: IpAddr, duration: Duration) {
+        let until = Instant::now() + duration;
+        let e = self.until.entry(ip).or_insert(until);
+        *e = (*e).max(until);
+    }
+
+    /// Whether `ip` is currently discouraged.
+    pub fn is_banned(&self, ip: IpAddr) -> bool {
+        self.until.get(&ip).is_some_and(|t| *t > Instant::now())
+    }
+
+    /// Drops expired entries.
+    pub fn purge_expired(&mut self) {
+        let now = Instant::now();
+        self.until.retain(|_, t| *t > now);
+    }
+
+    /// Number of entries (expired ones included until next looked up).
+    pub fn len(&self) -> usize {
+        self.until.len()
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.until.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn save_load_round_trip_and_select() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("peers.json");
+        let mut book = AddrBook::new();
+        let a: SocketAddr = "192.0.2.1:18444".parse().unwrap();
+        let b: SocketAddr = "[2001:db8::1]:18444".parse().unwrap();
+        book.add(a, 9, Some(1_700_000_000));
+        book.add(b, 1, None);
+        book.add("192.0.2.2:0".parse().unwrap(), 1, None); // port 0: ignored
+        book.save(&path).unwrap();
+        assert!(!path.with_extension("tmp").exists());
+        let mut loaded = AddrBook::load(&path).unwrap();
+        assert_eq!(loaded.len(), 2);
+        let mut seen = HashSet::new();
+        while let Some(x) = loaded.select(&HashSet::new(), |_| false) {
+            seen.insert(x);
+        }
+        // Both picked once, then both are in their retry back-off.
+        assert_eq!(seen, [a, b].into_iter().collect());
+        assert!(AddrBook::load(&dir.path().join("absent.json"))
+            .unwrap()
+            .is_empty());
+        std::fs::write(&path, b"{not json").unwrap();
+        assert!(AddrBook::load(&path).is_err());
+    }
+
+    #[test]
+    fn failures_drop_entries_and_bans_expire() {
+        let mut book = AddrBook::new();
+        let a: SocketAddr = "192.0.2.1:18444".parse().unwrap();
+        book.add(a, 1, None);
+        for _ in 0..MAX_FAILURES {
+            book.mark_failed(a);
+        }
+        assert!(book.is_empty());
+        let mut bans = BanList::default();
+        bans.ban(a.ip(), Duration::from_millis(30));
+        assert!(bans.is_banned(a.ip()));
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(!bans.is_banned(a.ip()));
+    }
+}

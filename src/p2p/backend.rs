@@ -1,0 +1,272 @@
+//! The boundary between the P2P layer and the node: [`NodeBackend`].
+//!
+//! The node (chain index, pipeline, filter store) implements this trait
+//! synchronously. The P2P layer calls it from tokio tasks:
+//!
+//! - **cheap** methods (in-memory, no disk, no long locks) are called directly
+//!   on the async executor: [`NodeBackend::params`], [`NodeBackend::tip`],
+//!   [`NodeBackend::best_header_tip`], [`NodeBackend::block_height`],
+//!   [`NodeBackend::locator`], [`NodeBackend::blocks_to_fetch`],
+//!   [`NodeBackend::filter_index_synced`];
+//! - **blocking** methods (may read disk or validate) are always called
+//!   through [`tokio::task::spawn_blocking`]:
+//!   [`NodeBackend::headers_after`], [`NodeBackend::block_bytes`],
+//!   [`NodeBackend::accept_headers`], [`NodeBackend::submit_block`],
+//!   [`NodeBackend::cfilters`], [`NodeBackend::cfheaders`],
+//!   [`NodeBackend::cfcheckpt`].
+
+use bitcoin::bip158::{FilterHash, FilterHeader};
+use bitcoin::block::Header;
+use bitcoin::{Block, BlockHash};
+
+use crate::chain::ChainParams;
+
+/// A boxed error from the node, carried as the `source` of the variants below.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What the P2P layer needs from the node. See the module docs for which
+/// methods must be cheap and which may block.
+pub trait NodeBackend: Send + Sync + 'static {
+    /// The network's parameters (magic, genesis, DNS seeds, default port).
+    /// Cheap.
+    fn params(&self) -> &ChainParams;
+
+    /// The best fully validated tip: (height, hash). Cheap.
+    fn tip(&self) -> (u32, BlockHash);
+
+    /// The most-work header known, validated or not: (height, hash). Cheap.
+    fn best_header_tip(&self) -> (u32, BlockHash);
+
+    /// Height of any header the node has accepted (any branch, stale ones
+    /// included), or `None` when unknown. Cheap.
+    fn block_height(&self, hash: &BlockHash) -> Option<u32>;
+
+    /// A block locator (Core's `GetLocator`: tip, then back 1, 2, 4, …,
+    /// genesis last) of the most-work header chain, at most 101 hashes. Cheap.
+    fn locator(&self) -> Vec<BlockHash>;
+
+    /// Headers of the active (validated) chain after the first locator hash
+    /// found on it (genesis if none is), up to and including `stop` (or up to
+    /// `max` headers when `stop` is all zeros or not on that path), in chain
+    /// order. Core's `getheaders` semantics. Blocking.
+    fn headers_after(&self, locator: &[BlockHash], stop: BlockHash, max: usize) -> Vec<Header>;
+
+    /// The serialized block (with witness data) of any stored block, stale
+    /// branches included; `None` when the node does not have it. Blocking.
+    fn block_bytes(&self, hash: &BlockHash) -> Option<Vec<u8>>;
+
+    /// Checks (PoW, difficulty, timestamps, continuity) and stores headers
+    /// received from a peer, in message order. Headers already known are
+    /// accepted without effect. Blocking.
+    ///
+    /// # Errors
+    /// See [`HeadersError`]: whether the peer is penalised depends on the
+    /// variant.
+    fn accept_headers(&self, headers: &[Header]) -> Result<HeadersOutcome, HeadersError>;
+
+    /// The next blocks to download: blocks missing (neither connected nor
+    /// buffered) on the most-work header chain above the validated tip, in
+    /// chain order, at most `max` (the P2P layer asks for the 1,024-block
+    /// window). Cheap.
+    fn blocks_to_fetch(&self, max: usize) -> Vec<BlockHash>;
+
+    /// Hands a block to the pipeline. Blocks may arrive out of order: the
+    /// node buffers them until their parent connects. The block's header has
+    /// been accepted by [`NodeBackend::accept_headers`] beforehand. Blocking.
+    ///
+    /// # Errors
+    /// See [`SubmitError`].
+    fn submit_block(&self, block: Block) -> Result<SubmitOutcome, SubmitError>;
+
+    /// Whether the BIP-158 basic filter index has caught up with the tip;
+    /// NODE_COMPACT_FILTERS is advertised only then. Cheap.
+    fn filter_index_synced(&self) -> bool;
+
+    /// Basic filters of the blocks from `start_height` to `stop` on `stop`'s
+    /// own branch (stale branches included), as (block hash, serialized
+    /// filter) in height order. The P2P layer has checked that `stop` is
+    /// known and that the range is within BIP157's limit. Blocking.
+    ///
+    /// # Errors
+    /// See [`FilterQueryError`].
+    fn cfilters(
+        &self,
+        start_height: u32,
+        stop: BlockHash,
+    ) -> Result<Vec<(BlockHash, Vec<u8>)>, FilterQueryError>;
+
+    /// The filter header at `start_height - 1` (all zeros when
+    /// `start_height` is 0) and the filter hashes from `start_height` to
+    /// `stop` on `stop`'s branch, in height order. Blocking.
+    ///
+    /// # Errors
+    /// See [`FilterQueryError`].
+    fn cfheaders(
+        &self,
+        start_height: u32,
+        stop: BlockHash,
+    ) -> Result<(FilterHeader, Vec<FilterHash>), FilterQueryError>;
+
+    /// The filter headers at heights 1,000, 2,000, … up to `stop`'s height
+    /// on `stop`'s branch (BIP157 `getcfcheckpt`). Blocking.
+    ///
+    /// # Errors
+    /// See [`FilterQueryError`].
+    fn cfcheckpt(&self, stop: BlockHash) -> Result<Vec<FilterHeader>, FilterQueryError>;
+}
+
+/// Result of [`NodeBackend::accept_headers`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeadersOutcome {
+    /// Headers that were new to the node.
+    pub new: usize,
+    /// Height of the last header of the message (0 for an empty message).
+    pub last_height: u32,
+    /// The most-work header after the call: (height, hash).
+    pub best_header: (u32, BlockHash),
+}
+
+impl HeadersOutcome {
+    /// Builds an outcome.
+    pub fn new(new: usize, last_height: u32, best_header: (u32, BlockHash)) -> Self {
+        HeadersOutcome {
+            new,
+            last_height,
+            best_header,
+        }
+    }
+}
+
+/// Why headers were refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeadersError {
+    /// The first header's parent is unknown (a peer announcing a tip we
+    /// cannot link yet). Not penalised; answered with a `getheaders` (up to
+    /// 10 times in a row, as Core's `MAX_NUM_UNCONNECTING_HEADERS_MSGS`).
+    #[error("header {hash} does not connect: parent {prev} unknown")]
+    Unconnected {
+        /// The first header's hash.
+        hash: BlockHash,
+        /// Its unknown parent.
+        prev: BlockHash,
+    },
+    /// Header `index` of the message does not build on header `index - 1`.
+    /// Penalised.
+    #[error("header {index} of the message does not link to the previous one")]
+    NotContinuous {
+        /// Position in the message.
+        index: usize,
+    },
+    /// A header breaks a consensus rule (PoW, difficulty, timestamp,
+    /// checkpoint, known-invalid ancestor). Penalised.
+    #[error("invalid header {hash}: {source}")]
+    Invalid {
+        /// The header's hash.
+        hash: BlockHash,
+        /// The rule broken.
+        #[source]
+        source: BoxError,
+    },
+    /// The chain is valid so far but below the network's minimum chainwork,
+    /// so nothing was stored (headers presync, Core's `HeadersSyncState`
+    /// simplified). Not penalised. The P2P layer keeps asking the same peer
+    /// with locator `[last]` while it sends full (2,000) messages, so the
+    /// node must keep a bounded presync state that the next message (whose
+    /// first header's parent is `last`) continues, and store the headers
+    /// only once the chain passes the minimum chainwork.
+    #[error("headers up to {last} are below the minimum chainwork")]
+    BelowMinimumWork {
+        /// The last header of the message.
+        last: BlockHash,
+    },
+    /// The node failed to store them. Not the peer's fault.
+    #[error("storage error accepting headers: {source}")]
+    Storage {
+        /// The storage error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// Result of [`NodeBackend::submit_block`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SubmitOutcome {
+    /// The best valid tip changed (by extension or reorg) to (height, hash).
+    NewTip {
+        /// New tip height.
+        height: u32,
+        /// New tip hash.
+        hash: BlockHash,
+    },
+    /// Stored (buffered out of order, or on a branch with less work); the tip
+    /// did not change.
+    Accepted,
+    /// The node already had the block.
+    Duplicate,
+}
+
+/// Why a block was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// The block breaks a consensus rule. The sender is penalised.
+    #[error("invalid block {hash}: {source}")]
+    Invalid {
+        /// The block's hash.
+        hash: BlockHash,
+        /// The rule broken.
+        #[source]
+        source: BoxError,
+    },
+    /// The block's header is not in the index (not accepted first).
+    #[error("block {hash} has no accepted header")]
+    UnknownHeader {
+        /// The block's hash.
+        hash: BlockHash,
+    },
+    /// The node failed to store or connect it. Not the peer's fault.
+    #[error("storage error submitting block: {source}")]
+    Storage {
+        /// The storage error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// Why a filter query could not be answered.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FilterQueryError {
+    /// The stop hash is unknown (a race at the tip): the request is ignored,
+    /// not punished.
+    #[error("unknown stop hash {stop}")]
+    UnknownStop {
+        /// The stop hash.
+        stop: BlockHash,
+    },
+    /// A filter in the range is not computed yet; only complete data is
+    /// served, so the request is ignored.
+    #[error("filter for block {hash} not indexed yet")]
+    NotIndexed {
+        /// The first block without a filter.
+        hash: BlockHash,
+    },
+    /// `start_height` is above the stop block's height.
+    #[error("start height {start_height} above stop height {stop_height}")]
+    StartAboveStop {
+        /// Requested start height.
+        start_height: u32,
+        /// Height of the stop block.
+        stop_height: u32,
+    },
+    /// The node failed to read its filter store. Not the peer's fault.
+    #[error("storage error reading filters: {source}")]
+    Storage {
+        /// The storage error.
+        #[source]
+        source: BoxError,
+    },
+}

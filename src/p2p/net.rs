@@ -1,0 +1,577 @@
+//! The connection manager: listener with caps, outbound dialing (connect,
+//! addnode, address book), DNS seeding, shared state of all peers.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bitcoin::p2p::Magic;
+use bitcoin::Transaction;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use super::addrman::{AddrBook, BanList};
+use super::peer::{self, PeerCmd};
+use super::sync::{PeerId, Scheduler};
+use super::{HandleShared, NetCommand, NodeBackend, P2pConfig, P2pControl, P2pError, PeerInfo};
+
+/// Minimum time between two rounds of DNS seeding.
+const SEED_INTERVAL: Duration = Duration::from_secs(300);
+/// Back-off of manual peers (`connect`, `addnode`) after a failure.
+const MIN_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// What became of an outbound dial.
+enum DialEvent {
+    Connected,
+    Failed,
+    /// The session ended after this long.
+    Ended(Duration),
+}
+
+/// Transactions kept for `getdata` after a relay.
+const RECENT_TXS: usize = 100;
+
+/// Locks a mutex, recovering the data if a thread panicked while holding it
+/// (the state is plain bookkeeping that stays consistent per operation).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) struct PeerEntry {
+    pub addr: SocketAddr,
+    pub inbound: bool,
+    pub manual: bool,
+    pub tx: mpsc::Sender<PeerCmd>,
+    /// When the connection was registered (eviction: uptime).
+    pub connected_at: Instant,
+    /// Best ping round trip seen (eviction: lowest pings are protected).
+    pub min_ping: Option<Duration>,
+    /// When the peer last gave us a block that moved our tip (eviction:
+    /// protected).
+    pub last_block: Option<Instant>,
+}
+
+/// State shared by the connection manager and every peer task.
+pub(crate) struct Net {
+    pub backend: Arc<dyn NodeBackend>,
+    pub config: P2pConfig,
+    pub magic: Magic,
+    pub peers: Mutex<HashMap<PeerId, PeerEntry>>,
+    pub bans: Mutex<BanList>,
+    pub addrs: Mutex<AddrBook>,
+    pub sched: Mutex<Scheduler>,
+    /// The peer doing the initial header sync, with the time of its last
+    /// progress.
+    pub header_sync: Mutex<Option<(PeerId, Instant)>>,
+    pub recent_txs: Mutex<VecDeque<Arc<Transaction>>>,
+    /// Nonces of our outbound `version` messages (self-connection check).
+    pub our_nonces: Mutex<HashSet<u64>>,
+    pub shared: Arc<HandleShared>,
+    /// Set once the tip has reached the best header (end of the initial
+    /// download); latches.
+    pub caught_up: AtomicBool,
+    next_id: AtomicU64,
+}
+
+impl Net {
+    fn new(backend: Arc<dyn NodeBackend>, config: P2pConfig, shared: Arc<HandleShared>) -> Self {
+        let magic = Magic::from_bytes(backend.params().magic());
+        let book = match &config.addr_file {
+            Some(path) => AddrBook::load(path).unwrap_or_else(|e| {
+                warn!(path = %path.display(), error = %e, "address book unreadable; starting empty");
+                AddrBook::new()
+            }),
+            None => AddrBook::new(),
+        };
+        let sched = Scheduler::new(config.timeouts.stall_base, config.timeouts.stall_max);
+        Net {
+            backend,
+            magic,
+            peers: Mutex::new(HashMap::new()),
+            bans: Mutex::new(BanList::default()),
+            addrs: Mutex::new(book),
+            sched: Mutex::new(sched),
+            header_sync: Mutex::new(None),
+            recent_txs: Mutex::new(VecDeque::new()),
+            our_nonces: Mutex::new(HashSet::new()),
+            shared,
+            caught_up: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+            config,
+        }
+    }
+
+    pub fn is_banned(&self, ip: IpAddr) -> bool {
+        lock(&self.bans).is_banned(ip)
+    }
+
+    pub fn ban(&self, ip: IpAddr) {
+        lock(&self.bans).ban(ip, self.config.ban_duration);
+    }
+
+    fn register(
+        &self,
+        addr: SocketAddr,
+        inbound: bool,
+        manual: bool,
+    ) -> (PeerId, mpsc::Receiver<PeerCmd>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(64);
+        lock(&self.peers).insert(
+            id,
+            PeerEntry {
+                addr,
+                inbound,
+                manual,
+                tx,
+                connected_at: Instant::now(),
+                min_ping: None,
+                last_block: None,
+            },
+        );
+        lock(&self.shared.peers).insert(
+            id,
+            PeerInfo {
+                id,
+                addr,
+                inbound,
+                services: 0,
+                user_agent: String::new(),
+                start_height: 0,
+            },
+        );
+        (id, rx)
+    }
+
+    pub fn unregister(&self, id: PeerId) {
+        lock(&self.peers).remove(&id);
+        lock(&self.shared.peers).remove(&id);
+        lock(&self.sched).release_peer(id);
+        let mut hs = lock(&self.header_sync);
+        if matches!(*hs, Some((p, _)) if p == id) {
+            *hs = None;
+        }
+    }
+
+    /// Sends `cmd` to every peer (dropped for a peer whose queue is full).
+    pub fn broadcast(&self, cmd: impl Fn() -> PeerCmd) {
+        for e in lock(&self.peers).values() {
+            let _ = e.tx.try_send(cmd());
+        }
+    }
+
+    /// Records a ping round trip of peer `id`.
+    pub fn note_ping(&self, id: PeerId, rtt: Duration) {
+        if let Some(e) = lock(&self.peers).get_mut(&id) {
+            e.min_ping = Some(e.min_ping.map_or(rtt, |m| m.min(rtt)));
+        }
+    }
+
+    /// Records that peer `id` gave us a block that moved our tip.
+    pub fn note_block(&self, id: PeerId) {
+        if let Some(e) = lock(&self.peers).get_mut(&id) {
+            e.last_block = Some(Instant::now());
+        }
+    }
+
+    /// Picks an inbound peer to evict for a new inbound connection, or
+    /// `None` when every candidate is protected. Core's
+    /// `SelectNodeToEvict` (net.cpp), simplified: protect the 8 lowest
+    /// pings, the 4 most recent block providers, then the older half by
+    /// uptime; prefer discouraged peers; evict the youngest peer of the
+    /// network group (IPv4 /16, IPv6 /32) with the most connections.
+    pub fn select_eviction(&self) -> Option<PeerId> {
+        struct Cand {
+            id: PeerId,
+            group: Vec<u8>,
+            connected_at: Instant,
+            min_ping: Option<Duration>,
+            last_block: Option<Instant>,
+            discouraged: bool,
+        }
+        let mut c: Vec<Cand> = {
+            let bans = lock(&self.bans);
+            lock(&self.peers)
+                .iter()
+                .filter(|(_, e)| e.inbound && !e.manual)
+                .map(|(id, e)| Cand {
+                    id: *id,
+                    group: netgroup(e.addr.ip()),
+                    connected_at: e.connected_at,
+                    min_ping: e.min_ping,
+                    last_block: e.last_block,
+                    discouraged: bans.is_banned(e.addr.ip()),
+                })
+                .collect()
+        };
+        // 8 lowest pings (peers never measured sort last and are not
+        // protected by this rule).
+        c.sort_by_key(|x| x.min_ping.unwrap_or(Duration::MAX));
+        let protect = c.iter().take(8).filter(|x| x.min_ping.is_some()).count();
+        c.drain(..protect);
+        // 4 most recent block providers.
+        c.sort_by_key(|x| std::cmp::Reverse(x.last_block));
+        let protect = c.iter().take(4).filter(|x| x.last_block.is_some()).count();
+        c.drain(..protect);
+        // The older half by uptime.
+        c.sort_by_key(|x| x.connected_at);
+        let protect = c.len() / 2;
+        c.drain(..protect);
+        if c.is_empty() {
+            return None;
+        }
+        if c.iter().any(|x| x.discouraged) {
+            c.retain(|x| x.discouraged);
+        }
+        let mut groups: HashMap<Vec<u8>, Vec<&Cand>> = HashMap::new();
+        for x in &c {
+            groups.entry(x.group.clone()).or_default().push(x);
+        }
+        // Largest group; ties go to the group with the youngest member.
+        let youngest = |g: &Vec<&Cand>| g.iter().map(|x| x.connected_at).max();
+        let group = groups
+            .values()
+            .max_by(|a, b| a.len().cmp(&b.len()).then(youngest(a).cmp(&youngest(b))))?;
+        group.iter().max_by_key(|x| x.connected_at).map(|x| x.id)
+    }
+
+    pub fn send_to(&self, id: PeerId, cmd: PeerCmd) {
+        if let Some(e) = lock(&self.peers).get(&id) {
+            let _ = e.tx.try_send(cmd);
+        }
+    }
+
+    fn counts(&self) -> (usize, usize) {
+        let peers = lock(&self.peers);
+        let inbound = peers.values().filter(|e| e.inbound).count();
+        (inbound, peers.len() - inbound)
+    }
+}
+
+/// Runs the P2P layer until `shutdown` becomes `true` (or its sender is
+/// dropped): listener, dialing, one task per peer. Peer tasks end with it;
+/// the address book is saved on the way out.
+///
+/// # Errors
+/// [`P2pError::Bind`] when the listen address cannot be bound. Nothing a
+/// peer does ends `run`.
+pub async fn run(
+    backend: Arc<dyn NodeBackend>,
+    config: P2pConfig,
+    control: P2pControl,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), P2pError> {
+    let P2pControl { mut cmd_rx, shared } = control;
+    let listener = match config.listen {
+        Some(addr) => {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|source| P2pError::Bind { addr, source })?;
+            let local = l
+                .local_addr()
+                .map_err(|source| P2pError::Bind { addr, source })?;
+            info!(%local, "p2p listening");
+            shared.local_addr.send_replace(Some(local));
+            Some(l)
+        }
+        None => None,
+    };
+    let net = Arc::new(Net::new(backend, config, shared));
+    let mut tasks = JoinSet::new();
+    let mut connecting: HashSet<SocketAddr> = HashSet::new();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(SocketAddr, DialEvent)>();
+    let mut retry: HashMap<SocketAddr, (Instant, Duration)> = HashMap::new();
+    let mut tick = tokio::time::interval(net.config.timeouts.maintenance);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_save = Instant::now();
+
+    let mut last_seed: Option<Instant> = None;
+
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        tokio::select! {
+            accepted = accept(&listener) => {
+                match accepted {
+                    Ok((stream, addr)) => on_inbound(&net, &mut tasks, &shutdown, stream, addr),
+                    Err(e) => {
+                        warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+            Some((addr, event)) = done_rx.recv() => {
+                let manual = net.config.connect.contains(&addr) || net.config.addnode.contains(&addr);
+                let grow = |retry: &HashMap<SocketAddr, (Instant, Duration)>| {
+                    retry.get(&addr).map(|(_, d)| (*d * 2).min(MAX_BACKOFF)).unwrap_or(MIN_BACKOFF)
+                };
+                let backoff = match event {
+                    DialEvent::Connected => {
+                        connecting.remove(&addr);
+                        None
+                    }
+                    DialEvent::Failed => {
+                        connecting.remove(&addr);
+                        Some(grow(&retry))
+                    }
+                    // A session that ended quickly (the peer refuses us, or
+                    // we it) backs off like a failure; a long one resets.
+                    DialEvent::Ended(lasted) if lasted < Duration::from_secs(10) => Some(grow(&retry)),
+                    DialEvent::Ended(_) => Some(MIN_BACKOFF),
+                };
+                if let (true, Some(b)) = (manual, backoff) {
+                    retry.insert(addr, (Instant::now() + b, b));
+                }
+            }
+            cmd = cmd_rx.recv() => match cmd {
+                Some(NetCommand::AnnounceTip) => net.broadcast(|| PeerCmd::AnnounceTip),
+                Some(NetCommand::RelayTx(tx)) => {
+                    {
+                        let mut recent = lock(&net.recent_txs);
+                        recent.push_back(tx.clone());
+                        while recent.len() > RECENT_TXS {
+                            recent.pop_front();
+                        }
+                    }
+                    net.broadcast(|| PeerCmd::RelayTx(tx.clone()));
+                }
+                None => {}
+            },
+            _ = tick.tick() => {
+                maintain_outbound(&net, &mut tasks, &shutdown, &mut connecting, &mut retry, &done_tx);
+                // DNS seeds at start, and again every 5 min while the book
+                // stays small (all its entries may have failed and gone).
+                if net.config.connect.is_empty()
+                    && net.config.dns_seeds
+                    && !net.backend.params().dns_seeds.is_empty()
+                    && last_seed.map_or(true, |t: Instant| t.elapsed() > SEED_INTERVAL)
+                    && lock(&net.addrs).len() < 100
+                {
+                    last_seed = Some(Instant::now());
+                    let n = net.clone();
+                    tasks.spawn(async move { seed_from_dns(n).await });
+                }
+                if last_save.elapsed() > Duration::from_secs(300) {
+                    last_save = Instant::now();
+                    save_book(&net).await;
+                }
+            }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            changed = shutdown.changed() => {
+                if changed.is_err() {
+                    // The sender is gone: nobody can stop us any more, stop now.
+                    break;
+                }
+            }
+        }
+    }
+    info!("p2p shutting down");
+    net.broadcast(|| PeerCmd::Shutdown);
+    let drain = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(5), drain)
+        .await
+        .is_err()
+    {
+        tasks.abort_all();
+    }
+    save_book(&net).await;
+    Ok(())
+}
+
+async fn accept(l: &Option<TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match l {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn save_book(net: &Arc<Net>) {
+    let Some(path) = net.config.addr_file.clone() else {
+        return;
+    };
+    let n = net.clone();
+    let res = tokio::task::spawn_blocking(move || lock(&n.addrs).save(&path)).await;
+    match res {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "saving the address book failed"),
+        Err(e) => warn!(error = %e, "address book save task failed"),
+    }
+}
+
+fn on_inbound(
+    net: &Arc<Net>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+    stream: TcpStream,
+    addr: SocketAddr,
+) {
+    let ip = addr.ip();
+    let (inbound, outbound) = net.counts();
+    // Core's discouragement (net.cpp `CreateNodeFromAcceptedSocket`): a
+    // discouraged address gets an inbound slot only if it would not take
+    // the last one.
+    if net.is_banned(ip) && inbound + 1 >= net.config.max_inbound {
+        debug!(peer = %addr, "refusing discouraged address");
+        return;
+    }
+    let same_ip = lock(&net.peers)
+        .values()
+        .filter(|e| e.addr.ip() == ip)
+        .count();
+    if same_ip >= net.config.per_ip_limit {
+        debug!(peer = %addr, same_ip, "refusing inbound: per-IP limit");
+        return;
+    }
+    if inbound >= net.config.max_inbound || inbound + outbound >= net.config.max_total {
+        match net.select_eviction() {
+            Some(victim) => {
+                debug!(peer = %addr, victim, "inbound slots full: evicting a peer");
+                net.send_to(victim, PeerCmd::Disconnect(peer::Disconnect::Evicted));
+            }
+            None => {
+                debug!(peer = %addr, inbound, "refusing inbound: slots full, all protected");
+                return;
+            }
+        }
+    }
+    let (id, rx) = net.register(addr, true, false);
+    let n = net.clone();
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        peer::run_peer(n, stream, addr, id, true, rx, sd)
+            .instrument(info_span!("peer", peer = %addr, id))
+            .await;
+    });
+}
+
+fn maintain_outbound(
+    net: &Arc<Net>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+    connecting: &mut HashSet<SocketAddr>,
+    retry: &mut HashMap<SocketAddr, (Instant, Duration)>,
+    done_tx: &mpsc::UnboundedSender<(SocketAddr, DialEvent)>,
+) {
+    let connected: HashSet<SocketAddr> = lock(&net.peers).values().map(|e| e.addr).collect();
+    let now = Instant::now();
+    let manual: Vec<SocketAddr> = net
+        .config
+        .connect
+        .iter()
+        .chain(net.config.addnode.iter())
+        .copied()
+        .collect();
+    for addr in manual {
+        if connected.contains(&addr) || connecting.contains(&addr) {
+            continue;
+        }
+        if matches!(retry.get(&addr), Some((at, _)) if *at > now) {
+            continue;
+        }
+        dial(net, tasks, shutdown, connecting, done_tx, addr, true);
+    }
+    if !net.config.connect.is_empty() {
+        return;
+    }
+    let (inbound, _) = net.counts();
+    let auto_out = lock(&net.peers)
+        .values()
+        .filter(|e| !e.inbound && !e.manual)
+        .count();
+    let pending = connecting.len();
+    if auto_out + pending >= net.config.max_outbound_full_relay
+        || inbound + auto_out + pending >= net.config.max_total
+    {
+        return;
+    }
+    let mut exclude = connected;
+    exclude.extend(connecting.iter().copied());
+    let pick = {
+        let mut bans = lock(&net.bans);
+        bans.purge_expired();
+        lock(&net.addrs).select(&exclude, |ip| bans.is_banned(ip))
+    };
+    if let Some(addr) = pick {
+        dial(net, tasks, shutdown, connecting, done_tx, addr, false);
+    }
+}
+
+fn dial(
+    net: &Arc<Net>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+    connecting: &mut HashSet<SocketAddr>,
+    done_tx: &mpsc::UnboundedSender<(SocketAddr, DialEvent)>,
+    addr: SocketAddr,
+    manual: bool,
+) {
+    connecting.insert(addr);
+    let n = net.clone();
+    let sd = shutdown.clone();
+    let done = done_tx.clone();
+    tasks.spawn(async move {
+        let conn = tokio::time::timeout(n.config.timeouts.connect, TcpStream::connect(addr)).await;
+        match conn {
+            Ok(Ok(stream)) => {
+                let (id, rx) = n.register(addr, false, manual);
+                let _ = done.send((addr, DialEvent::Connected));
+                let started = Instant::now();
+                peer::run_peer(n, stream, addr, id, false, rx, sd)
+                    .instrument(info_span!("peer", peer = %addr, id))
+                    .await;
+                let _ = done.send((addr, DialEvent::Ended(started.elapsed())));
+            }
+            _ => {
+                debug!(peer = %addr, "connect failed");
+                lock(&n.addrs).mark_failed(addr);
+                let _ = done.send((addr, DialEvent::Failed));
+            }
+        }
+    });
+}
+
+async fn seed_from_dns(net: Arc<Net>) {
+    let port = net.backend.params().p2p_port;
+    for seed in net.backend.params().dns_seeds {
+        let lookup = tokio::net::lookup_host((*seed, port));
+        match tokio::time::timeout(Duration::from_secs(10), lookup).await {
+            Ok(Ok(addrs)) => {
+                let mut book = lock(&net.addrs);
+                let mut n = 0;
+                for a in addrs.take(256) {
+                    // NODE_NETWORK | NODE_WITNESS: what seeds filter for.
+                    book.add(a, 1 | 8, None);
+                    n += 1;
+                }
+                info!(seed, addresses = n, "dns seed answered");
+            }
+            Ok(Err(e)) => debug!(seed, error = %e, "dns seed failed"),
+            Err(_) => debug!(seed, "dns seed timed out"),
+        }
+    }
+}
+
+/// Network group of an address for eviction: IPv4 /16, IPv6 /32
+/// (IPv4-mapped IPv6 as IPv4), as Core's `NetGroupManager` without ASmap.
+fn netgroup(ip: IpAddr) -> Vec<u8> {
+    let ip = match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) => vec![4, v4.octets()[0], v4.octets()[1]],
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            vec![6, o[0], o[1], o[2], o[3]]
+        }
+    }
+}

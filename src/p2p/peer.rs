@@ -1,0 +1,1227 @@
+//! One peer: a reader task feeding decoded messages into a small channel,
+//! and the peer task proper, a `select!` over messages, commands from the
+//! network and a one-second tick. Handshake, serving, header sync and block
+//! download for that peer live here.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bitcoin::block::Header;
+use bitcoin::consensus::{deserialize, serialize};
+use bitcoin::hashes::Hash;
+use bitcoin::p2p::address::{AddrV2, AddrV2Message, Address};
+use bitcoin::p2p::message::NetworkMessage;
+use bitcoin::p2p::message_blockdata::{GetHeadersMessage, Inventory};
+use bitcoin::p2p::message_filter::{
+    CFCheckpt, CFHeaders, CFilter, GetCFCheckpt, GetCFHeaders, GetCFilters,
+};
+use bitcoin::p2p::message_network::VersionMessage;
+use bitcoin::p2p::ServiceFlags;
+use bitcoin::{Block, BlockHash, Transaction};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+use super::backend::*;
+use super::codec::{self, CodecError, MAX_HEADERS};
+use super::net::{lock, Net};
+use super::sync::{PeerId, DOWNLOAD_WINDOW, MAX_IN_FLIGHT_PER_PEER};
+use super::{PROTOCOL_VERSION, SENDHEADERS_VERSION, WTXID_RELAY_VERSION};
+
+/// Maximum blocks per `getcfilters` (BIP157 `MAX_GETCFILTERS_SIZE`).
+pub const MAX_GETCFILTERS: u32 = 1_000;
+/// Maximum filter headers per `getcfheaders` (BIP157 `MAX_GETCFHEADERS_SIZE`).
+pub const MAX_GETCFHEADERS: u32 = 2_000;
+/// Unconnecting `headers` messages tolerated in a row (Core's
+/// `MAX_NUM_UNCONNECTING_HEADERS_MSGS`).
+pub const MAX_UNCONNECTING_HEADERS: u32 = 10;
+/// Headers sent in a `headers` announcement before falling back to `inv`
+/// (Core's `MAX_BLOCKS_TO_ANNOUNCE`).
+pub const MAX_BLOCKS_TO_ANNOUNCE: usize = 8;
+/// How long an unanswered `getheaders` excuses unconnecting `headers`.
+const GETHEADERS_ANSWER_WAIT: Duration = Duration::from_secs(60);
+/// Bytes gathered before a write when sending many messages.
+const WRITE_BATCH: usize = 1 << 20;
+/// Blocks listed in answer to `getblocks` (Core: 500).
+pub const MAX_GETBLOCKS: usize = 500;
+
+/// Commands from the network to a peer task.
+pub(crate) enum PeerCmd {
+    AnnounceTip,
+    RelayTx(Arc<Transaction>),
+    Disconnect(Disconnect),
+    Shutdown,
+}
+
+/// A rule the peer broke. The peer is disconnected and its IP discouraged.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Misbehaviour {
+    /// A message the codec refused.
+    #[error("bad message: {0}")]
+    Codec(#[source] CodecError),
+    /// A message other than version before the handshake.
+    #[error("{command} before version")]
+    BeforeVersion {
+        /// The command.
+        command: &'static str,
+    },
+    /// A second `version`.
+    #[error("duplicate version")]
+    DuplicateVersion,
+    /// `wtxidrelay` or `sendaddrv2` after `verack` (BIP339, BIP155).
+    #[error("{command} after verack")]
+    LateNegotiation {
+        /// The command.
+        command: &'static str,
+    },
+    /// Headers refused by the node.
+    #[error("headers refused: {0}")]
+    Headers(#[source] HeadersError),
+    /// Too many unconnecting `headers` messages in a row.
+    #[error("{count} unconnecting headers messages in a row")]
+    Unconnecting {
+        /// Messages in a row.
+        count: u32,
+    },
+    /// A block refused as invalid.
+    #[error("invalid block: {0}")]
+    Block(#[source] SubmitError),
+    /// A filter request for a type other than basic (0).
+    #[error("{command}: unsupported filter type {filter_type}")]
+    FilterType {
+        /// The command.
+        command: &'static str,
+        /// The type asked.
+        filter_type: u8,
+    },
+    /// A filter request spanning too many blocks, or start above stop.
+    #[error("{command}: start {start_height}, stop height {stop_height}, limit {max}")]
+    FilterRange {
+        /// The command.
+        command: &'static str,
+        /// Requested start height.
+        start_height: u32,
+        /// Height of the stop block.
+        stop_height: u32,
+        /// The limit in blocks.
+        max: u32,
+    },
+}
+
+/// Why a peer connection ended.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Disconnect {
+    /// The peer broke a rule: disconnected and discouraged.
+    #[error("misbehaviour: {0}")]
+    Misbehaving(#[source] Misbehaviour),
+    /// The socket closed or failed.
+    #[error("connection closed: {0}")]
+    Io(#[source] std::io::Error),
+    /// version/verack not done in time.
+    #[error("handshake timeout")]
+    HandshakeTimeout,
+    /// The peer speaks a protocol older than we accept.
+    #[error("obsolete protocol version {0}")]
+    ObsoleteVersion(u32),
+    /// We connected to ourselves.
+    #[error("connected to self")]
+    SelfConnection,
+    /// Ping not answered in time.
+    #[error("ping timeout")]
+    PingTimeout,
+    /// Our writes did not drain in time (slow reader).
+    #[error("write timeout (slow reader)")]
+    WriteTimeout,
+    /// The header-sync peer did not answer in time.
+    #[error("headers sync timeout")]
+    HeadersTimeout,
+    /// The peer held the block download window past the stall timeout.
+    #[error("stalling block download")]
+    Stalling,
+    /// A block request went unanswered too long.
+    #[error("block request timeout")]
+    BlockTimeout,
+    /// Evicted to make room for a new inbound peer (inbound slots full).
+    #[error("evicted for a new inbound peer")]
+    Evicted,
+    /// The node is shutting down.
+    #[error("shutdown")]
+    Shutdown,
+}
+
+impl Disconnect {
+    fn discourage(&self) -> bool {
+        matches!(self, Disconnect::Misbehaving(_))
+    }
+}
+
+fn misbehaving(m: Misbehaviour) -> Disconnect {
+    Disconnect::Misbehaving(m)
+}
+
+async fn reader_loop(
+    mut rd: OwnedReadHalf,
+    magic: bitcoin::p2p::Magic,
+    body_timeout: Duration,
+    tx: mpsc::Sender<Result<NetworkMessage, CodecError>>,
+) {
+    loop {
+        let res = codec::read_message(&mut rd, magic, body_timeout).await;
+        let stop = res.is_err();
+        if tx.send(res).await.is_err() || stop {
+            return;
+        }
+    }
+}
+
+/// Runs one peer to the end: handshake, message loop, cleanup (download
+/// slots released, IP discouraged on misbehaviour).
+pub(crate) async fn run_peer(
+    net: Arc<Net>,
+    stream: TcpStream,
+    addr: SocketAddr,
+    id: PeerId,
+    inbound: bool,
+    cmd_rx: mpsc::Receiver<PeerCmd>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (rd, wr) = stream.into_split();
+    // One decoded message waits here while the reader reads the next: at
+    // most ~2 payloads (≤ 8 MB) buffered per peer; TCP back-pressure does
+    // the rest (Core bounds its receive buffer per peer likewise).
+    let (msg_tx, msg_rx) = mpsc::channel(1);
+    let reader = tokio::spawn(reader_loop(
+        rd,
+        net.magic,
+        net.config.timeouts.message_body,
+        msg_tx,
+    ));
+    let mut peer = Peer::new(net.clone(), wr, addr, id, inbound);
+    let reason = peer.run(msg_rx, cmd_rx, shutdown).await;
+    reader.abort();
+    if let Some(n) = peer.our_nonce {
+        lock(&net.our_nonces).remove(&n);
+    }
+    if reason.discourage() {
+        warn!(peer = %addr, id, %reason, "disconnecting and discouraging peer");
+        net.ban(addr.ip());
+    } else {
+        debug!(peer = %addr, id, %reason, "peer disconnected");
+    }
+    net.unregister(id);
+}
+
+struct Peer {
+    net: Arc<Net>,
+    wr: OwnedWriteHalf,
+    addr: SocketAddr,
+    id: PeerId,
+    inbound: bool,
+    version: Option<VersionMessage>,
+    verack: bool,
+    our_nonce: Option<u64>,
+    our_services: ServiceFlags,
+    send_headers: bool,
+    wtxid_relay: bool,
+    addrv2: bool,
+    fee_filter: i64,
+    ping: Option<(u64, Instant)>,
+    last_ping: Instant,
+    /// Best height the peer is known to have.
+    best_height: u32,
+    best_hash: Option<BlockHash>,
+    last_announced: Option<BlockHash>,
+    /// A block whose header the peer is known to have (it sent it, or we
+    /// sent it in `headers`): the base of `headers` announcements.
+    peer_has: Option<BlockHash>,
+    /// When our last `getheaders` to this peer left, until answered.
+    getheaders_at: Option<Instant>,
+    unconnecting: u32,
+    not_found: HashSet<BlockHash>,
+    sent_getaddr_answer: bool,
+}
+
+impl Peer {
+    fn new(net: Arc<Net>, wr: OwnedWriteHalf, addr: SocketAddr, id: PeerId, inbound: bool) -> Self {
+        Peer {
+            net,
+            wr,
+            addr,
+            id,
+            inbound,
+            version: None,
+            verack: false,
+            our_nonce: None,
+            our_services: ServiceFlags::NONE,
+            send_headers: false,
+            wtxid_relay: false,
+            addrv2: false,
+            fee_filter: 0,
+            ping: None,
+            last_ping: Instant::now(),
+            best_height: 0,
+            best_hash: None,
+            last_announced: None,
+            peer_has: None,
+            getheaders_at: None,
+            unconnecting: 0,
+            not_found: HashSet::new(),
+            sent_getaddr_answer: false,
+        }
+    }
+
+    fn backend(&self) -> Arc<dyn NodeBackend> {
+        self.net.backend.clone()
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> Result<(), Disconnect> {
+        match tokio::time::timeout(self.net.config.timeouts.write, self.wr.write_all(bytes)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Disconnect::Io(e)),
+            Err(_) => Err(Disconnect::WriteTimeout),
+        }
+    }
+
+    async fn send(&mut self, msg: NetworkMessage) -> Result<(), Disconnect> {
+        let bytes = codec::encode_message(self.net.magic, msg);
+        self.write(&bytes).await
+    }
+
+    /// Sends several messages, batched into writes of about
+    /// [`WRITE_BATCH`] bytes (few syscalls, bounded extra memory).
+    async fn send_all(&mut self, msgs: Vec<NetworkMessage>) -> Result<(), Disconnect> {
+        let mut buf = Vec::new();
+        for m in msgs {
+            buf.extend(codec::encode_message(self.net.magic, m));
+            if buf.len() >= WRITE_BATCH {
+                self.write(&buf).await?;
+                buf.clear();
+            }
+        }
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.write(&buf).await
+    }
+
+    async fn run(
+        &mut self,
+        mut msg_rx: mpsc::Receiver<Result<NetworkMessage, CodecError>>,
+        mut cmd_rx: mpsc::Receiver<PeerCmd>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Disconnect {
+        match self
+            .handshake(&mut msg_rx, &mut cmd_rx, &mut shutdown)
+            .await
+        {
+            Ok(()) => {}
+            Err(d) => return d,
+        }
+        if let Err(d) = self.after_handshake().await {
+            return d;
+        }
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let res = tokio::select! {
+                m = msg_rx.recv() => match m {
+                    Some(Ok(msg)) => self.on_message(msg).await,
+                    Some(Err(e)) => Err(codec_disconnect(e)),
+                    None => Err(Disconnect::Io(std::io::ErrorKind::UnexpectedEof.into())),
+                },
+                c = cmd_rx.recv() => match c {
+                    Some(cmd) => self.on_command(cmd).await,
+                    None => Err(Disconnect::Shutdown),
+                },
+                _ = tick.tick() => self.on_tick().await,
+                _ = shutdown.changed() => Err(Disconnect::Shutdown),
+            };
+            if let Err(d) = res {
+                return d;
+            }
+            if *shutdown.borrow() {
+                return Disconnect::Shutdown;
+            }
+        }
+    }
+
+    fn version_message(&mut self) -> VersionMessage {
+        let mut services = ServiceFlags::NETWORK | ServiceFlags::WITNESS;
+        if self.net.backend.filter_index_synced() {
+            services |= ServiceFlags::COMPACT_FILTERS;
+        }
+        self.our_services = services;
+        let mut nonce = [0u8; 8];
+        let _ = getrandom::getrandom(&mut nonce);
+        let nonce = u64::from_le_bytes(nonce);
+        self.our_nonce = Some(nonce);
+        lock(&self.net.our_nonces).insert(nonce);
+        let (height, _) = self.net.backend.tip();
+        let timestamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
+        VersionMessage {
+            version: PROTOCOL_VERSION,
+            services,
+            timestamp,
+            receiver: Address::new(&self.addr, ServiceFlags::NONE),
+            sender: Address::new(&unspecified, services),
+            nonce,
+            user_agent: self.net.config.user_agent.clone(),
+            start_height: height as i32,
+            // We keep no mempool: ask peers not to send transactions.
+            relay: false,
+        }
+    }
+
+    async fn handshake(
+        &mut self,
+        msg_rx: &mut mpsc::Receiver<Result<NetworkMessage, CodecError>>,
+        cmd_rx: &mut mpsc::Receiver<PeerCmd>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), Disconnect> {
+        let deadline = tokio::time::Instant::now() + self.net.config.timeouts.handshake;
+        if !self.inbound {
+            let v = self.version_message();
+            self.send(NetworkMessage::Version(v)).await?;
+        }
+        while self.version.is_none() || !self.verack {
+            let msg = tokio::select! {
+                m = msg_rx.recv() => match m {
+                    Some(Ok(m)) => m,
+                    Some(Err(e)) => return Err(codec_disconnect(e)),
+                    None => return Err(Disconnect::Io(std::io::ErrorKind::UnexpectedEof.into())),
+                },
+                c = cmd_rx.recv() => match c {
+                    Some(PeerCmd::Disconnect(d)) => return Err(d),
+                    Some(PeerCmd::Shutdown) | None => return Err(Disconnect::Shutdown),
+                    Some(_) => continue,
+                },
+                _ = tokio::time::sleep_until(deadline) => return Err(Disconnect::HandshakeTimeout),
+                _ = shutdown.changed() => return Err(Disconnect::Shutdown),
+            };
+            match msg {
+                NetworkMessage::Version(v) => {
+                    if self.version.is_some() {
+                        return Err(misbehaving(Misbehaviour::DuplicateVersion));
+                    }
+                    if v.version < super::MIN_PEER_PROTOCOL_VERSION {
+                        return Err(Disconnect::ObsoleteVersion(v.version));
+                    }
+                    if self.inbound && lock(&self.net.our_nonces).contains(&v.nonce) {
+                        return Err(Disconnect::SelfConnection);
+                    }
+                    self.best_height = v.start_height.max(0) as u32;
+                    if let Some(info) = lock(&self.net.shared.peers).get_mut(&self.id) {
+                        info.services = v.services.to_u64();
+                        info.user_agent = v.user_agent.chars().take(256).collect();
+                        info.start_height = v.start_height;
+                    }
+                    let their_version = v.version;
+                    self.version = Some(v);
+                    if self.inbound {
+                        let ours = self.version_message();
+                        self.send(NetworkMessage::Version(ours)).await?;
+                    }
+                    let mut msgs = Vec::new();
+                    if their_version >= WTXID_RELAY_VERSION {
+                        msgs.push(NetworkMessage::WtxidRelay);
+                    }
+                    msgs.push(NetworkMessage::SendAddrV2);
+                    msgs.push(NetworkMessage::Verack);
+                    self.send_all(msgs).await?;
+                }
+                NetworkMessage::Verack => {
+                    if self.version.is_none() {
+                        return Err(misbehaving(Misbehaviour::BeforeVersion {
+                            command: "verack",
+                        }));
+                    }
+                    self.verack = true;
+                }
+                NetworkMessage::WtxidRelay if self.version.is_some() => self.wtxid_relay = true,
+                NetworkMessage::SendAddrV2 if self.version.is_some() => self.addrv2 = true,
+                NetworkMessage::Unknown { .. } => {}
+                other => {
+                    if self.version.is_none() {
+                        return Err(misbehaving(Misbehaviour::BeforeVersion {
+                            command: other.cmd(),
+                        }));
+                    }
+                    // Core ignores other messages before verack.
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn after_handshake(&mut self) -> Result<(), Disconnect> {
+        let their_version = self.version.as_ref().map(|v| v.version).unwrap_or(0);
+        info!(peer = %self.addr, id = self.id, inbound = self.inbound, version = their_version,
+              height = self.best_height, "peer connected");
+        let services = self
+            .version
+            .as_ref()
+            .map(|v| v.services.to_u64())
+            .unwrap_or(0);
+        lock(&self.net.addrs).mark_good(self.addr, services);
+        let mut msgs = Vec::new();
+        if their_version >= SENDHEADERS_VERSION {
+            msgs.push(NetworkMessage::SendHeaders);
+        }
+        if !self.inbound && self.net.config.connect.is_empty() {
+            msgs.push(NetworkMessage::GetAddr);
+        }
+        msgs.push(NetworkMessage::Ping(self.new_ping_nonce()));
+        self.send_all(msgs).await?;
+        self.maybe_start_header_sync().await?;
+        Ok(())
+    }
+
+    fn new_ping_nonce(&mut self) -> u64 {
+        let mut nonce = [0u8; 8];
+        let _ = getrandom::getrandom(&mut nonce);
+        let n = u64::from_le_bytes(nonce);
+        self.ping = Some((n, Instant::now()));
+        self.last_ping = Instant::now();
+        n
+    }
+
+    fn locator(&self) -> Vec<BlockHash> {
+        let mut loc = self.net.backend.locator();
+        loc.truncate(101);
+        loc
+    }
+
+    async fn send_getheaders(&mut self, locator: Vec<BlockHash>) -> Result<(), Disconnect> {
+        let msg = GetHeadersMessage::new(locator, BlockHash::all_zeros());
+        self.getheaders_at = Some(Instant::now());
+        self.send(NetworkMessage::GetHeaders(msg)).await
+    }
+
+    /// Starts the initial header sync with this peer when it claims more
+    /// than our best header and no other peer is doing it.
+    async fn maybe_start_header_sync(&mut self) -> Result<(), Disconnect> {
+        let (best, _) = self.net.backend.best_header_tip();
+        if self.best_height <= best || !self.is_full_node() {
+            return Ok(());
+        }
+        {
+            let mut hs = lock(&self.net.header_sync);
+            if hs.is_some() {
+                return Ok(());
+            }
+            *hs = Some((self.id, Instant::now()));
+        }
+        debug!(peer = %self.addr, from = best, to = self.best_height, "starting header sync");
+        let loc = self.locator();
+        self.send_getheaders(loc).await
+    }
+
+    fn is_full_node(&self) -> bool {
+        self.version.as_ref().is_some_and(|v| {
+            v.services.has(ServiceFlags::NETWORK) && v.services.has(ServiceFlags::WITNESS)
+        })
+    }
+
+    async fn on_command(&mut self, cmd: PeerCmd) -> Result<(), Disconnect> {
+        match cmd {
+            PeerCmd::AnnounceTip => self.announce_tip().await,
+            PeerCmd::RelayTx(tx) => {
+                let relay = self.version.as_ref().is_some_and(|v| v.relay);
+                if !relay {
+                    return Ok(());
+                }
+                let inv = if self.wtxid_relay {
+                    Inventory::WTx(tx.compute_wtxid())
+                } else {
+                    Inventory::Transaction(tx.compute_txid())
+                };
+                self.send(NetworkMessage::Inv(vec![inv])).await
+            }
+            PeerCmd::Disconnect(d) => Err(d),
+            PeerCmd::Shutdown => Err(Disconnect::Shutdown),
+        }
+    }
+
+    async fn announce_tip(&mut self) -> Result<(), Disconnect> {
+        let (height, tip) = self.net.backend.tip();
+        let (best_height, _) = self.net.backend.best_header_tip();
+        // Catching up (initial download): announce nothing, as Core. Like
+        // Core's `IsInitialBlockDownload` this latches: once caught up, a
+        // peer feeding us a higher header chain it never delivers cannot
+        // silence our announcements.
+        if height < best_height && !self.net.caught_up.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.net.caught_up.store(true, Ordering::Relaxed);
+        if self.last_announced == Some(tip) || self.best_hash == Some(tip) {
+            return Ok(());
+        }
+        self.last_announced = Some(tip);
+        if self.send_headers {
+            // Headers only if they connect to a header the peer has (an
+            // `inv` we sent does not count: the peer may not have fetched
+            // it yet, and unconnecting headers are penalised).
+            if let Some(since) = self.peer_has {
+                let b = self.backend();
+                let headers =
+                    blocking(move || b.headers_after(&[since], tip, MAX_BLOCKS_TO_ANNOUNCE + 1))
+                        .await
+                        .unwrap_or_default();
+                if !headers.is_empty()
+                    && headers.len() <= MAX_BLOCKS_TO_ANNOUNCE
+                    && headers.last().map(|h| h.block_hash()) == Some(tip)
+                {
+                    self.peer_has = Some(tip);
+                    return self.send(NetworkMessage::Headers(headers)).await;
+                }
+            }
+        }
+        self.send(NetworkMessage::Inv(vec![Inventory::Block(tip)]))
+            .await
+    }
+
+    async fn on_tick(&mut self) -> Result<(), Disconnect> {
+        let t = self.net.config.timeouts.clone();
+        let now = Instant::now();
+        match self.ping {
+            Some((_, sent)) if now.duration_since(sent) > t.ping_timeout => {
+                return Err(Disconnect::PingTimeout)
+            }
+            None if now.duration_since(self.last_ping) > t.ping_interval => {
+                let n = self.new_ping_nonce();
+                self.send(NetworkMessage::Ping(n)).await?;
+            }
+            _ => {}
+        }
+        let sync_stalled = {
+            let hs = lock(&self.net.header_sync);
+            matches!(*hs, Some((p, since)) if p == self.id && now.duration_since(since) > t.headers_response)
+        };
+        if sync_stalled {
+            return Err(Disconnect::HeadersTimeout);
+        }
+        if lock(&self.net.sched)
+            .oldest_wait(self.id, now)
+            .is_some_and(|w| w > t.block_request)
+        {
+            return Err(Disconnect::BlockTimeout);
+        }
+        self.maybe_start_header_sync().await?;
+        self.request_blocks().await
+    }
+
+    /// Fills this peer's download slots from the window; detects a staller.
+    async fn request_blocks(&mut self) -> Result<(), Disconnect> {
+        let (tip_height, _) = self.net.backend.tip();
+        if !self.is_full_node() || self.best_height <= tip_height {
+            return Ok(());
+        }
+        let window = self.net.backend.blocks_to_fetch(DOWNLOAD_WINDOW);
+        if window.is_empty() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let (assigned, staller) = {
+            let mut sched = lock(&self.net.sched);
+            // Only blocks the peer can have: at or below the height it is
+            // known to have (Core's `pindexBestKnownBlock`, by height), and
+            // not ones it said it does not have. Core sends no `notfound`
+            // for blocks, so asking a lagging peer would only stall.
+            let backend = &self.net.backend;
+            let peer_height = self.best_height;
+            let assigned = sched.assign(
+                self.id,
+                &window,
+                |h| {
+                    self.not_found.contains(h)
+                        || !matches!(backend.block_height(h), Some(x) if x <= peer_height)
+                },
+                now,
+            );
+            let mut staller = None;
+            let (best, _) = self.net.backend.best_header_tip();
+            let window_limits = best > tip_height + DOWNLOAD_WINDOW as u32;
+            if assigned.is_empty()
+                && sched.in_flight_of(self.id) < MAX_IN_FLIGHT_PER_PEER
+                && window_limits
+            {
+                staller = sched.staller(&window, now).filter(|p| *p != self.id);
+                if staller.is_some() {
+                    sched.on_stall();
+                }
+            }
+            (assigned, staller)
+        };
+        if let Some(p) = staller {
+            warn!(
+                staller = p,
+                "block download stalled; disconnecting the staller"
+            );
+            self.net
+                .send_to(p, PeerCmd::Disconnect(Disconnect::Stalling));
+        }
+        if assigned.is_empty() {
+            return Ok(());
+        }
+        let inv = assigned.into_iter().map(Inventory::WitnessBlock).collect();
+        self.send(NetworkMessage::GetData(inv)).await
+    }
+
+    async fn on_message(&mut self, msg: NetworkMessage) -> Result<(), Disconnect> {
+        match msg {
+            NetworkMessage::Version(_) => Err(misbehaving(Misbehaviour::DuplicateVersion)),
+            NetworkMessage::Verack => Ok(()),
+            NetworkMessage::WtxidRelay => Err(misbehaving(Misbehaviour::LateNegotiation {
+                command: "wtxidrelay",
+            })),
+            NetworkMessage::SendAddrV2 => Err(misbehaving(Misbehaviour::LateNegotiation {
+                command: "sendaddrv2",
+            })),
+            NetworkMessage::SendHeaders => {
+                self.send_headers = true;
+                Ok(())
+            }
+            NetworkMessage::FeeFilter(rate) => {
+                self.fee_filter = rate;
+                Ok(())
+            }
+            NetworkMessage::Ping(n) => self.send(NetworkMessage::Pong(n)).await,
+            NetworkMessage::Pong(n) => {
+                if let Some((nonce, sent)) = self.ping {
+                    if nonce == n {
+                        self.net.note_ping(self.id, sent.elapsed());
+                        self.ping = None;
+                    }
+                }
+                Ok(())
+            }
+            NetworkMessage::GetHeaders(req) => self.on_getheaders(req).await,
+            NetworkMessage::GetBlocks(req) => {
+                let b = self.backend();
+                let headers = blocking(move || {
+                    b.headers_after(&req.locator_hashes, req.stop_hash, MAX_GETBLOCKS)
+                })
+                .await
+                .unwrap_or_default();
+                if headers.is_empty() {
+                    return Ok(());
+                }
+                let inv = headers
+                    .iter()
+                    .map(|h| Inventory::Block(h.block_hash()))
+                    .collect();
+                self.send(NetworkMessage::Inv(inv)).await
+            }
+            NetworkMessage::GetData(inv) => self.on_getdata(inv).await,
+            NetworkMessage::Headers(headers) => self.on_headers(headers).await,
+            NetworkMessage::Inv(inv) => self.on_inv(inv).await,
+            NetworkMessage::Block(block) => self.on_block(block).await,
+            NetworkMessage::NotFound(inv) => {
+                let mut sched = lock(&self.net.sched);
+                for i in inv {
+                    if let Inventory::Block(h) | Inventory::WitnessBlock(h) = i {
+                        sched.release(self.id, &h);
+                        if self.not_found.len() < 10_000 {
+                            self.not_found.insert(h);
+                        }
+                    }
+                }
+                Ok(())
+            }
+            NetworkMessage::GetCFilters(req) => self.on_getcfilters(req).await,
+            NetworkMessage::GetCFHeaders(req) => self.on_getcfheaders(req).await,
+            NetworkMessage::GetCFCheckpt(req) => self.on_getcfcheckpt(req).await,
+            NetworkMessage::GetAddr => self.on_getaddr().await,
+            NetworkMessage::Addr(list) => {
+                let mut book = lock(&self.net.addrs);
+                for (time, a) in list {
+                    if let Ok(sa) = a.socket_addr() {
+                        book.add(sa, a.services.to_u64(), Some(time));
+                    }
+                }
+                Ok(())
+            }
+            NetworkMessage::AddrV2(list) => {
+                let mut book = lock(&self.net.addrs);
+                for m in list {
+                    if let Ok(sa) = m.socket_addr() {
+                        book.add(sa, m.services.to_u64(), Some(m.time));
+                    }
+                }
+                Ok(())
+            }
+            // No mempool, no compact blocks, no BIP37: ignored.
+            _ => Ok(()),
+        }
+    }
+
+    async fn on_getheaders(&mut self, req: GetHeadersMessage) -> Result<(), Disconnect> {
+        if req.locator_hashes.is_empty() {
+            // Core answers with the stop block's header alone; we have no
+            // lookup of an arbitrary header here, so the request is ignored.
+            return Ok(());
+        }
+        let b = self.backend();
+        let headers = blocking(move || {
+            b.headers_after(&req.locator_hashes, req.stop_hash, MAX_HEADERS as usize)
+        })
+        .await
+        .unwrap_or_default();
+        if let Some(last) = headers.last() {
+            self.last_announced = Some(last.block_hash());
+            self.peer_has = Some(last.block_hash());
+        }
+        self.send(NetworkMessage::Headers(headers)).await
+    }
+
+    async fn on_getdata(&mut self, inv: Vec<Inventory>) -> Result<(), Disconnect> {
+        let mut not_found = Vec::new();
+        for item in inv {
+            match item {
+                Inventory::Block(h) | Inventory::WitnessBlock(h) => {
+                    let b = self.backend();
+                    let bytes = blocking(move || b.block_bytes(&h)).await.flatten();
+                    let Some(bytes) = bytes else {
+                        not_found.push(item);
+                        continue;
+                    };
+                    let payload = if matches!(item, Inventory::WitnessBlock(_)) {
+                        bytes
+                    } else {
+                        match strip_witness(&bytes) {
+                            Some(p) => p,
+                            None => {
+                                not_found.push(item);
+                                continue;
+                            }
+                        }
+                    };
+                    let frame = codec::encode_raw(self.net.magic, "block", &payload);
+                    self.write(&frame).await?;
+                }
+                Inventory::Transaction(txid) => {
+                    let tx = lock(&self.net.recent_txs)
+                        .iter()
+                        .find(|t| t.compute_txid() == txid)
+                        .cloned();
+                    match tx {
+                        Some(tx) => self.send(NetworkMessage::Tx((*tx).clone())).await?,
+                        None => not_found.push(item),
+                    }
+                }
+                Inventory::WTx(wtxid) => {
+                    let tx = lock(&self.net.recent_txs)
+                        .iter()
+                        .find(|t| t.compute_wtxid() == wtxid)
+                        .cloned();
+                    match tx {
+                        Some(tx) => self.send(NetworkMessage::Tx((*tx).clone())).await?,
+                        None => not_found.push(item),
+                    }
+                }
+                _ => not_found.push(item),
+            }
+        }
+        if !not_found.is_empty() {
+            self.send(NetworkMessage::NotFound(not_found)).await?;
+        }
+        Ok(())
+    }
+
+    async fn on_inv(&mut self, inv: Vec<Inventory>) -> Result<(), Disconnect> {
+        let mut unknown = false;
+        for item in inv {
+            if let Inventory::Block(h) | Inventory::WitnessBlock(h) = item {
+                match self.net.backend.block_height(&h) {
+                    Some(height) => {
+                        self.peer_has = Some(h);
+                        if height > self.best_height {
+                            self.best_height = height;
+                            self.best_hash = Some(h);
+                        }
+                    }
+                    None => unknown = true,
+                }
+            }
+        }
+        if unknown {
+            let loc = self.locator();
+            self.send_getheaders(loc).await?;
+        }
+        self.request_blocks().await
+    }
+
+    async fn on_headers(&mut self, headers: Vec<Header>) -> Result<(), Disconnect> {
+        let n = headers.len();
+        let Some(last) = headers.last().map(|h| h.block_hash()) else {
+            // Nothing beyond our locator: the peer's chain is no better than
+            // our best header, whatever its `version` claimed.
+            let (best, _) = self.net.backend.best_header_tip();
+            self.best_height = self.best_height.min(best);
+            self.getheaders_at = None;
+            self.end_header_sync();
+            return Ok(());
+        };
+        let b = self.backend();
+        let res = blocking(move || b.accept_headers(&headers)).await;
+        let Some(res) = res else { return Ok(()) };
+        match res {
+            Ok(out) => {
+                self.unconnecting = 0;
+                self.getheaders_at = None;
+                self.peer_has = Some(last);
+                if out.last_height >= self.best_height || (n as u64) < MAX_HEADERS {
+                    // A message that is not full ends at the peer's tip, so
+                    // this also corrects a height claimed too high in
+                    // `version` (else we would ask again every tick).
+                    self.best_height = out.last_height;
+                    self.best_hash = Some(last);
+                }
+                if n as u64 == MAX_HEADERS {
+                    if let Some((_, since)) = lock(&self.net.header_sync).as_mut() {
+                        *since = Instant::now();
+                    }
+                    let mut loc = vec![last];
+                    loc.extend(self.locator());
+                    loc.truncate(101);
+                    self.send_getheaders(loc).await?;
+                } else {
+                    self.end_header_sync();
+                }
+                self.request_blocks().await
+            }
+            Err(HeadersError::Unconnected { .. }) => {
+                // While our `getheaders` is unanswered, announcements racing
+                // it are expected not to connect: wait for the answer.
+                if self
+                    .getheaders_at
+                    .is_some_and(|t| t.elapsed() < GETHEADERS_ANSWER_WAIT)
+                {
+                    return Ok(());
+                }
+                self.unconnecting += 1;
+                if self.unconnecting > MAX_UNCONNECTING_HEADERS {
+                    return Err(misbehaving(Misbehaviour::Unconnecting {
+                        count: self.unconnecting,
+                    }));
+                }
+                let loc = self.locator();
+                self.send_getheaders(loc).await
+            }
+            Err(e @ (HeadersError::NotContinuous { .. } | HeadersError::Invalid { .. })) => {
+                Err(misbehaving(Misbehaviour::Headers(e)))
+            }
+            Err(HeadersError::BelowMinimumWork { last: below }) => {
+                // Presync: the node keeps bounded state for this chain and
+                // stores nothing yet; keep asking while the peer has more.
+                if n as u64 == MAX_HEADERS {
+                    if let Some((_, since)) = lock(&self.net.header_sync).as_mut() {
+                        *since = Instant::now();
+                    }
+                    self.send_getheaders(vec![below]).await
+                } else {
+                    debug!(peer = %self.addr, "peer's chain ends below the minimum chainwork");
+                    self.end_header_sync();
+                    Ok(())
+                }
+            }
+            Err(e) => {
+                warn!(peer = %self.addr, error = %e, "headers not stored");
+                self.end_header_sync();
+                Ok(())
+            }
+        }
+    }
+
+    fn end_header_sync(&self) {
+        let mut hs = lock(&self.net.header_sync);
+        if matches!(*hs, Some((p, _)) if p == self.id) {
+            *hs = None;
+        }
+    }
+
+    async fn on_block(&mut self, block: Block) -> Result<(), Disconnect> {
+        let hash = block.block_hash();
+        let requested = lock(&self.net.sched).received(self.id, &hash);
+        if !requested && self.net.backend.block_height(&hash).is_none() {
+            // Unsolicited block with an unknown header: its header must link.
+            let b = self.backend();
+            let header = block.header;
+            match blocking(move || b.accept_headers(&[header])).await {
+                Some(Ok(_)) => {}
+                Some(Err(HeadersError::Unconnected { .. })) | None => return Ok(()),
+                Some(Err(
+                    e @ (HeadersError::NotContinuous { .. } | HeadersError::Invalid { .. }),
+                )) => return Err(misbehaving(Misbehaviour::Headers(e))),
+                Some(Err(_)) => return Ok(()),
+            }
+        }
+        if !requested {
+            // Core processes an unrequested block only if it could extend
+            // the best chain; by height here (work is the node's business).
+            let (tip_height, _) = self.net.backend.tip();
+            if !matches!(self.net.backend.block_height(&hash), Some(h) if h > tip_height) {
+                debug!(peer = %self.addr, block_hash = %hash, "unrequested block below our tip; ignored");
+                return Ok(());
+            }
+        }
+        let b = self.backend();
+        match blocking(move || b.submit_block(block)).await {
+            Some(Ok(SubmitOutcome::NewTip { height, hash })) => {
+                self.net.note_block(self.id);
+                debug!(height, block_hash = %hash, "new tip");
+                self.net.broadcast(|| PeerCmd::AnnounceTip);
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e @ SubmitError::Invalid { .. })) => {
+                return Err(misbehaving(Misbehaviour::Block(e)))
+            }
+            Some(Err(e)) => {
+                warn!(peer = %self.addr, block_hash = %hash, error = %e, "block not stored")
+            }
+            None => {}
+        }
+        self.request_blocks().await
+    }
+
+    /// Checks a filter request: basic type, known stop, range within
+    /// `max`. `Ok(None)`: ignore (unknown stop hash: a race at the tip).
+    fn check_filter_request(
+        &self,
+        command: &'static str,
+        filter_type: u8,
+        start_height: u32,
+        stop: &BlockHash,
+        max: u32,
+    ) -> Result<Option<u32>, Disconnect> {
+        if filter_type != 0 {
+            return Err(misbehaving(Misbehaviour::FilterType {
+                command,
+                filter_type,
+            }));
+        }
+        let Some(stop_height) = self.net.backend.block_height(stop) else {
+            debug!(peer = %self.addr, command, stop = %stop, "unknown stop hash; ignored");
+            return Ok(None);
+        };
+        if start_height > stop_height || stop_height - start_height >= max {
+            return Err(misbehaving(Misbehaviour::FilterRange {
+                command,
+                start_height,
+                stop_height,
+                max,
+            }));
+        }
+        Ok(Some(stop_height))
+    }
+
+    fn filters_advertised(&self, command: &'static str) -> bool {
+        let ok = self.our_services.has(ServiceFlags::COMPACT_FILTERS);
+        if !ok {
+            debug!(peer = %self.addr, command, "filter request while NODE_COMPACT_FILTERS not advertised; ignored");
+        }
+        ok
+    }
+
+    async fn on_getcfilters(&mut self, req: GetCFilters) -> Result<(), Disconnect> {
+        if !self.filters_advertised("getcfilters") {
+            return Ok(());
+        }
+        let stop = req.stop_hash;
+        if self
+            .check_filter_request(
+                "getcfilters",
+                req.filter_type,
+                req.start_height,
+                &stop,
+                MAX_GETCFILTERS,
+            )?
+            .is_none()
+        {
+            return Ok(());
+        }
+        let b = self.backend();
+        let start = req.start_height;
+        match blocking(move || b.cfilters(start, stop)).await {
+            Some(Ok(filters)) => {
+                let msgs = filters
+                    .into_iter()
+                    .map(|(block_hash, filter)| {
+                        NetworkMessage::CFilter(CFilter {
+                            filter_type: 0,
+                            block_hash,
+                            filter,
+                        })
+                    })
+                    .collect();
+                self.send_all(msgs).await
+            }
+            Some(Err(e)) => self.filter_error("getcfilters", e),
+            None => Ok(()),
+        }
+    }
+
+    async fn on_getcfheaders(&mut self, req: GetCFHeaders) -> Result<(), Disconnect> {
+        if !self.filters_advertised("getcfheaders") {
+            return Ok(());
+        }
+        let stop = req.stop_hash;
+        if self
+            .check_filter_request(
+                "getcfheaders",
+                req.filter_type,
+                req.start_height,
+                &stop,
+                MAX_GETCFHEADERS,
+            )?
+            .is_none()
+        {
+            return Ok(());
+        }
+        let b = self.backend();
+        let start = req.start_height;
+        match blocking(move || b.cfheaders(start, stop)).await {
+            Some(Ok((previous_filter_header, filter_hashes))) => {
+                self.send(NetworkMessage::CFHeaders(CFHeaders {
+                    filter_type: 0,
+                    stop_hash: stop,
+                    previous_filter_header,
+                    filter_hashes,
+                }))
+                .await
+            }
+            Some(Err(e)) => self.filter_error("getcfheaders", e),
+            None => Ok(()),
+        }
+    }
+
+    async fn on_getcfcheckpt(&mut self, req: GetCFCheckpt) -> Result<(), Disconnect> {
+        if !self.filters_advertised("getcfcheckpt") {
+            return Ok(());
+        }
+        if req.filter_type != 0 {
+            return Err(misbehaving(Misbehaviour::FilterType {
+                command: "getcfcheckpt",
+                filter_type: req.filter_type,
+            }));
+        }
+        let stop = req.stop_hash;
+        if self.net.backend.block_height(&stop).is_none() {
+            debug!(peer = %self.addr, stop = %stop, "getcfcheckpt: unknown stop hash; ignored");
+            return Ok(());
+        }
+        let b = self.backend();
+        match blocking(move || b.cfcheckpt(stop)).await {
+            Some(Ok(filter_headers)) => {
+                self.send(NetworkMessage::CFCheckpt(CFCheckpt {
+                    filter_type: 0,
+                    stop_hash: stop,
+                    filter_headers,
+                }))
+                .await
+            }
+            Some(Err(e)) => self.filter_error("getcfcheckpt", e),
+            None => Ok(()),
+        }
+    }
+
+    fn filter_error(&self, command: &'static str, e: FilterQueryError) -> Result<(), Disconnect> {
+        match e {
+            FilterQueryError::StartAboveStop {
+                start_height,
+                stop_height,
+            } => Err(misbehaving(Misbehaviour::FilterRange {
+                command,
+                start_height,
+                stop_height,
+                max: 0,
+            })),
+            other => {
+                debug!(peer = %self.addr, command, error = %other, "filter request not answered");
+                Ok(())
+            }
+        }
+    }
+
+    async fn on_getaddr(&mut self) -> Result<(), Disconnect> {
+        // Answered once per connection, to inbound peers only (Core).
+        if !self.inbound || self.sent_getaddr_answer {
+            return Ok(());
+        }
+        self.sent_getaddr_answer = true;
+        let entries = lock(&self.net.addrs).sample(codec::MAX_ADDR as usize);
+        if entries.is_empty() {
+            return Ok(());
+        }
+        if self.addrv2 {
+            let list = entries
+                .into_iter()
+                .map(|e| AddrV2Message {
+                    time: e.last_seen,
+                    services: ServiceFlags::from(e.services),
+                    addr: match e.addr.ip() {
+                        std::net::IpAddr::V4(ip) => AddrV2::Ipv4(ip),
+                        std::net::IpAddr::V6(ip) => AddrV2::Ipv6(ip),
+                    },
+                    port: e.addr.port(),
+                })
+                .collect();
+            self.send(NetworkMessage::AddrV2(list)).await
+        } else {
+            let list = entries
+                .into_iter()
+                .map(|e| {
+                    (
+                        e.last_seen,
+                        Address::new(&e.addr, ServiceFlags::from(e.services)),
+                    )
+                })
+                .collect();
+            self.send(NetworkMessage::Addr(list)).await
+        }
+    }
+}
+
+fn codec_disconnect(e: CodecError) -> Disconnect {
+    match e {
+        CodecError::Io { source } => Disconnect::Io(source),
+        other => misbehaving(Misbehaviour::Codec(other)),
+    }
+}
+
+/// Serialization of a block without witness data (for `MSG_BLOCK`
+/// requests). `None` when the stored bytes do not parse.
+fn strip_witness(bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut block: Block = deserialize(bytes).ok()?;
+    for tx in &mut block.txdata {
+        for input in &mut tx.input {
+            input.witness.clear();
+        }
+    }
+    Some(serialize(&block))
+}
+
+/// Runs a blocking backend call off the executor. `None` if the call
+/// panicked (logged).
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let span = tracing::Span::current();
+    match tokio::task::spawn_blocking(move || span.in_scope(f)).await {
+        Ok(v) => Some(v),
+        Err(e) => {
+            warn!(error = %e, "backend call failed");
+            None
+        }
+    }
+}
