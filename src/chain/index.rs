@@ -793,12 +793,13 @@ mod tests {
     fn mainnet_headers_connect_and_tampering_is_refused() {
         let mut index = BlockIndex::new(ChainParams::new(Network::Bitcoin));
         let headers = mainnet_headers();
-        assert_eq!(headers.len(), 256);
+        // The fixture holds blocks 1-255 (btcd's blk_1_to_256 despite its name).
+        assert_eq!(headers.len(), 255);
         let now = 2_000_000_000;
         for h in &headers {
             index.accept_header(h, now).unwrap();
         }
-        assert_eq!(index.len(), 257);
+        assert_eq!(index.len(), 256);
         // A nonce change breaks the proof of work.
         let mut bad = headers[10];
         bad.nonce ^= 1;
@@ -832,12 +833,12 @@ mod tests {
             index.set_status(last, BlockStatus::Valid);
         }
         index.set_active_tip(last);
-        assert_eq!(index.tip_height(), 256);
+        assert_eq!(index.tip_height(), 255);
         let loc = index.locator();
-        assert_eq!(loc[0], headers[255].block_hash());
+        assert_eq!(loc[0], headers[254].block_hash());
         assert_eq!(*loc.last().unwrap(), index.params().genesis_hash());
         assert!(loc.len() <= 101);
-        let mut times: Vec<u32> = headers[245..256].iter().map(|h| h.time).collect();
+        let mut times: Vec<u32> = headers[244..255].iter().map(|h| h.time).collect();
         times.sort_unstable();
         assert_eq!(index.median_time_past(last), times[5]);
     }
