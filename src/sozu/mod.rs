@@ -15,9 +15,15 @@
 //! 2. [`UtxoTable::write_block`] with the block's [`BlockWrite`];
 //! 3. [`UtxoTable::commit`] with the block's [`CommitTag`].
 
+pub mod header;
 pub mod model;
+pub mod page;
+pub mod storage;
+pub mod table;
 pub mod types;
 
+pub use storage::{FsStorage, MemStorage, Storage};
+pub use table::{LayerConfig, LayerStats, SozuConfig, SozuStats, SozuTable};
 pub use types::*;
 
 use bitcoin::OutPoint;
@@ -40,6 +46,63 @@ pub enum SozuError {
         /// The outpoint.
         outpoint: OutPoint,
     },
+    /// A file of the table is damaged: a checksum, magic or structure check
+    /// failed. Nothing was repaired; restore from a backup or rebuild.
+    #[error("sozu table corrupt: {path} at byte {offset}: {reason}")]
+    Corrupt {
+        /// The damaged file.
+        path: std::path::PathBuf,
+        /// Byte offset of the damaged page, record or field.
+        offset: u64,
+        /// What failed.
+        reason: String,
+    },
+    /// The table was written by an incompatible format version.
+    #[error("sozu table {path} has format version {major}.{minor}; this build reads {}.x — rebuild the table", header::FORMAT_MAJOR)]
+    UnsupportedVersion {
+        /// The header file.
+        path: std::path::PathBuf,
+        /// Major version found.
+        major: u16,
+        /// Minor version found.
+        minor: u16,
+    },
+    /// A block more than [`PURGE_DEPTH`] below the tip was written: entries
+    /// it would need may already be purged.
+    #[error("block at height {height} is more than 100 blocks below the tip {tip}")]
+    ReorgTooDeep {
+        /// Height of the block written.
+        height: u32,
+        /// Height of the best tip.
+        tip: u32,
+    },
+    /// A script longer than 10,000 bytes was written.
+    #[error("output {outpoint} has a {len}-byte script (limit 10,000)")]
+    ScriptTooLong {
+        /// The outpoint.
+        outpoint: OutPoint,
+        /// Its script length in bytes.
+        len: usize,
+    },
+    /// A bucket at the deepest layer (all 64 hash bits used) is full, or an
+    /// entry's lists no longer fit a page.
+    #[error("bucket {page} of layer {layer} is full")]
+    BucketFull {
+        /// Layer.
+        layer: u8,
+        /// Page number in the layer.
+        page: u64,
+    },
+    /// An invalid configuration for a new table.
+    #[error("invalid sozu configuration: {reason}")]
+    Config {
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// An earlier write or commit failed; the in-memory state is unknown and
+    /// the table must be reopened.
+    #[error("sozu table needs reopening after an earlier failure")]
+    Poisoned,
     /// An I/O error from the storage backend.
     #[error("sozu I/O error on {path}: {source}")]
     Io {
