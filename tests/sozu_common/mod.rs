@@ -278,7 +278,7 @@ pub fn small_config() -> SozuConfig {
 /// The unspent entries under `view`, as (outpoint, value, script, height in view).
 pub fn unspent_summary(
     t: &mut dyn UtxoTable,
-    view: &View,
+    view: &dyn ChainView,
 ) -> Vec<(OutPoint, u64, Vec<u8>, Option<u32>)> {
     let mut v = Vec::new();
     t.for_each(&mut |e| {
