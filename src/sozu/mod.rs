@@ -14,6 +14,48 @@
 //!    (batched: each bucket read at most once);
 //! 2. [`UtxoTable::write_block`] with the block's [`BlockWrite`];
 //! 3. [`UtxoTable::commit`] with the block's [`CommitTag`].
+//!
+//! # Design ([`SozuTable`])
+//!
+//! - **Layers of one-page buckets.** Layer 0 has 2^b0 buckets (all
+//!   allocated, held in RAM with the next `ram_layers − 1` layers); layer
+//!   i+1 has 2^g times more. A bucket's 2^g children are allocated as one
+//!   group, lazily, the first time it spills, so empty subtrees cost no
+//!   disk. The bucket of a key at layer i is given by the top `b0 + i·g` bits
+//!   of SipHash-2-4 keyed with a random 128-bit key stored in the header, so
+//!   no peer can aim outpoints at one bucket.
+//! - **Reads** ([`UtxoTable::get_batch`], [`SozuTable::get_batch_since`])
+//!   descend layer by layer for the whole batch at once: the keys are
+//!   grouped by bucket, so each bucket is read at most once per batch. A
+//!   bucket's max-production-height stops the descent early when the caller
+//!   gives a height floor (seed 000's `ReadSozu(k, b, h)`).
+//! - **Writes** ([`UtxoTable::write_block`], seed 000's `WriteSozu` /
+//!   `MergeEntries`): keys not `known_absent` (and every spent key) are
+//!   located by one batched descent and merged where they live (unicity);
+//!   new keys go to layer 0. Buckets are then rewritten top-down, each once
+//!   per block: merge, purge the entries [`Entry::is_purgeable`] says are
+//!   final (handed to the callback), and if the bucket exceeds its layer's
+//!   capacity, spill in the seed's order (consumed on the best chain first,
+//!   then oldest max production height, then key) until it holds α ×
+//!   capacity; the spilled entries become inserts of the children,
+//!   processed in the next layer's pass.
+//! - **Scripts** longer than `inline_script_max` bytes live out of line in a
+//!   per-shard records file (seed 004's external records), so a 10,000-byte
+//!   script never breaks a page.
+//! - **Durability** ([`UtxoTable::commit`]): a redo journal of page images.
+//!   A commit appends one record — every page changed since the last commit
+//!   (RAM layers included), the appended scripts, and the new header — with a
+//!   CRC-32, and fsyncs once. Open replays the committed records over the
+//!   page files and ignores a torn tail. The journal is checkpointed lazily
+//!   into the page files (header replaced by an atomic rename). A crash at
+//!   any instant leaves exactly the last committed state; checksums are
+//!   verified on every page read and, by default, on every page at open.
+//! - **Sharding** by hash prefix: each shard is an independent tree with its
+//!   own files; one journal and one fsync cover all shards.
+//!
+//! Size arithmetic (bytes per entry, layers for 10M and 180M live entries)
+//! and the byte layout are in `docs/sozu-format.md`; measurements in
+//! `BENCHMARKS.md`.
 
 pub mod header;
 pub mod model;

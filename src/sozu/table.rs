@@ -857,19 +857,23 @@ impl SozuTable {
             let mut i = 0;
             while i < pending.len() {
                 let page = pending[i].0;
-                let bucket = self.get_bucket(si, (layer, page), true)?;
+                let ram = layer < geo.ram_layers;
+                let bucket = self.bucket_ref(si, (layer, page), true)?;
                 let mut j = i;
+                let mut visits = 0u64;
+                let mut newly_deep = 0u64;
                 while j < pending.len() && pending[j].0 == page {
                     let qi = pending[j].1;
                     let (key, h, min_h) = q[qi];
-                    if layer >= geo.ram_layers {
+                    if !ram {
                         if !went_deep[qi] {
                             went_deep[qi] = true;
-                            self.counters.deep_lookups += 1;
+                            newly_deep += 1;
                         }
-                        self.counters.deep_lookup_pages += 1;
+                        visits += 1;
                     }
-                    if let Some(pos) = bucket.find(&key) {
+                    let outpoint = super::types::key_outpoint(&key);
+                    if let Some(pos) = bucket.find(&outpoint) {
                         out[qi] = Some(Found {
                             layer,
                             page,
@@ -885,6 +889,8 @@ impl SozuTable {
                     }
                     j += 1;
                 }
+                self.counters.deep_lookups += newly_deep;
+                self.counters.deep_lookup_pages += visits;
                 i = j;
             }
             pending = next;
@@ -894,36 +900,57 @@ impl SozuTable {
 
     /// The current (uncommitted included) content of a bucket.
     fn get_bucket(&mut self, si: usize, addr: Addr, count: bool) -> Result<Bucket, SozuError> {
+        Ok(self.bucket_ref(si, addr, count)?.clone())
+    }
+
+    /// The current content of a bucket, borrowed (loaded into the cache if
+    /// it comes from a file or the journal overlay).
+    fn bucket_ref(&mut self, si: usize, addr: Addr, count: bool) -> Result<&Bucket, SozuError> {
         if count {
             self.counters.buckets_read += 1;
         }
         let shard = &mut self.shards[si];
         if addr.0 < self.geo.ram_layers {
-            return shard.ram.get(&addr).cloned().ok_or_else(|| {
+            let path = self.storage.path_of(&layer_file(shard.id, addr.0));
+            return shard.ram.get(&addr).ok_or_else(|| {
                 corrupt(
-                    self.storage.path_of(&layer_file(shard.id, addr.0)),
+                    path,
                     addr.1 * self.geo.page_size as u64,
                     "RAM page not loaded",
                 )
             });
         }
-        if let Some(b) = shard.dirty.get(&addr) {
-            return Ok(b.clone());
+        if shard.dirty.contains_key(&addr) {
+            return shard.dirty.get(&addr).ok_or(SozuError::Poisoned);
         }
-        if let Some(b) = shard.cache.get(&addr) {
-            return Ok(b.clone());
+        if !shard.cache.contains_key(&addr) {
+            if !shard.overlay.contains_key(&addr) {
+                self.counters.disk_page_reads += 1;
+            }
+            let b = read_committed(self.storage.as_mut(), &self.geo, shard, addr)?;
+            if shard.cache.len() >= self.geo.cache_pages.max(1) {
+                shard.cache.clear();
+            }
+            shard.cache.insert(addr, b);
         }
-        if !shard.overlay.contains_key(&addr) {
-            self.counters.disk_page_reads += 1;
+        shard.cache.get(&addr).ok_or(SozuError::Poisoned)
+    }
+
+    /// Removes a bucket from memory for rewriting (put back by `put_bucket`).
+    fn take_bucket(&mut self, si: usize, addr: Addr) -> Result<Bucket, SozuError> {
+        self.counters.buckets_read += 1;
+        let shard = &mut self.shards[si];
+        if addr.0 < self.geo.ram_layers {
+            if let Some(b) = shard.ram.remove(&addr) {
+                return Ok(b);
+            }
+        } else if let Some(b) = shard.dirty.remove(&addr) {
+            return Ok(b);
+        } else if let Some(b) = shard.cache.remove(&addr) {
+            return Ok(b);
         }
-        let b = read_committed(self.storage.as_mut(), &self.geo, shard, addr)?;
-        if shard.cache.len() >= self.geo.cache_pages {
-            shard.cache.clear();
-        }
-        if self.geo.cache_pages > 0 {
-            shard.cache.insert(addr, b.clone());
-        }
-        Ok(b)
+        self.counters.buckets_read -= 1;
+        self.get_bucket(si, addr, true)
     }
 
     fn put_bucket(&mut self, si: usize, addr: Addr, b: Bucket) {
@@ -1120,9 +1147,9 @@ impl SozuTable {
                 continue;
             }
             for (page, w) in this {
-                let mut b = self.get_bucket(si, (layer, page), true)?;
+                let mut b = self.take_bucket(si, (layer, page))?;
                 for (key, coin, prods, cons) in w.merges {
-                    let pos = b.find(&key).ok_or_else(|| {
+                    let pos = b.find(&super::types::key_outpoint(&key)).ok_or_else(|| {
                         corrupt(
                             self.storage.path_of(&layer_file(self.shards[si].id, layer)),
                             page * geo.page_size as u64,
