@@ -513,10 +513,12 @@ fn main() {
         );
     }
     println!(
-        "  bytes on disk {} MB vs live payload {} MB: {:.2}x; spills {}, purges {}, checkpoints {}, journal {} MB",
+        "  bytes on disk {} MB (of which journal file {} MB) vs live payload {} MB: {:.2}x, {:.2}x without the journal; spills {}, purges {}, checkpoints {}, journal written {} MB",
         stats.bytes_on_disk / 1_000_000,
+        stats.journal_file_bytes / 1_000_000,
         stats.payload_bytes / 1_000_000,
         stats.bytes_on_disk as f64 / stats.payload_bytes.max(1) as f64,
+        (stats.bytes_on_disk - stats.journal_file_bytes) as f64 / stats.payload_bytes.max(1) as f64,
         stats.spills,
         stats.purges,
         stats.checkpoints,

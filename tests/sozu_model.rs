@@ -47,10 +47,13 @@ struct Harness {
 }
 
 impl Harness {
-    fn new() -> Self {
+    fn new(shards: u8) -> Self {
         let storage = MemStorage::new();
-        let table = SozuTable::open_with_storage(Box::new(storage.clone()), small_config())
-            .expect("create");
+        let cfg = SozuConfig {
+            shards,
+            ..small_config()
+        };
+        let table = SozuTable::open_with_storage(Box::new(storage.clone()), cfg).expect("create");
         Harness {
             chain: Chain::new(),
             model: ModelTable::new(),
@@ -151,8 +154,8 @@ impl Harness {
     }
 }
 
-fn run(actions: Vec<Action>) -> Result<(), TestCaseError> {
-    let mut h = Harness::new();
+fn run(actions: Vec<Action>, shards: u8) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(shards);
     for a in actions {
         match a {
             Action::Extend(n, seed) => {
@@ -209,8 +212,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90)) {
-        run(actions)?;
+    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90), two_shards in any::<bool>()) {
+        run(actions, if two_shards { 2 } else { 1 })?;
     }
 }
 
@@ -232,5 +235,6 @@ fn long_sequence_with_purges() {
             _ => Action::Extend(1, rng.next()),
         });
     }
-    run(actions).expect("long sequence");
+    run(actions.clone(), 1).expect("long sequence");
+    run(actions, 2).expect("long sequence, two shards");
 }

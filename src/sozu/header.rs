@@ -229,9 +229,17 @@ pub struct CommitRecord {
     pub header: Vec<u8>,
 }
 
+/// Length of a page image without its trailing zero bytes (the journal
+/// stores only that prefix; replay pads it back with zeros).
+fn trimmed_len(image: &[u8]) -> usize {
+    image.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1)
+}
+
 /// Encodes a commit record.
 pub fn encode_record(rec: &CommitRecord, page_size: usize) -> Vec<u8> {
-    let body_len: usize = rec.pages.len() * (16 + page_size)
+    let _ = page_size;
+    let used: Vec<usize> = rec.pages.iter().map(|p| trimmed_len(&p.image)).collect();
+    let body_len: usize = used.iter().map(|u| 16 + u).sum::<usize>()
         + rec.extents.iter().map(|e| 24 + e.data.len()).sum::<usize>()
         + HEADER_LEN;
     let mut b = Vec::with_capacity(RECORD_HEADER_LEN + body_len + 4);
@@ -245,12 +253,13 @@ pub fn encode_record(rec: &CommitRecord, page_size: usize) -> Vec<u8> {
     b.extend_from_slice(&[0u8; 8]);
     let hcrc = crc32fast::hash(&b[8..RECORD_HEADER_LEN]);
     b[4..8].copy_from_slice(&hcrc.to_le_bytes());
-    for p in &rec.pages {
+    for (p, u) in rec.pages.iter().zip(used) {
         b.push(p.shard);
         b.push(p.layer);
-        b.extend_from_slice(&[0u8; 6]);
+        b.extend_from_slice(&[0u8; 2]);
+        b.extend_from_slice(&(u as u32).to_le_bytes());
         b.extend_from_slice(&p.page.to_le_bytes());
-        b.extend_from_slice(&p.image);
+        b.extend_from_slice(&p.image[..u]);
     }
     for e in &rec.extents {
         b.push(e.shard);
@@ -305,16 +314,22 @@ pub fn parse_record(b: &[u8], page_size: usize) -> Parsed {
     let end = total - 4;
     let mut pages = Vec::new();
     for _ in 0..n_pages {
-        if at + 16 + page_size > end {
+        if at + 16 > end {
             return Parsed::Invalid;
         }
+        let used = u32_at(at + 4) as usize;
+        if used > page_size || at + 16 + used > end {
+            return Parsed::Invalid;
+        }
+        let mut image = b[at + 16..at + 16 + used].to_vec();
+        image.resize(page_size, 0);
         pages.push(PageImage {
             shard: b[at],
             layer: b[at + 1],
             page: u64_at(at + 8),
-            image: b[at + 16..at + 16 + page_size].to_vec(),
+            image,
         });
-        at += 16 + page_size;
+        at += 16 + used;
     }
     let mut extents = Vec::new();
     for _ in 0..n_ext {

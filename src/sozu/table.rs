@@ -127,6 +127,8 @@ pub struct SozuStats {
     pub layers: Vec<LayerStats>,
     /// Bytes of the table's files on disk (pages, records, journal, header).
     pub bytes_on_disk: u64,
+    /// Of which the journal (bounded by `checkpoint_bytes` + one commit).
+    pub journal_file_bytes: u64,
     /// Serialized size of the live payloads: for each entry 36-byte key +
     /// 8 value + 4 height + 1 coinbase + script + 8 per production + 40 per
     /// consumption.
@@ -751,6 +753,10 @@ impl SozuTable {
                 names.push(layer_file(s, l));
             }
         }
+        let journal_file_bytes = self
+            .storage
+            .len(JOURNAL_FILE)
+            .map_err(|e| io_err(self.storage.as_ref(), JOURNAL_FILE, e))?;
         for n in names {
             bytes_on_disk += self
                 .storage
@@ -761,6 +767,7 @@ impl SozuTable {
         Ok(SozuStats {
             layers,
             bytes_on_disk,
+            journal_file_bytes,
             payload_bytes: payload,
             last_block_buckets_read: self.block_counters.0,
             last_block_buckets_written: self.block_counters.1,
