@@ -10,7 +10,8 @@
 //! Env: `SOZU_BENCH_LIVE` (initial live UTXOs, default 1,000,000),
 //! `SOZU_BENCH_BLOCKS` (measured blocks, default 150), `SOZU_BENCH_DIR`
 //! (default `target/sozu-bench`, a real disk: fsync matters),
-//! `SOZU_BENCH_SKIP` (comma list of baselines to skip: sled,redb,hashmap).
+//! `SOZU_BENCH_SKIP` (comma list of baselines to skip: sled,redb,hashmap),
+//! `SOZU_BENCH_RAM_LAYERS` (default 1), `SOZU_BENCH_LAYER0_BITS` (default 10).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -467,9 +468,11 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn sozu_config() -> SozuConfig {
+    let ram_layers = env_usize("SOZU_BENCH_RAM_LAYERS", 1) as u8;
+    let layer0_bits = env_usize("SOZU_BENCH_LAYER0_BITS", 10) as u8;
     SozuConfig {
-        layer0_bits: 10,
-        ram_layers: 1,
+        layer0_bits,
+        ram_layers,
         verify_on_open: false,
         cache_pages: 1 << 16,
         checkpoint_bytes: 256 << 20,
