@@ -62,6 +62,12 @@ pub trait Storage: Send {
     fn sync_dir(&mut self) -> io::Result<()>;
     /// A human-readable path for error messages.
     fn path_of(&self, name: &str) -> PathBuf;
+    /// Another handle on the same directory (each shard's worker thread
+    /// gets its own).
+    ///
+    /// # Errors
+    /// I/O failure.
+    fn try_clone(&self) -> io::Result<Box<dyn Storage>>;
 }
 
 /// Files in a real directory.
@@ -134,6 +140,9 @@ impl Storage for FsStorage {
     }
     fn path_of(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+    fn try_clone(&self) -> io::Result<Box<dyn Storage>> {
+        Ok(Box::new(FsStorage::new(&self.dir)?))
     }
 }
 
@@ -376,5 +385,8 @@ impl Storage for MemStorage {
     }
     fn path_of(&self, name: &str) -> PathBuf {
         PathBuf::from("mem:").join(name)
+    }
+    fn try_clone(&self) -> io::Result<Box<dyn Storage>> {
+        Ok(Box::new(self.clone()))
     }
 }

@@ -181,6 +181,14 @@ struct Shard {
     cache: HashMap<Addr, Bucket>,
 }
 
+/// A shard with its own storage handle and counters, so shards can work
+/// on separate threads.
+struct Worker {
+    shard: Shard,
+    storage: Box<dyn Storage>,
+    counters: Counters,
+}
+
 /// Geometry shared by all shards.
 #[derive(Clone)]
 struct Geo {
@@ -289,7 +297,7 @@ struct Counters {
 pub struct SozuTable {
     storage: Box<dyn Storage>,
     geo: Geo,
-    shards: Vec<Shard>,
+    shards: Vec<Worker>,
     /// Header as of the last commit.
     committed: Header,
     journal_pos: u64,
@@ -297,7 +305,6 @@ pub struct SozuTable {
     checkpoint_bytes: u64,
     /// Set after a failed commit or checkpoint: the table must be reopened.
     poisoned: bool,
-    counters: Counters,
     block_counters: (u64, u64),
     commits: u64,
     checkpoints: u64,
@@ -616,16 +623,24 @@ impl SozuTable {
                 ));
             }
         }
+        let mut workers = Vec::with_capacity(shards.len());
+        for shard in shards {
+            let handle = st.try_clone().map_err(|e| io_err(st, HEADER_FILE, e))?;
+            workers.push(Worker {
+                shard,
+                storage: handle,
+                counters: Counters::default(),
+            });
+        }
         Ok(Self {
             storage,
             geo,
-            shards,
+            shards: workers,
             committed: header,
             journal_pos,
             journal_truncate,
             checkpoint_bytes: config.checkpoint_bytes,
             poisoned: false,
-            counters: Counters::default(),
             block_counters: (0, 0),
             commits: 0,
             checkpoints: 0,
@@ -710,7 +725,7 @@ impl SozuTable {
         let mut bytes_by_layer: Vec<u64> = Vec::new();
         for si in 0..self.shards.len() {
             for layer in 0..=geo.max_layer {
-                let pages = geo.pages_in(&self.shards[si].state, layer);
+                let pages = geo.pages_in(&self.shards[si].shard.state, layer);
                 if pages == 0 {
                     break;
                 }
@@ -719,7 +734,7 @@ impl SozuTable {
                     bytes_by_layer.push(0);
                 }
                 for page in 0..pages {
-                    let b = self.get_bucket(si, (layer, page), false)?;
+                    let b = self.shards[si].get_bucket(&geo, (layer, page), false)?;
                     let ls = &mut layers[layer as usize];
                     ls.buckets += 1;
                     ls.entries += b.slots.len() as u64;
@@ -763,7 +778,16 @@ impl SozuTable {
                 .len(&n)
                 .map_err(|e| io_err(self.storage.as_ref(), &n, e))?;
         }
-        let c = &self.counters;
+        let mut c = Counters::default();
+        for w in &self.shards {
+            let x = &w.counters;
+            c.disk_page_reads += x.disk_page_reads;
+            c.deep_lookups += x.deep_lookups;
+            c.deep_lookup_pages += x.deep_lookup_pages;
+            c.spills += x.spills;
+            c.children_allocated += x.children_allocated;
+            c.purges += x.purges;
+        }
         Ok(SozuStats {
             layers,
             bytes_on_disk,
@@ -814,22 +838,33 @@ impl SozuTable {
             let h = self.geo.hash(&key);
             by_shard[self.geo.shard_of(h) as usize].push((i, key, h, *min_h));
         }
-        let read_before = self.counters.buckets_read;
-        for (si, qs) in by_shard.into_iter().enumerate() {
-            if qs.is_empty() {
-                continue;
-            }
+        let read_before = self.buckets_read();
+        let geo = &self.geo;
+        let results = run_per_shard(&mut self.shards, by_shard, |w, qs| {
             let q: Vec<(OutPointKey, u64, u32)> =
                 qs.iter().map(|(_, k, h, m)| (*k, *h, *m)).collect();
-            let found = self.locate(si, &q)?;
+            let found = w.locate(geo, &q)?;
+            let mut got = Vec::new();
             for ((i, _, _, _), f) in qs.into_iter().zip(found) {
                 if let Some(f) = f {
-                    out[i] = Some(self.resolve(si, f.slot)?);
+                    got.push((i, w.resolve(f.slot)?));
                 }
             }
+            Ok(got)
+        })?;
+        for (i, e) in results.into_iter().flatten() {
+            out[i] = Some(e);
         }
-        self.block_counters = (self.counters.buckets_read - read_before, 0);
+        self.block_counters = (self.buckets_read() - read_before, 0);
         Ok(out)
+    }
+
+    fn buckets_read(&self) -> u64 {
+        self.shards.iter().map(|w| w.counters.buckets_read).sum()
+    }
+
+    fn buckets_written(&self) -> u64 {
+        self.shards.iter().map(|w| w.counters.buckets_written).sum()
     }
 
     fn check_poison(&self) -> Result<(), SozuError> {
@@ -840,13 +875,140 @@ impl SozuTable {
         }
     }
 
+    fn checkpoint(&mut self) -> Result<(), SozuError> {
+        let ps = self.geo.page_size as u64;
+        let st = self.storage.as_mut();
+        let mut touched: BTreeSet<String> = BTreeSet::new();
+        for shard in self.shards.iter().map(|w| &w.shard) {
+            let mut pages: Vec<(&Addr, &Arc<Vec<u8>>)> = shard.overlay.iter().collect();
+            pages.sort_by_key(|(a, _)| **a);
+            for ((layer, page), img) in pages {
+                let name = layer_file(shard.id, *layer);
+                st.write_at(&name, page * ps, img)
+                    .map_err(|e| io_err(st, &name, e))?;
+                touched.insert(name);
+            }
+            let name = records_file(shard.id);
+            for (off, data) in &shard.rec_overlay {
+                st.write_at(&name, *off, data)
+                    .map_err(|e| io_err(st, &name, e))?;
+                touched.insert(name.clone());
+            }
+        }
+        for name in &touched {
+            st.sync(name).map_err(|e| io_err(st, name, e))?;
+        }
+        let mut h = self.committed.clone();
+        h.generation += 1;
+        write_header_file(st, &h)?;
+        st.set_len(JOURNAL_FILE, 0)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        self.committed = h;
+        self.journal_pos = 0;
+        self.journal_truncate = false;
+        for shard in self.shards.iter_mut().map(|w| &mut w.shard) {
+            shard.overlay.clear();
+            shard.rec_overlay.clear();
+        }
+        self.checkpoints += 1;
+        Ok(())
+    }
+
+    fn commit_inner(&mut self, tag: CommitTag) -> Result<(), SozuError> {
+        if self.journal_pos >= self.checkpoint_bytes {
+            self.checkpoint()?;
+        }
+        let ps = self.geo.page_size;
+        let mut pages = Vec::new();
+        let mut extents = Vec::new();
+        for shard in self.shards.iter().map(|w| &w.shard) {
+            for addr in &shard.dirty_ram {
+                let b = shard.ram.get(addr).ok_or(SozuError::Poisoned)?;
+                let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
+                    layer: addr.0,
+                    page: addr.1,
+                })?;
+                pages.push(PageImage {
+                    shard: shard.id,
+                    layer: addr.0,
+                    page: addr.1,
+                    image,
+                });
+            }
+            let mut dirty: Vec<(&Addr, &Bucket)> = shard.dirty.iter().collect();
+            dirty.sort_by_key(|(a, _)| **a);
+            for (addr, b) in dirty {
+                let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
+                    layer: addr.0,
+                    page: addr.1,
+                })?;
+                pages.push(PageImage {
+                    shard: shard.id,
+                    layer: addr.0,
+                    page: addr.1,
+                    image,
+                });
+            }
+            for (off, data) in &shard.rec_pending {
+                extents.push(Extent {
+                    shard: shard.id,
+                    offset: *off,
+                    data: data.clone(),
+                });
+            }
+        }
+        let mut header = self.committed.clone();
+        header.commit_seq += 1;
+        header.tag = Some(tag);
+        header.shard_state = self.shards.iter().map(|s| s.shard.state).collect();
+        let rec = CommitRecord {
+            generation: header.generation,
+            seq: header.commit_seq,
+            pages,
+            extents,
+            header: header.encode(),
+        };
+        let bytes = encode_record(&rec, ps);
+        let st = self.storage.as_mut();
+        if self.journal_truncate {
+            st.set_len(JOURNAL_FILE, self.journal_pos)
+                .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        }
+        st.write_at(JOURNAL_FILE, self.journal_pos, &bytes)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        st.sync(JOURNAL_FILE)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        // Durable: publish.
+        self.journal_truncate = false;
+        self.journal_pos += bytes.len() as u64;
+        self.journal_bytes += bytes.len() as u64;
+        self.committed = header;
+        self.commits += 1;
+        for p in rec.pages {
+            let shard = &mut self.shards[p.shard as usize].shard;
+            shard.overlay.insert((p.layer, p.page), Arc::new(p.image));
+        }
+        for shard in self.shards.iter_mut().map(|w| &mut w.shard) {
+            shard.dirty_ram.clear();
+            for (addr, b) in shard.dirty.drain() {
+                if shard.cache.len() < self.geo.cache_pages {
+                    shard.cache.insert(addr, b);
+                }
+            }
+            let pending = std::mem::take(&mut shard.rec_pending);
+            shard.rec_overlay.extend(pending);
+        }
+        Ok(())
+    }
+}
+
+impl Worker {
     /// Batched descent: each bucket read at most once.
     fn locate(
         &mut self,
-        si: usize,
+        geo: &Geo,
         q: &[(OutPointKey, u64, u32)],
     ) -> Result<Vec<Option<Found>>, SozuError> {
-        let geo = self.geo.clone();
         let mut out: Vec<Option<Found>> = (0..q.len()).map(|_| None).collect();
         let mut paths: Vec<Vec<u64>> = vec![Vec::new(); q.len()];
         let mut pending: Vec<(u64, usize)> = q
@@ -865,7 +1027,7 @@ impl SozuTable {
             while i < pending.len() {
                 let page = pending[i].0;
                 let ram = layer < geo.ram_layers;
-                let bucket = self.bucket_ref(si, (layer, page), true)?;
+                let bucket = self.bucket_ref(geo, (layer, page), true)?;
                 let mut j = i;
                 let mut visits = 0u64;
                 let mut newly_deep = 0u64;
@@ -906,25 +1068,21 @@ impl SozuTable {
     }
 
     /// The current (uncommitted included) content of a bucket.
-    fn get_bucket(&mut self, si: usize, addr: Addr, count: bool) -> Result<Bucket, SozuError> {
-        Ok(self.bucket_ref(si, addr, count)?.clone())
+    fn get_bucket(&mut self, geo: &Geo, addr: Addr, count: bool) -> Result<Bucket, SozuError> {
+        Ok(self.bucket_ref(geo, addr, count)?.clone())
     }
 
     /// The current content of a bucket, borrowed (loaded into the cache if
     /// it comes from a file or the journal overlay).
-    fn bucket_ref(&mut self, si: usize, addr: Addr, count: bool) -> Result<&Bucket, SozuError> {
+    fn bucket_ref(&mut self, geo: &Geo, addr: Addr, count: bool) -> Result<&Bucket, SozuError> {
         if count {
             self.counters.buckets_read += 1;
         }
-        let shard = &mut self.shards[si];
-        if addr.0 < self.geo.ram_layers {
+        let shard = &mut self.shard;
+        if addr.0 < geo.ram_layers {
             let path = self.storage.path_of(&layer_file(shard.id, addr.0));
             return shard.ram.get(&addr).ok_or_else(|| {
-                corrupt(
-                    path,
-                    addr.1 * self.geo.page_size as u64,
-                    "RAM page not loaded",
-                )
+                corrupt(path, addr.1 * geo.page_size as u64, "RAM page not loaded")
             });
         }
         if shard.dirty.contains_key(&addr) {
@@ -934,8 +1092,8 @@ impl SozuTable {
             if !shard.overlay.contains_key(&addr) {
                 self.counters.disk_page_reads += 1;
             }
-            let b = read_committed(self.storage.as_mut(), &self.geo, shard, addr)?;
-            if shard.cache.len() >= self.geo.cache_pages.max(1) {
+            let b = read_committed(self.storage.as_mut(), geo, shard, addr)?;
+            if shard.cache.len() >= geo.cache_pages.max(1) {
                 shard.cache.clear();
             }
             shard.cache.insert(addr, b);
@@ -944,10 +1102,10 @@ impl SozuTable {
     }
 
     /// Removes a bucket from memory for rewriting (put back by `put_bucket`).
-    fn take_bucket(&mut self, si: usize, addr: Addr) -> Result<Bucket, SozuError> {
+    fn take_bucket(&mut self, geo: &Geo, addr: Addr) -> Result<Bucket, SozuError> {
         self.counters.buckets_read += 1;
-        let shard = &mut self.shards[si];
-        if addr.0 < self.geo.ram_layers {
+        let shard = &mut self.shard;
+        if addr.0 < geo.ram_layers {
             if let Some(b) = shard.ram.remove(&addr) {
                 return Ok(b);
             }
@@ -957,13 +1115,13 @@ impl SozuTable {
             return Ok(b);
         }
         self.counters.buckets_read -= 1;
-        self.get_bucket(si, addr, true)
+        self.get_bucket(geo, addr, true)
     }
 
-    fn put_bucket(&mut self, si: usize, addr: Addr, b: Bucket) {
+    fn put_bucket(&mut self, geo: &Geo, addr: Addr, b: Bucket) {
         self.counters.buckets_written += 1;
-        let shard = &mut self.shards[si];
-        if addr.0 < self.geo.ram_layers {
+        let shard = &mut self.shard;
+        if addr.0 < geo.ram_layers {
             shard.ram.insert(addr, b);
             shard.dirty_ram.insert(addr);
         } else {
@@ -973,20 +1131,15 @@ impl SozuTable {
     }
 
     /// Fills in an out-of-line script.
-    fn resolve(&mut self, si: usize, mut slot: Slot) -> Result<Entry, SozuError> {
+    fn resolve(&mut self, mut slot: Slot) -> Result<Entry, SozuError> {
         if let Some((ext, len)) = slot.external {
-            slot.entry.coin.script_pubkey = self.read_record(si, ext, len)?;
+            slot.entry.coin.script_pubkey = self.read_record(ext, len)?;
         }
         Ok(slot.entry)
     }
 
-    fn read_record(
-        &mut self,
-        si: usize,
-        ext: ExternalScript,
-        len: u16,
-    ) -> Result<Vec<u8>, SozuError> {
-        let shard = &self.shards[si];
+    fn read_record(&mut self, ext: ExternalScript, len: u16) -> Result<Vec<u8>, SozuError> {
+        let shard = &self.shard;
         let name = records_file(shard.id);
         let len = len as usize;
         let from_map = |m: &BTreeMap<u64, Vec<u8>>| -> Option<Vec<u8>> {
@@ -1021,8 +1174,8 @@ impl SozuTable {
         Ok(data)
     }
 
-    fn append_record(&mut self, si: usize, script: &[u8]) -> ExternalScript {
-        let shard = &mut self.shards[si];
+    fn append_record(&mut self, script: &[u8]) -> ExternalScript {
+        let shard = &mut self.shard;
         let offset = shard.state.records_len;
         shard.state.records_len += script.len() as u64;
         shard.rec_pending.insert(offset, script.to_vec());
@@ -1034,7 +1187,7 @@ impl SozuTable {
 
     fn new_slot(
         &mut self,
-        si: usize,
+        geo: &Geo,
         outpoint: OutPoint,
         coin: Coin,
         produced: Vec<Production>,
@@ -1050,9 +1203,9 @@ impl SozuTable {
         entry.produced.dedup();
         entry.consumed.sort();
         entry.consumed.dedup();
-        if entry.coin.script_pubkey.len() > self.geo.inline_script_max {
+        if entry.coin.script_pubkey.len() > geo.inline_script_max {
             let script = std::mem::take(&mut entry.coin.script_pubkey);
-            let ext = self.append_record(si, &script);
+            let ext = self.append_record(&script);
             Slot {
                 entry,
                 external: Some((ext, script.len() as u16)),
@@ -1067,13 +1220,12 @@ impl SozuTable {
 
     fn write_shard(
         &mut self,
-        si: usize,
+        geo: &Geo,
         ops: Vec<KeyOp>,
         write: &BlockWrite,
         oracle: &dyn BlockOracle,
         purged: &mut dyn FnMut(Entry),
     ) -> Result<(), SozuError> {
-        let geo = self.geo.clone();
         let min_h = oracle
             .tip_height()
             .min(write.height)
@@ -1092,7 +1244,7 @@ impl SozuTable {
                 (op.key, op.h, if op.create.is_some() { min_h } else { 0 })
             })
             .collect();
-        let found = self.locate(si, &q)?;
+        let found = self.locate(geo, &q)?;
         let mut found_by_op: HashMap<usize, Found> = HashMap::new();
         for (i, f) in lookup_idx.into_iter().zip(found) {
             if let Some(f) = f {
@@ -1129,7 +1281,7 @@ impl SozuTable {
                 }
                 None => match op.create {
                     Some((coin, _)) => {
-                        let slot = self.new_slot(si, op.outpoint, coin, prods, op.consumed);
+                        let slot = self.new_slot(geo, op.outpoint, coin, prods, op.consumed);
                         work[0]
                             .entry(geo.layer0_page(op.h))
                             .or_default()
@@ -1154,18 +1306,18 @@ impl SozuTable {
                 continue;
             }
             for (page, w) in this {
-                let mut b = self.take_bucket(si, (layer, page))?;
+                let mut b = self.take_bucket(geo, (layer, page))?;
                 for (key, coin, prods, cons) in w.merges {
                     let pos = b.find(&super::types::key_outpoint(&key)).ok_or_else(|| {
                         corrupt(
-                            self.storage.path_of(&layer_file(self.shards[si].id, layer)),
+                            self.storage.path_of(&layer_file(self.shard.id, layer)),
                             page * geo.page_size as u64,
                             "entry vanished between lookup and merge",
                         )
                     })?;
                     if let Some(coin) = coin {
                         let slot = b.slots[pos].clone();
-                        let existing = self.resolve(si, slot)?;
+                        let existing = self.resolve(slot)?;
                         if existing.coin.value != coin.value
                             || existing.coin.script_pubkey != coin.script_pubkey
                         {
@@ -1196,7 +1348,7 @@ impl SozuTable {
                 for slot in std::mem::take(&mut b.slots) {
                     if slot.entry.is_purgeable(oracle) {
                         self.counters.purges += 1;
-                        purged(self.resolve(si, slot)?);
+                        purged(self.resolve(slot)?);
                     } else {
                         kept.push(slot);
                     }
@@ -1236,14 +1388,14 @@ impl SozuTable {
                     }
                     b.slots = rest;
                     if b.children == 0 {
-                        let state = &mut self.shards[si].state;
+                        let state = &mut self.shard.state;
                         let group = state.groups[layer as usize + 1];
                         state.groups[layer as usize + 1] += 1;
                         b.children = group + 1;
                         self.counters.children_allocated += 1;
                         for c in 0..(1u64 << geo.g) {
                             let addr = (layer + 1, (group << geo.g) + c);
-                            self.put_bucket(si, addr, Bucket::default());
+                            self.put_bucket(geo, addr, Bucket::default());
                             self.counters.buckets_written -= 1;
                         }
                     }
@@ -1263,137 +1415,49 @@ impl SozuTable {
                 if PAGE_HEADER_LEN + b.payload_len() > geo.page_size {
                     return Err(SozuError::BucketFull { layer, page });
                 }
-                self.put_bucket(si, (layer, page), b);
+                self.put_bucket(geo, (layer, page), b);
             }
         }
         Ok(())
     }
+}
 
-    fn checkpoint(&mut self) -> Result<(), SozuError> {
-        let ps = self.geo.page_size as u64;
-        let st = self.storage.as_mut();
-        let mut touched: BTreeSet<String> = BTreeSet::new();
-        for shard in &self.shards {
-            let mut pages: Vec<(&Addr, &Arc<Vec<u8>>)> = shard.overlay.iter().collect();
-            pages.sort_by_key(|(a, _)| **a);
-            for ((layer, page), img) in pages {
-                let name = layer_file(shard.id, *layer);
-                st.write_at(&name, page * ps, img)
-                    .map_err(|e| io_err(st, &name, e))?;
-                touched.insert(name);
-            }
-            let name = records_file(shard.id);
-            for (off, data) in &shard.rec_overlay {
-                st.write_at(&name, *off, data)
-                    .map_err(|e| io_err(st, &name, e))?;
-                touched.insert(name.clone());
+/// Runs `f` on each shard that has work, one scoped thread per shard when
+/// more than one has work (seed 000, "Sharding the Sozu table").
+fn run_per_shard<T: Send, R: Send>(
+    workers: &mut [Worker],
+    work: Vec<Vec<T>>,
+    f: impl Fn(&mut Worker, Vec<T>) -> Result<R, SozuError> + Sync,
+) -> Result<Vec<R>, SozuError> {
+    let busy = work.iter().filter(|w| !w.is_empty()).count();
+    if busy <= 1 {
+        let mut out = Vec::new();
+        for (w, items) in workers.iter_mut().zip(work) {
+            if !items.is_empty() {
+                out.push(f(w, items)?);
             }
         }
-        for name in &touched {
-            st.sync(name).map_err(|e| io_err(st, name, e))?;
-        }
-        let mut h = self.committed.clone();
-        h.generation += 1;
-        write_header_file(st, &h)?;
-        st.set_len(JOURNAL_FILE, 0)
-            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
-        self.committed = h;
-        self.journal_pos = 0;
-        self.journal_truncate = false;
-        for shard in &mut self.shards {
-            shard.overlay.clear();
-            shard.rec_overlay.clear();
-        }
-        self.checkpoints += 1;
-        Ok(())
+        return Ok(out);
     }
-
-    fn commit_inner(&mut self, tag: CommitTag) -> Result<(), SozuError> {
-        if self.journal_pos >= self.checkpoint_bytes {
-            self.checkpoint()?;
-        }
-        let ps = self.geo.page_size;
-        let mut pages = Vec::new();
-        let mut extents = Vec::new();
-        for shard in &self.shards {
-            for addr in &shard.dirty_ram {
-                let b = shard.ram.get(addr).ok_or(SozuError::Poisoned)?;
-                let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
-                    layer: addr.0,
-                    page: addr.1,
-                })?;
-                pages.push(PageImage {
-                    shard: shard.id,
-                    layer: addr.0,
-                    page: addr.1,
-                    image,
-                });
-            }
-            let mut dirty: Vec<(&Addr, &Bucket)> = shard.dirty.iter().collect();
-            dirty.sort_by_key(|(a, _)| **a);
-            for (addr, b) in dirty {
-                let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
-                    layer: addr.0,
-                    page: addr.1,
-                })?;
-                pages.push(PageImage {
-                    shard: shard.id,
-                    layer: addr.0,
-                    page: addr.1,
-                    image,
-                });
-            }
-            for (off, data) in &shard.rec_pending {
-                extents.push(Extent {
-                    shard: shard.id,
-                    offset: *off,
-                    data: data.clone(),
-                });
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = workers
+            .iter_mut()
+            .zip(work)
+            .filter(|(_, items)| !items.is_empty())
+            .map(|(w, items)| {
+                let f = &f;
+                scope.spawn(move || f(w, items))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for h in handles {
+            match h.join() {
+                Ok(r) => out.push(r?),
+                Err(_) => return Err(SozuError::Poisoned),
             }
         }
-        let mut header = self.committed.clone();
-        header.commit_seq += 1;
-        header.tag = Some(tag);
-        header.shard_state = self.shards.iter().map(|s| s.state).collect();
-        let rec = CommitRecord {
-            generation: header.generation,
-            seq: header.commit_seq,
-            pages,
-            extents,
-            header: header.encode(),
-        };
-        let bytes = encode_record(&rec, ps);
-        let st = self.storage.as_mut();
-        if self.journal_truncate {
-            st.set_len(JOURNAL_FILE, self.journal_pos)
-                .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
-        }
-        st.write_at(JOURNAL_FILE, self.journal_pos, &bytes)
-            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
-        st.sync(JOURNAL_FILE)
-            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
-        // Durable: publish.
-        self.journal_truncate = false;
-        self.journal_pos += bytes.len() as u64;
-        self.journal_bytes += bytes.len() as u64;
-        self.committed = header;
-        self.commits += 1;
-        for p in rec.pages {
-            let shard = &mut self.shards[p.shard as usize];
-            shard.overlay.insert((p.layer, p.page), Arc::new(p.image));
-        }
-        for shard in &mut self.shards {
-            shard.dirty_ram.clear();
-            for (addr, b) in shard.dirty.drain() {
-                if shard.cache.len() < self.geo.cache_pages {
-                    shard.cache.insert(addr, b);
-                }
-            }
-            let pending = std::mem::take(&mut shard.rec_pending);
-            shard.rec_overlay.extend(pending);
-        }
-        Ok(())
-    }
+        Ok(out)
+    })
 }
 
 fn decode_header(st: &dyn Storage, name: &str, offset: u64, b: &[u8]) -> Result<Header, SozuError> {
@@ -1480,7 +1544,7 @@ impl UtxoTable for SozuTable {
                 tip,
             });
         }
-        let (r0, w0) = (self.counters.buckets_read, self.counters.buckets_written);
+        let (r0, w0) = (self.buckets_read(), self.buckets_written());
         // Group the block's changes by key.
         let mut ops: BTreeMap<OutPointKey, KeyOp> = BTreeMap::new();
         for new in &write.created {
@@ -1530,18 +1594,20 @@ impl UtxoTable for SozuTable {
         for (_, op) in ops {
             by_shard[self.geo.shard_of(op.h) as usize].push(op);
         }
-        for (si, ops) in by_shard.into_iter().enumerate() {
-            if !ops.is_empty() {
-                if let Err(e) = self.write_shard(si, ops, write, oracle, purged) {
-                    self.poisoned = true;
-                    return Err(e);
-                }
+        let geo = &self.geo;
+        let results = run_per_shard(&mut self.shards, by_shard, |w, ops| {
+            let mut out = Vec::new();
+            w.write_shard(geo, ops, write, oracle, &mut |e| out.push(e))?;
+            Ok(out)
+        });
+        match results {
+            Ok(lists) => lists.into_iter().flatten().for_each(|e| purged(e)),
+            Err(e) => {
+                self.poisoned = true;
+                return Err(e);
             }
         }
-        self.block_counters = (
-            self.counters.buckets_read - r0,
-            self.counters.buckets_written - w0,
-        );
+        self.block_counters = (self.buckets_read() - r0, self.buckets_written() - w0);
         Ok(())
     }
 
@@ -1563,14 +1629,14 @@ impl UtxoTable for SozuTable {
         let geo = self.geo.clone();
         for si in 0..self.shards.len() {
             for layer in 0..=geo.max_layer {
-                let pages = geo.pages_in(&self.shards[si].state, layer);
+                let pages = geo.pages_in(&self.shards[si].shard.state, layer);
                 if pages == 0 {
                     break;
                 }
                 for page in 0..pages {
-                    let b = self.get_bucket(si, (layer, page), false)?;
+                    let b = self.shards[si].get_bucket(&geo, (layer, page), false)?;
                     for slot in b.slots {
-                        let e = self.resolve(si, slot)?;
+                        let e = self.shards[si].resolve(slot)?;
                         f(&e);
                     }
                 }
