@@ -11,7 +11,8 @@
 //! `SOZU_BENCH_BLOCKS` (measured blocks, default 150), `SOZU_BENCH_DIR`
 //! (default `target/sozu-bench`, a real disk: fsync matters),
 //! `SOZU_BENCH_SKIP` (comma list of baselines to skip: sled,redb,hashmap),
-//! `SOZU_BENCH_RAM_LAYERS` (default 1), `SOZU_BENCH_LAYER0_BITS` (default 10).
+//! `SOZU_BENCH_RAM_LAYERS` (default 2), `SOZU_BENCH_LAYER0_BITS` (default 10),
+//! `SOZU_BENCH_SHARDS` (default 2: one worker thread per shard).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -468,9 +469,11 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn sozu_config() -> SozuConfig {
-    let ram_layers = env_usize("SOZU_BENCH_RAM_LAYERS", 1) as u8;
+    let ram_layers = env_usize("SOZU_BENCH_RAM_LAYERS", 2) as u8;
     let layer0_bits = env_usize("SOZU_BENCH_LAYER0_BITS", 10) as u8;
+    let shards = env_usize("SOZU_BENCH_SHARDS", 2) as u8;
     SozuConfig {
+        shards,
         layer0_bits,
         ram_layers,
         verify_on_open: false,

@@ -919,43 +919,13 @@ impl SozuTable {
             self.checkpoint()?;
         }
         let ps = self.geo.page_size;
+        let work: Vec<Vec<()>> = self.shards.iter().map(|_| vec![()]).collect();
+        let encoded = run_per_shard(&mut self.shards, work, |w, _| w.shard.encode_dirty(ps))?;
         let mut pages = Vec::new();
         let mut extents = Vec::new();
-        for shard in self.shards.iter().map(|w| &w.shard) {
-            for addr in &shard.dirty_ram {
-                let b = shard.ram.get(addr).ok_or(SozuError::Poisoned)?;
-                let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
-                    layer: addr.0,
-                    page: addr.1,
-                })?;
-                pages.push(PageImage {
-                    shard: shard.id,
-                    layer: addr.0,
-                    page: addr.1,
-                    image,
-                });
-            }
-            let mut dirty: Vec<(&Addr, &Bucket)> = shard.dirty.iter().collect();
-            dirty.sort_by_key(|(a, _)| **a);
-            for (addr, b) in dirty {
-                let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
-                    layer: addr.0,
-                    page: addr.1,
-                })?;
-                pages.push(PageImage {
-                    shard: shard.id,
-                    layer: addr.0,
-                    page: addr.1,
-                    image,
-                });
-            }
-            for (off, data) in &shard.rec_pending {
-                extents.push(Extent {
-                    shard: shard.id,
-                    offset: *off,
-                    data: data.clone(),
-                });
-            }
+        for (p, e) in encoded {
+            pages.extend(p);
+            extents.extend(e);
         }
         let mut header = self.committed.clone();
         header.commit_seq += 1;
@@ -999,6 +969,50 @@ impl SozuTable {
             shard.rec_overlay.extend(pending);
         }
         Ok(())
+    }
+}
+
+impl Shard {
+    /// Encodes the pages and records changed since the last commit.
+    fn encode_dirty(&self, ps: usize) -> Result<(Vec<PageImage>, Vec<Extent>), SozuError> {
+        let shard = self;
+        let mut pages = Vec::new();
+        let mut extents = Vec::new();
+        for addr in &shard.dirty_ram {
+            let b = shard.ram.get(addr).ok_or(SozuError::Poisoned)?;
+            let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
+                layer: addr.0,
+                page: addr.1,
+            })?;
+            pages.push(PageImage {
+                shard: shard.id,
+                layer: addr.0,
+                page: addr.1,
+                image,
+            });
+        }
+        let mut dirty: Vec<(&Addr, &Bucket)> = shard.dirty.iter().collect();
+        dirty.sort_by_key(|(a, _)| **a);
+        for (addr, b) in dirty {
+            let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
+                layer: addr.0,
+                page: addr.1,
+            })?;
+            pages.push(PageImage {
+                shard: shard.id,
+                layer: addr.0,
+                page: addr.1,
+                image,
+            });
+        }
+        for (off, data) in &shard.rec_pending {
+            extents.push(Extent {
+                shard: shard.id,
+                offset: *off,
+                data: data.clone(),
+            });
+        }
+        Ok((pages, extents))
     }
 }
 
