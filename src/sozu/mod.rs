@@ -50,8 +50,11 @@
 //!   into the page files (header replaced by an atomic rename). A crash at
 //!   any instant leaves exactly the last committed state; checksums are
 //!   verified on every page read and, by default, on every page at open.
-//! - **Sharding** by hash prefix: each shard is an independent tree with its
-//!   own files; one journal and one fsync cover all shards.
+//! - **Sharding** by hash prefix (seed 000): each shard is an independent
+//!   tree with its own files and storage handle; `get_batch`, `write_block`
+//!   and the page encoding of `commit` run one scoped worker thread per
+//!   shard; one journal record and one fsync cover all shards, so a commit
+//!   stays atomic across them.
 //!
 //! Size arithmetic (bytes per entry, layers for 10M and 180M live entries)
 //! and the byte layout are in `docs/sozu-format.md`; measurements in

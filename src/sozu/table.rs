@@ -882,11 +882,27 @@ impl SozuTable {
         for shard in self.shards.iter().map(|w| &w.shard) {
             let mut pages: Vec<(&Addr, &Arc<Vec<u8>>)> = shard.overlay.iter().collect();
             pages.sort_by_key(|(a, _)| **a);
-            for ((layer, page), img) in pages {
+            // Runs of consecutive pages go out in one write (≤ 1 MiB).
+            let mut i = 0;
+            while i < pages.len() {
+                let ((layer, first), _) = pages[i];
+                let mut j = i + 1;
+                while j < pages.len()
+                    && pages[j].0 .0 == *layer
+                    && pages[j].0 .1 == first + (j - i) as u64
+                    && ((j - i + 1) as u64) * ps <= 1 << 20
+                {
+                    j += 1;
+                }
+                let mut buf = Vec::with_capacity((j - i) * ps as usize);
+                for (_, img) in &pages[i..j] {
+                    buf.extend_from_slice(img);
+                }
                 let name = layer_file(shard.id, *layer);
-                st.write_at(&name, page * ps, img)
+                st.write_at(&name, first * ps, &buf)
                     .map_err(|e| io_err(st, &name, e))?;
                 touched.insert(name);
+                i = j;
             }
             let name = records_file(shard.id);
             for (off, data) in &shard.rec_overlay {
