@@ -14,10 +14,61 @@
 //!    (batched: each bucket read at most once);
 //! 2. [`UtxoTable::write_block`] with the block's [`BlockWrite`];
 //! 3. [`UtxoTable::commit`] with the block's [`CommitTag`].
+//!
+//! # Design ([`SozuTable`])
+//!
+//! - **Layers of one-page buckets.** Layer 0 has 2^b0 buckets (all
+//!   allocated, held in RAM with the next `ram_layers − 1` layers); layer
+//!   i+1 has 2^g times more. A bucket's 2^g children are allocated as one
+//!   group, lazily, the first time it spills, so empty subtrees cost no
+//!   disk. The bucket of a key at layer i is given by the top `b0 + i·g` bits
+//!   of SipHash-2-4 keyed with a random 128-bit key stored in the header, so
+//!   no peer can aim outpoints at one bucket.
+//! - **Reads** ([`UtxoTable::get_batch`], [`SozuTable::get_batch_since`])
+//!   descend layer by layer for the whole batch at once: the keys are
+//!   grouped by bucket, so each bucket is read at most once per batch. A
+//!   bucket's max-production-height stops the descent early when the caller
+//!   gives a height floor (seed 000's `ReadSozu(k, b, h)`).
+//! - **Writes** ([`UtxoTable::write_block`], seed 000's `WriteSozu` /
+//!   `MergeEntries`): keys not `known_absent` (and every spent key) are
+//!   located by one batched descent and merged where they live (unicity);
+//!   new keys go to layer 0. Buckets are then rewritten top-down, each once
+//!   per block: merge, purge the entries [`Entry::is_purgeable`] says are
+//!   final (handed to the callback), and if the bucket exceeds its layer's
+//!   capacity, spill in the seed's order (consumed on the best chain first,
+//!   then oldest max production height, then key) until it holds α ×
+//!   capacity; the spilled entries become inserts of the children,
+//!   processed in the next layer's pass.
+//! - **Scripts** longer than `inline_script_max` bytes live out of line in a
+//!   per-shard records file (seed 004's external records), so a 10,000-byte
+//!   script never breaks a page.
+//! - **Durability** ([`UtxoTable::commit`]): a redo journal of page images.
+//!   A commit appends one record — every page changed since the last commit
+//!   (RAM layers included), the appended scripts, and the new header — with a
+//!   CRC-32, and fsyncs once. Open replays the committed records over the
+//!   page files and ignores a torn tail. The journal is checkpointed lazily
+//!   into the page files (header replaced by an atomic rename). A crash at
+//!   any instant leaves exactly the last committed state; checksums are
+//!   verified on every page read and, by default, on every page at open.
+//! - **Sharding** by hash prefix (seed 000): each shard is an independent
+//!   tree with its own files and storage handle; `get_batch`, `write_block`
+//!   and the page encoding of `commit` run one scoped worker thread per
+//!   shard; one journal record and one fsync cover all shards, so a commit
+//!   stays atomic across them.
+//!
+//! Size arithmetic (bytes per entry, layers for 10M and 180M live entries)
+//! and the byte layout are in `docs/sozu-format.md`; measurements in
+//! `BENCHMARKS.md`.
 
+pub mod header;
 pub mod model;
+pub mod page;
+pub mod storage;
+pub mod table;
 pub mod types;
 
+pub use storage::{FsStorage, MemStorage, Storage};
+pub use table::{LayerConfig, LayerStats, SozuConfig, SozuStats, SozuTable};
 pub use types::*;
 
 use bitcoin::OutPoint;
@@ -40,6 +91,63 @@ pub enum SozuError {
         /// The outpoint.
         outpoint: OutPoint,
     },
+    /// A file of the table is damaged: a checksum, magic or structure check
+    /// failed. Nothing was repaired; restore from a backup or rebuild.
+    #[error("sozu table corrupt: {path} at byte {offset}: {reason}")]
+    Corrupt {
+        /// The damaged file.
+        path: std::path::PathBuf,
+        /// Byte offset of the damaged page, record or field.
+        offset: u64,
+        /// What failed.
+        reason: String,
+    },
+    /// The table was written by an incompatible format version.
+    #[error("sozu table {path} has format version {major}.{minor}; this build reads {}.x — rebuild the table", header::FORMAT_MAJOR)]
+    UnsupportedVersion {
+        /// The header file.
+        path: std::path::PathBuf,
+        /// Major version found.
+        major: u16,
+        /// Minor version found.
+        minor: u16,
+    },
+    /// A block more than [`PURGE_DEPTH`] below the tip was written: entries
+    /// it would need may already be purged.
+    #[error("block at height {height} is more than 100 blocks below the tip {tip}")]
+    ReorgTooDeep {
+        /// Height of the block written.
+        height: u32,
+        /// Height of the best tip.
+        tip: u32,
+    },
+    /// A script longer than 10,000 bytes was written.
+    #[error("output {outpoint} has a {len}-byte script (limit 10,000)")]
+    ScriptTooLong {
+        /// The outpoint.
+        outpoint: OutPoint,
+        /// Its script length in bytes.
+        len: usize,
+    },
+    /// A bucket at the deepest layer (all 64 hash bits used) is full, or an
+    /// entry's lists no longer fit a page.
+    #[error("bucket {page} of layer {layer} is full")]
+    BucketFull {
+        /// Layer.
+        layer: u8,
+        /// Page number in the layer.
+        page: u64,
+    },
+    /// An invalid configuration for a new table.
+    #[error("invalid sozu configuration: {reason}")]
+    Config {
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// An earlier write or commit failed; the in-memory state is unknown and
+    /// the table must be reopened.
+    #[error("sozu table needs reopening after an earlier failure")]
+    Poisoned,
     /// An I/O error from the storage backend.
     #[error("sozu I/O error on {path}: {source}")]
     Io {

@@ -202,7 +202,10 @@ pub trait ChainView {
 
 /// What the table needs to know of the chain to hard-delete entries and to
 /// order spills: the best chain's heights and the tip.
-pub trait BlockOracle {
+///
+/// `Sync` because the sharded Sozu table consults it from one worker thread
+/// per shard.
+pub trait BlockOracle: Sync {
     /// Height of `block` if it is on the best chain, else `None`.
     fn best_height(&self, block: BlockId) -> Option<u32>;
     /// Height of any known block, else `None`.

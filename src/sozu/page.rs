@@ -1,0 +1,501 @@
+//! Bucket pages: the byte layout of one Sozu bucket (one device page).
+//!
+//! Layout (all integers little-endian; `docs/sozu-format.md` is the
+//! normative description):
+//!
+//! ```text
+//! offset size field
+//! 0      4    crc32 (IEEE, crc32fast) of bytes 4..page_size
+//! 4      4    magic "SZBK"
+//! 8      1    page format version (1)
+//! 9      1    reserved, 0
+//! 10     2    entry count n
+//! 12     4    max production height of any entry in the children (seed 000's Height(B))
+//! 16     8    children: 0 = nil, else (child group number + 1)
+//! 24     ...  n entries, then zero padding to page_size
+//! ```
+//!
+//! One entry (53 bytes + script or 16-byte external reference + 8 bytes per
+//! production + 40 bytes per consumption):
+//!
+//! ```text
+//! 36  key: txid (32, internal order) + vout (4, big-endian)
+//! 8   value (sats)
+//! 4   coin height
+//! 1   flags: bit 0 coinbase, bit 1 script stored out of line
+//! 1   number of productions (1..=255)
+//! 1   number of consumptions (0..=255)
+//! 2   script length in bytes (0..=10,000)
+//! ..  inline: the script bytes; out of line: record offset (8) + crc32 (4) + reserved (4)
+//! 8×p productions: block id (4) + height (4)
+//! 40×c consumptions: block id (4) + spending txid (32) + input index (4)
+//! ```
+
+use bitcoin::hashes::Hash;
+use bitcoin::Txid;
+
+use super::types::{key_outpoint, outpoint_key, Coin, Consumption, Entry, Production};
+
+/// Size of the page header in bytes.
+pub const PAGE_HEADER_LEN: usize = 24;
+/// Magic of a bucket page.
+pub const PAGE_MAGIC: [u8; 4] = *b"SZBK";
+/// Version of the page layout.
+pub const PAGE_VERSION: u8 = 1;
+/// Fixed part of an encoded entry, in bytes.
+pub const ENTRY_FIXED_LEN: usize = 53;
+/// Size of an out-of-line script reference inside an entry, in bytes.
+pub const EXTERNAL_REF_LEN: usize = 16;
+/// Largest script the table accepts, in bytes (consensus `MAX_SCRIPT_SIZE`).
+pub const MAX_SCRIPT_LEN: usize = 10_000;
+
+/// Where an out-of-line script lives in the records file.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ExternalScript {
+    /// Byte offset of the record in the shard's records file.
+    pub offset: u64,
+    /// crc32 of the script bytes (checked on every read).
+    pub crc: u32,
+}
+
+/// One entry as a bucket stores it: the entry, and for long scripts the
+/// reference to its out-of-line record (then `entry.coin.script_pubkey` is
+/// empty in memory until resolved, and `script_len` gives its length).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Slot {
+    /// The entry (script empty when stored out of line).
+    pub entry: Entry,
+    /// Out-of-line script reference and length in bytes.
+    pub external: Option<(ExternalScript, u16)>,
+}
+
+impl Slot {
+    /// Encoded size of this slot in a page, in bytes.
+    pub fn encoded_len(&self) -> usize {
+        let script = match self.external {
+            Some(_) => EXTERNAL_REF_LEN,
+            None => self.entry.coin.script_pubkey.len(),
+        };
+        ENTRY_FIXED_LEN + script + 8 * self.entry.produced.len() + 40 * self.entry.consumed.len()
+    }
+}
+
+/// A decoded bucket.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Bucket {
+    /// Highest production height of any entry ever spilled below this bucket.
+    pub max_child_height: u32,
+    /// 0 = no children; else child group number + 1.
+    pub children: u64,
+    /// The entries, in no particular order.
+    pub slots: Vec<Slot>,
+}
+
+impl Bucket {
+    /// Sum of the encoded sizes of the entries, in bytes (page header excluded).
+    pub fn payload_len(&self) -> usize {
+        self.slots.iter().map(Slot::encoded_len).sum()
+    }
+
+    /// Position of `key` among the slots.
+    pub fn find(&self, outpoint: &bitcoin::OutPoint) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| s.entry.outpoint == *outpoint)
+    }
+}
+
+/// Why a page failed to decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PageError {
+    /// The page is not `page_size` bytes long.
+    #[error("page is {len} bytes, expected {expected}")]
+    WrongSize {
+        /// Actual length.
+        len: usize,
+        /// Expected length.
+        expected: usize,
+    },
+    /// Stored and computed checksums differ.
+    #[error("page checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum {
+        /// Stored crc32.
+        stored: u32,
+        /// Computed crc32.
+        computed: u32,
+    },
+    /// Not a bucket page.
+    #[error("bad page magic or version")]
+    Magic,
+    /// A field is out of range or the entries overrun the page.
+    #[error("malformed page at byte {at}: {what}")]
+    Malformed {
+        /// Byte offset in the page.
+        at: usize,
+        /// What was wrong.
+        what: &'static str,
+    },
+}
+
+/// Why a bucket could not be encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// The entries need more bytes than a page holds.
+    #[error("bucket needs {needed} bytes, page holds {available}")]
+    TooLarge {
+        /// Bytes needed (header included).
+        needed: usize,
+        /// Page size.
+        available: usize,
+    },
+    /// An entry has more than 255 productions or consumptions, or a script
+    /// over 10,000 bytes.
+    #[error("entry lists or script exceed the format's bounds")]
+    EntryBounds,
+}
+
+/// Encodes a bucket into a page of `page_size` bytes, checksum included.
+///
+/// # Errors
+/// [`EncodeError`] when it does not fit.
+pub fn encode_bucket(bucket: &Bucket, page_size: usize) -> Result<Vec<u8>, EncodeError> {
+    let needed = PAGE_HEADER_LEN + bucket.payload_len();
+    if needed > page_size || bucket.slots.len() > u16::MAX as usize {
+        return Err(EncodeError::TooLarge {
+            needed,
+            available: page_size,
+        });
+    }
+    let mut page = Vec::with_capacity(page_size);
+    page.extend_from_slice(&[0u8; 4]);
+    page.extend_from_slice(&PAGE_MAGIC);
+    page.push(PAGE_VERSION);
+    page.push(0);
+    page.extend_from_slice(&(bucket.slots.len() as u16).to_le_bytes());
+    page.extend_from_slice(&bucket.max_child_height.to_le_bytes());
+    page.extend_from_slice(&bucket.children.to_le_bytes());
+    for slot in &bucket.slots {
+        let e = &slot.entry;
+        if e.produced.is_empty()
+            || e.produced.len() > 255
+            || e.consumed.len() > 255
+            || e.coin.script_pubkey.len() > MAX_SCRIPT_LEN
+        {
+            return Err(EncodeError::EntryBounds);
+        }
+        page.extend_from_slice(&outpoint_key(&e.outpoint));
+        page.extend_from_slice(&e.coin.value.to_le_bytes());
+        page.extend_from_slice(&e.coin.height.to_le_bytes());
+        let flags = u8::from(e.coin.coinbase) | if slot.external.is_some() { 2 } else { 0 };
+        page.push(flags);
+        page.push(e.produced.len() as u8);
+        page.push(e.consumed.len() as u8);
+        match slot.external {
+            Some((ext, len)) => {
+                if len as usize > MAX_SCRIPT_LEN {
+                    return Err(EncodeError::EntryBounds);
+                }
+                page.extend_from_slice(&len.to_le_bytes());
+                page.extend_from_slice(&ext.offset.to_le_bytes());
+                page.extend_from_slice(&ext.crc.to_le_bytes());
+                page.extend_from_slice(&[0u8; 4]);
+            }
+            None => {
+                page.extend_from_slice(&(e.coin.script_pubkey.len() as u16).to_le_bytes());
+                page.extend_from_slice(&e.coin.script_pubkey);
+            }
+        }
+        for p in &e.produced {
+            page.extend_from_slice(&p.block.0.to_le_bytes());
+            page.extend_from_slice(&p.height.to_le_bytes());
+        }
+        for c in &e.consumed {
+            page.extend_from_slice(&c.block.0.to_le_bytes());
+            page.extend_from_slice(c.txid.as_byte_array());
+            page.extend_from_slice(&c.vin.to_le_bytes());
+        }
+    }
+    page.resize(page_size, 0);
+    let crc = crc32fast::hash(&page[4..]);
+    page[..4].copy_from_slice(&crc.to_le_bytes());
+    Ok(page)
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], PageError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.buf.len());
+        match end {
+            Some(end) => {
+                let s = &self.buf[self.at..end];
+                self.at = end;
+                Ok(s)
+            }
+            None => Err(PageError::Malformed { at: self.at, what }),
+        }
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, PageError> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16, PageError> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, PageError> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, PageError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8, what)?);
+        Ok(u64::from_le_bytes(a))
+    }
+}
+
+/// Decodes and verifies a bucket page of `page_size` bytes. Never panics,
+/// whatever the bytes (fuzzed by `fuzz/fuzz_targets/bucket_page.rs`).
+///
+/// # Errors
+/// [`PageError`] on a wrong size, checksum, magic, version, or any field out
+/// of range (lists empty or over 255, script over 10,000 bytes, non-zero
+/// padding or reserved bytes, duplicate keys).
+pub fn decode_bucket(page: &[u8], page_size: usize) -> Result<Bucket, PageError> {
+    if page.len() != page_size || page_size < PAGE_HEADER_LEN {
+        return Err(PageError::WrongSize {
+            len: page.len(),
+            expected: page_size,
+        });
+    }
+    let stored = u32::from_le_bytes([page[0], page[1], page[2], page[3]]);
+    let computed = crc32fast::hash(&page[4..]);
+    if stored != computed {
+        return Err(PageError::Checksum { stored, computed });
+    }
+    decode_bucket_unchecked(page)
+}
+
+/// Decodes a page without verifying its checksum (the fuzz target uses it to
+/// reach the field parser with arbitrary bytes).
+///
+/// # Errors
+/// As [`decode_bucket`], minus the checksum.
+pub fn decode_bucket_unchecked(page: &[u8]) -> Result<Bucket, PageError> {
+    let mut r = Reader { buf: page, at: 4 };
+    if r.take(4, "magic")? != PAGE_MAGIC || r.u8("version")? != PAGE_VERSION {
+        return Err(PageError::Magic);
+    }
+    if r.u8("reserved")? != 0 {
+        return Err(PageError::Malformed {
+            at: 9,
+            what: "reserved byte not zero",
+        });
+    }
+    let n = r.u16("entry count")? as usize;
+    let max_child_height = r.u32("max child height")?;
+    let children = r.u64("children")?;
+    let mut slots: Vec<Slot> = Vec::with_capacity(n.min(page.len() / ENTRY_FIXED_LEN));
+    for _ in 0..n {
+        let mut key = [0u8; 36];
+        key.copy_from_slice(r.take(36, "key")?);
+        let value = r.u64("value")?;
+        let height = r.u32("height")?;
+        let flags = r.u8("flags")?;
+        if flags & !3 != 0 {
+            return Err(PageError::Malformed {
+                at: r.at - 1,
+                what: "unknown flag bits",
+            });
+        }
+        let np = r.u8("production count")? as usize;
+        let nc = r.u8("consumption count")? as usize;
+        if np == 0 {
+            return Err(PageError::Malformed {
+                at: r.at - 2,
+                what: "entry without production",
+            });
+        }
+        let script_len = r.u16("script length")?;
+        if script_len as usize > MAX_SCRIPT_LEN {
+            return Err(PageError::Malformed {
+                at: r.at - 2,
+                what: "script over 10,000 bytes",
+            });
+        }
+        let (script, external) = if flags & 2 != 0 {
+            let offset = r.u64("record offset")?;
+            let crc = r.u32("record crc")?;
+            if r.u32("reserved")? != 0 {
+                return Err(PageError::Malformed {
+                    at: r.at - 4,
+                    what: "reserved not zero",
+                });
+            }
+            (
+                Vec::new(),
+                Some((ExternalScript { offset, crc }, script_len)),
+            )
+        } else {
+            (r.take(script_len as usize, "script")?.to_vec(), None)
+        };
+        let mut produced = Vec::with_capacity(np);
+        for _ in 0..np {
+            let block = super::BlockId(r.u32("production block")?);
+            let height = r.u32("production height")?;
+            produced.push(Production { block, height });
+        }
+        let mut consumed = Vec::with_capacity(nc);
+        for _ in 0..nc {
+            let block = super::BlockId(r.u32("consumption block")?);
+            let mut txid = [0u8; 32];
+            txid.copy_from_slice(r.take(32, "spending txid")?);
+            let vin = r.u32("input index")?;
+            consumed.push(Consumption {
+                block,
+                txid: Txid::from_byte_array(txid),
+                vin,
+            });
+        }
+        if !produced.windows(2).all(|w| w[0] < w[1]) || !consumed.windows(2).all(|w| w[0] < w[1]) {
+            return Err(PageError::Malformed {
+                at: r.at,
+                what: "lifecycle lists not sorted",
+            });
+        }
+        let entry = Entry {
+            outpoint: key_outpoint(&key),
+            coin: Coin {
+                value,
+                script_pubkey: script,
+                height,
+                coinbase: flags & 1 != 0,
+            },
+            produced,
+            consumed,
+        };
+        if slots.iter().any(|s| s.entry.outpoint == entry.outpoint) {
+            return Err(PageError::Malformed {
+                at: r.at,
+                what: "duplicate key in bucket",
+            });
+        }
+        slots.push(Slot { entry, external });
+    }
+    if page[r.at..].iter().any(|&b| b != 0) {
+        return Err(PageError::Malformed {
+            at: r.at,
+            what: "non-zero padding",
+        });
+    }
+    Ok(Bucket {
+        max_child_height,
+        children,
+        slots,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sozu::BlockId;
+    use bitcoin::OutPoint;
+
+    fn slot(i: u8, script_len: usize) -> Slot {
+        Slot {
+            entry: Entry {
+                outpoint: OutPoint {
+                    txid: Txid::from_byte_array([i; 32]),
+                    vout: i as u32,
+                },
+                coin: Coin {
+                    value: 5000,
+                    script_pubkey: vec![0x51; script_len],
+                    height: 7,
+                    coinbase: i % 2 == 0,
+                },
+                produced: vec![Production {
+                    block: BlockId(3),
+                    height: 7,
+                }],
+                consumed: vec![Consumption {
+                    block: BlockId(9),
+                    txid: Txid::from_byte_array([0xee; 32]),
+                    vin: 1,
+                }],
+            },
+            external: None,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_exact_header_bytes() {
+        let b = Bucket {
+            max_child_height: 0x01020304,
+            children: 5,
+            slots: vec![slot(1, 22), slot(2, 0)],
+        };
+        let page = encode_bucket(&b, 4096).unwrap();
+        assert_eq!(&page[4..8], b"SZBK");
+        assert_eq!(page[8], 1);
+        assert_eq!(&page[10..12], &[2, 0]);
+        assert_eq!(&page[12..16], &[4, 3, 2, 1]);
+        assert_eq!(&page[16..24], &[5, 0, 0, 0, 0, 0, 0, 0]);
+        // entry: key txid bytes then vout big-endian
+        assert_eq!(&page[24..56], &[1u8; 32]);
+        assert_eq!(&page[56..60], &[0, 0, 0, 1]);
+        assert_eq!(b.slots[0].encoded_len(), 53 + 22 + 8 + 40);
+        assert_eq!(decode_bucket(&page, 4096).unwrap(), b);
+    }
+
+    #[test]
+    fn flipped_bit_is_a_checksum_error() {
+        let b = Bucket {
+            max_child_height: 0,
+            children: 0,
+            slots: vec![slot(1, 30)],
+        };
+        let mut page = encode_bucket(&b, 4096).unwrap();
+        page[100] ^= 0x10;
+        assert!(matches!(
+            decode_bucket(&page, 4096),
+            Err(PageError::Checksum { .. })
+        ));
+    }
+
+    #[test]
+    fn too_large_is_refused() {
+        let b = Bucket {
+            slots: (0..60).map(|i| slot(i, 30)).collect(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            encode_bucket(&b, 4096),
+            Err(EncodeError::TooLarge { .. })
+        ));
+    }
+
+    proptest::proptest! {
+        /// The fuzz target's property, run on mutated valid pages in CI.
+        #[test]
+        fn mutated_pages_never_panic_and_round_trip(
+            flips in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..8),
+            n in 0u8..20,
+        ) {
+            let b = Bucket { max_child_height: 3, children: 2, slots: (0..n).map(|i| slot(i, 22 + i as usize)).collect() };
+            let mut page = encode_bucket(&b, 4096).unwrap();
+            for (at, x) in flips {
+                page[at] ^= x;
+            }
+            if let Ok(d) = decode_bucket_unchecked(&page) {
+                let again = encode_bucket(&d, 4096).unwrap();
+                proptest::prop_assert_eq!(&again[4..], &page[4..]);
+            }
+            let _ = decode_bucket(&page, 4096);
+        }
+    }
+}

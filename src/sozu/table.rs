@@ -1,0 +1,1677 @@
+//! [`SozuTable`]: the layered, journaled, on-disk Sozu table.
+//!
+//! See the module docs of [`crate::sozu`] for the design and
+//! `docs/sozu-format.md` for the bytes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bitcoin::OutPoint;
+use siphasher::sip::SipHasher24;
+
+use super::header::{
+    encode_record, parse_record, CommitRecord, Extent, Header, HeaderError, PageImage, Parsed,
+    ShardState, HEADER_LEN, MAX_LAYERS, MAX_SHARDS, RECORD_HEADER_LEN,
+};
+use super::page::{decode_bucket, encode_bucket, Bucket, ExternalScript, Slot, PAGE_HEADER_LEN};
+use super::storage::{FsStorage, Storage};
+use super::types::{
+    outpoint_key, BlockOracle, BlockWrite, Coin, CommitTag, Consumption, Entry, OutPointKey,
+    Production, PURGE_DEPTH,
+};
+use super::{SozuError, UtxoTable};
+
+const HEADER_FILE: &str = "sozu.header";
+const HEADER_TMP: &str = "sozu.header.tmp";
+const JOURNAL_FILE: &str = "sozu.journal";
+
+fn layer_file(shard: u8, layer: u8) -> String {
+    format!("s{shard}-layer-{layer:02}.pages")
+}
+
+fn records_file(shard: u8) -> String {
+    format!("s{shard}-records.dat")
+}
+
+/// Capacity and keep-ratio of one layer (seed 000, "Tuning the flow between
+/// layers").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerConfig {
+    /// Bytes of encoded entries a bucket of this layer holds before it
+    /// overflows (at most `page_size - 24`; larger values are clamped).
+    pub capacity: usize,
+    /// α: fraction of `capacity` kept in an overflowing bucket after the
+    /// spill, in [0, 1).
+    pub alpha: f64,
+}
+
+/// Configuration of a [`SozuTable`]. `page_size`, `layer0_bits`,
+/// `growth_bits` and `shards` are fixed when the table is created and read
+/// back from its header afterwards (the values given at a later open are
+/// ignored); the others apply to each open.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SozuConfig {
+    /// Bucket (page) size in bytes, a power of two ≥ 512; 4096 by default.
+    pub page_size: usize,
+    /// log2 of the number of layer-0 buckets (default 12: 4,096 buckets, 16 MiB).
+    pub layer0_bits: u8,
+    /// g: layer i+1 has 2^g times the buckets of layer i (default 2).
+    pub growth_bits: u8,
+    /// Per-layer capacity and α, from layer 0 down; the last item applies to
+    /// every deeper layer.
+    pub layers: Vec<LayerConfig>,
+    /// How many top layers are held in RAM (loaded at open, written only
+    /// through the journal); default 1.
+    pub ram_layers: u8,
+    /// Scripts longer than this many bytes are stored out of line in the
+    /// records file (default 100; at most 1,000).
+    pub inline_script_max: usize,
+    /// The journal is checkpointed into the page files at the first commit
+    /// after it grows past this many bytes (default 64 MiB).
+    pub checkpoint_bytes: u64,
+    /// Whether open reads and verifies every page (default true; costs one
+    /// sequential read of the table).
+    pub verify_on_open: bool,
+    /// Number of shards by hash prefix (power of two, ≤ 8; 1 = off).
+    pub shards: u8,
+    /// Decoded pages of disk layers kept in a read cache (default 4,096).
+    pub cache_pages: usize,
+}
+
+impl Default for SozuConfig {
+    fn default() -> Self {
+        Self {
+            page_size: 4096,
+            layer0_bits: 12,
+            growth_bits: 2,
+            layers: vec![
+                LayerConfig {
+                    capacity: 3000,
+                    alpha: 0.5,
+                },
+                LayerConfig {
+                    capacity: 3600,
+                    alpha: 0.75,
+                },
+                LayerConfig {
+                    capacity: 4000,
+                    alpha: 0.85,
+                },
+            ],
+            ram_layers: 1,
+            inline_script_max: 100,
+            checkpoint_bytes: 64 << 20,
+            verify_on_open: true,
+            shards: 1,
+            cache_pages: 4096,
+        }
+    }
+}
+
+/// Counters of one layer, from [`SozuTable::stats`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LayerStats {
+    /// Allocated buckets (pages).
+    pub buckets: u64,
+    /// Entries stored.
+    pub entries: u64,
+    /// Bytes of encoded entries / (buckets × page payload capacity).
+    pub fill: f64,
+}
+
+/// Statistics of a [`SozuTable`] (seed 000's quantities; issue 2 item 10).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SozuStats {
+    /// Per layer, from layer 0 down (computed by a full scan).
+    pub layers: Vec<LayerStats>,
+    /// Bytes of the table's files on disk (pages, records, journal, header).
+    pub bytes_on_disk: u64,
+    /// Of which the journal (bounded by `checkpoint_bytes` + one commit).
+    pub journal_file_bytes: u64,
+    /// Serialized size of the live payloads: for each entry 36-byte key +
+    /// 8 value + 4 height + 1 coinbase + script + 8 per production + 40 per
+    /// consumption.
+    pub payload_bytes: u64,
+    /// Buckets read (decoded) by the last `get_batch` + `write_block`.
+    pub last_block_buckets_read: u64,
+    /// Buckets rewritten by the last `write_block`.
+    pub last_block_buckets_written: u64,
+    /// Page reads from the disk layers (not RAM, not the journal overlay)
+    /// since open.
+    pub disk_page_reads: u64,
+    /// Lookups that went below the RAM layers since open, and the disk
+    /// pages they read (mean page reads per lookup below RAM = ratio).
+    pub deep_lookups: u64,
+    /// Disk-layer bucket visits by those lookups.
+    pub deep_lookup_pages: u64,
+    /// Entries spilled to a lower layer since open.
+    pub spills: u64,
+    /// Child groups allocated since open.
+    pub children_allocated: u64,
+    /// Entries purged since open.
+    pub purges: u64,
+    /// Commits and checkpoints since open.
+    pub commits: u64,
+    /// Checkpoints since open.
+    pub checkpoints: u64,
+    /// Bytes appended to the journal since open.
+    pub journal_bytes: u64,
+}
+
+type Addr = (u8, u64);
+
+/// One shard: an independent layered table over a hash-prefix range.
+struct Shard {
+    id: u8,
+    state: ShardState,
+    /// Every page of the RAM layers, decoded.
+    ram: HashMap<Addr, Bucket>,
+    /// RAM pages changed since the last commit.
+    dirty_ram: BTreeSet<Addr>,
+    /// Disk-layer pages changed since the last commit.
+    dirty: HashMap<Addr, Bucket>,
+    /// Committed page images not yet checkpointed into the page files.
+    overlay: HashMap<Addr, Arc<Vec<u8>>>,
+    /// Committed records-file extents not yet checkpointed.
+    rec_overlay: BTreeMap<u64, Vec<u8>>,
+    /// Records-file extents written since the last commit.
+    rec_pending: BTreeMap<u64, Vec<u8>>,
+    /// Read cache of decoded disk pages (committed content only).
+    cache: HashMap<Addr, Bucket>,
+}
+
+/// A shard with its own storage handle and counters, so shards can work
+/// on separate threads.
+struct Worker {
+    shard: Shard,
+    storage: Box<dyn Storage>,
+    counters: Counters,
+}
+
+/// Geometry shared by all shards.
+#[derive(Clone)]
+struct Geo {
+    page_size: usize,
+    b0: u32,
+    g: u32,
+    shard_bits: u32,
+    max_layer: u8,
+    ram_layers: u8,
+    layers: Vec<LayerConfig>,
+    inline_script_max: usize,
+    cache_pages: usize,
+    hasher: SipHasher24,
+}
+
+impl Geo {
+    fn hash(&self, key: &OutPointKey) -> u64 {
+        self.hasher.hash(key)
+    }
+    fn shard_of(&self, h: u64) -> u8 {
+        if self.shard_bits == 0 {
+            0
+        } else {
+            (h >> (64 - self.shard_bits)) as u8
+        }
+    }
+    fn layer0_pages(&self) -> u64 {
+        1u64 << (self.b0 - self.shard_bits)
+    }
+    fn layer0_page(&self, h: u64) -> u64 {
+        (h >> (64 - self.b0)) & (self.layer0_pages() - 1)
+    }
+    /// Index of the child (within its group) covering `h` at `layer` ≥ 1.
+    fn child_index(&self, h: u64, layer: u8) -> u64 {
+        let bits = self.b0 + u32::from(layer) * self.g;
+        (h >> (64 - bits)) & ((1u64 << self.g) - 1)
+    }
+    fn child_page(&self, children: u64, h: u64, layer: u8) -> u64 {
+        ((children - 1) << self.g) + self.child_index(h, layer)
+    }
+    fn layer_cfg(&self, layer: u8) -> LayerConfig {
+        let c = self
+            .layers
+            .get(layer as usize)
+            .or(self.layers.last())
+            .copied();
+        let c = c.unwrap_or(LayerConfig {
+            capacity: self.page_size,
+            alpha: 0.5,
+        });
+        LayerConfig {
+            capacity: c.capacity.min(self.page_size - PAGE_HEADER_LEN),
+            alpha: c.alpha,
+        }
+    }
+    fn pages_in(&self, state: &ShardState, layer: u8) -> u64 {
+        if layer == 0 {
+            self.layer0_pages()
+        } else {
+            state.groups[layer as usize] << self.g
+        }
+    }
+}
+
+/// Per-bucket work of one `write_block`, gathered before the bucket is rewritten.
+#[derive(Default)]
+struct Work {
+    inserts: Vec<Slot>,
+    merges: Vec<(OutPointKey, Option<Coin>, Vec<Production>, Vec<Consumption>)>,
+    raise: u32,
+}
+
+/// What a key's lookup found.
+struct Found {
+    layer: u8,
+    page: u64,
+    /// Pages visited above `layer` (index = layer).
+    path: Vec<u64>,
+    slot: Slot,
+}
+
+/// Operation on one key in a block.
+struct KeyOp {
+    key: OutPointKey,
+    outpoint: OutPoint,
+    h: u64,
+    create: Option<(Coin, bool)>,
+    consumed: Vec<Consumption>,
+}
+
+#[derive(Default)]
+struct Counters {
+    buckets_read: u64,
+    buckets_written: u64,
+    disk_page_reads: u64,
+    deep_lookups: u64,
+    deep_lookup_pages: u64,
+    spills: u64,
+    children_allocated: u64,
+    purges: u64,
+}
+
+/// The Sozu table (seed 000): layered buckets of one page, lazily allocated
+/// children, keyed-SipHash bucket index, a redo journal for block-boundary
+/// durability. Implements [`UtxoTable`].
+pub struct SozuTable {
+    storage: Box<dyn Storage>,
+    geo: Geo,
+    shards: Vec<Worker>,
+    /// Header as of the last commit.
+    committed: Header,
+    journal_pos: u64,
+    journal_truncate: bool,
+    checkpoint_bytes: u64,
+    /// Set after a failed commit or checkpoint: the table must be reopened.
+    poisoned: bool,
+    block_counters: (u64, u64),
+    commits: u64,
+    checkpoints: u64,
+    journal_bytes: u64,
+}
+
+impl std::fmt::Debug for SozuTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SozuTable")
+            .field("committed", &self.committed.tag)
+            .field("shards", &self.shards.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn io_err(storage: &dyn Storage, name: &str, source: std::io::Error) -> SozuError {
+    SozuError::Io {
+        path: storage.path_of(name),
+        source,
+    }
+}
+
+fn corrupt(path: PathBuf, offset: u64, reason: impl Into<String>) -> SozuError {
+    SozuError::Corrupt {
+        path,
+        offset,
+        reason: reason.into(),
+    }
+}
+
+impl SozuTable {
+    /// Opens the table in `dir`, creating it (with a fresh random SipHash
+    /// key) if the directory holds none. Replays the journal's committed
+    /// records; a torn last record (a crash during a commit) is ignored and
+    /// overwritten by the next commit. Nothing is written by opening an
+    /// existing table.
+    ///
+    /// # Errors
+    /// [`SozuError::Corrupt`] (file and byte offset) on any checksum, magic
+    /// or structure failure, [`SozuError::UnsupportedVersion`],
+    /// [`SozuError::Config`] for an invalid new configuration,
+    /// [`SozuError::Io`].
+    pub fn open(dir: &Path, config: SozuConfig) -> Result<Self, SozuError> {
+        let storage = FsStorage::new(dir).map_err(|source| SozuError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        Self::open_with_storage(Box::new(storage), config)
+    }
+
+    /// [`SozuTable::open`] over any [`Storage`] (tests use
+    /// [`super::storage::MemStorage`]).
+    ///
+    /// # Errors
+    /// As [`SozuTable::open`].
+    pub fn open_with_storage(
+        mut storage: Box<dyn Storage>,
+        config: SozuConfig,
+    ) -> Result<Self, SozuError> {
+        let st = storage.as_mut();
+        let has_header = st
+            .exists(HEADER_FILE)
+            .map_err(|e| io_err(st, HEADER_FILE, e))?;
+        if !has_header {
+            let jlen = st
+                .len(JOURNAL_FILE)
+                .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+            let deeper = st
+                .exists(&layer_file(0, 1))
+                .map_err(|e| io_err(st, HEADER_FILE, e))?;
+            if jlen > 0 || deeper {
+                return Err(corrupt(
+                    st.path_of(HEADER_FILE),
+                    0,
+                    "header file missing but table files exist",
+                ));
+            }
+            Self::create(st, &config)?;
+        }
+        let mut hbuf = vec![0u8; HEADER_LEN];
+        let hlen = st
+            .len(HEADER_FILE)
+            .map_err(|e| io_err(st, HEADER_FILE, e))?;
+        if hlen != HEADER_LEN as u64 {
+            return Err(corrupt(
+                st.path_of(HEADER_FILE),
+                hlen,
+                format!("header is {hlen} bytes, expected {HEADER_LEN}"),
+            ));
+        }
+        st.read_at(HEADER_FILE, 0, &mut hbuf)
+            .map_err(|e| io_err(st, HEADER_FILE, e))?;
+        let mut header = decode_header(st, HEADER_FILE, 0, &hbuf)?;
+        let file_header = header.clone();
+
+        // Replay the journal.
+        let jlen = st
+            .len(JOURNAL_FILE)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        if !st
+            .exists(JOURNAL_FILE)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?
+        {
+            return Err(corrupt(st.path_of(JOURNAL_FILE), 0, "journal file missing"));
+        }
+        let jlen_usize = usize::try_from(jlen)
+            .map_err(|_| corrupt(st.path_of(JOURNAL_FILE), 0, "journal too large"))?;
+        let mut journal = vec![0u8; jlen_usize];
+        st.read_at(JOURNAL_FILE, 0, &mut journal)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        let page_size = header.page_size as usize;
+        let mut pos = 0usize;
+        let mut valid_end = 0usize;
+        let mut stale = false;
+        let mut records = Vec::new();
+        let mut expect_seq = header.commit_seq + 1;
+        loop {
+            match parse_record(&journal[pos..], page_size) {
+                Parsed::Ok(rec, len) => {
+                    if rec.generation < file_header.generation {
+                        stale = true;
+                    } else if rec.generation == file_header.generation && rec.seq == expect_seq {
+                        expect_seq += 1;
+                        let h = decode_header(
+                            st,
+                            JOURNAL_FILE,
+                            (pos + len - 4 - HEADER_LEN) as u64,
+                            &rec.header,
+                        )?;
+                        if h.page_size != header.page_size
+                            || h.layer0_bits != header.layer0_bits
+                            || h.growth_bits != header.growth_bits
+                            || h.shards != header.shards
+                            || h.key != header.key
+                            || h.commit_seq != rec.seq
+                        {
+                            return Err(corrupt(
+                                st.path_of(JOURNAL_FILE),
+                                pos as u64,
+                                "commit record header disagrees with the table header",
+                            ));
+                        }
+                        header = h;
+                        records.push(rec);
+                        valid_end = pos + len;
+                    } else {
+                        return Err(corrupt(
+                            st.path_of(JOURNAL_FILE),
+                            pos as u64,
+                            format!("commit record generation {} seq {} where generation {} seq {} was expected", rec.generation, rec.seq, file_header.generation, expect_seq),
+                        ));
+                    }
+                    pos += len;
+                }
+                Parsed::Invalid => {
+                    // A torn tail is expected after a crash; a valid
+                    // current-generation record after it means corruption.
+                    if pos < journal.len() {
+                        for probe in (pos + 1)..journal.len().saturating_sub(RECORD_HEADER_LEN) {
+                            if journal[probe..probe + 4] == super::header::RECORD_MAGIC {
+                                if let Parsed::Ok(r, _) = parse_record(&journal[probe..], page_size)
+                                {
+                                    if r.generation == file_header.generation && r.seq >= expect_seq
+                                    {
+                                        return Err(corrupt(
+                                            st.path_of(JOURNAL_FILE),
+                                            pos as u64,
+                                            "damaged commit record followed by later commits",
+                                        ));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        let journal_truncate = stale || valid_end as u64 != jlen;
+        let journal_pos = if stale && records.is_empty() {
+            0
+        } else {
+            valid_end as u64
+        };
+        let journal_pos = if stale && !records.is_empty() {
+            // Stale records precede current ones only if a truncation was lost;
+            // keep appending after the current ones.
+            valid_end as u64
+        } else {
+            journal_pos
+        };
+
+        let shard_bits = u32::from(header.shards).trailing_zeros();
+        let b0 = u32::from(header.layer0_bits);
+        let g = u32::from(header.growth_bits);
+        let max_layer = ((64 - b0) / g).min(MAX_LAYERS as u32 - 1) as u8;
+        if config.inline_script_max > 1000 || config.layers.is_empty() {
+            return Err(SozuError::Config {
+                reason: "inline_script_max over 1000 or no layer config",
+            });
+        }
+        if config
+            .layers
+            .iter()
+            .any(|l| !(0.0..1.0).contains(&l.alpha) || l.capacity < 256)
+        {
+            return Err(SozuError::Config {
+                reason: "layer alpha must be in [0,1), capacity ≥ 256 bytes",
+            });
+        }
+        let geo = Geo {
+            page_size,
+            b0,
+            g,
+            shard_bits,
+            max_layer,
+            ram_layers: config.ram_layers,
+            layers: config.layers.clone(),
+            inline_script_max: config.inline_script_max,
+            cache_pages: config.cache_pages,
+            hasher: SipHasher24::new_with_key(&header.key),
+        };
+        let mut shards: Vec<Shard> = (0..header.shards)
+            .map(|id| Shard {
+                id,
+                state: header.shard_state[id as usize],
+                ram: HashMap::new(),
+                dirty_ram: BTreeSet::new(),
+                dirty: HashMap::new(),
+                overlay: HashMap::new(),
+                rec_overlay: BTreeMap::new(),
+                rec_pending: BTreeMap::new(),
+                cache: HashMap::new(),
+            })
+            .collect();
+        for rec in records {
+            for p in rec.pages {
+                let shard = shards.get_mut(p.shard as usize).ok_or_else(|| {
+                    corrupt(
+                        st.path_of(JOURNAL_FILE),
+                        0,
+                        "page image names a shard that does not exist",
+                    )
+                })?;
+                shard.overlay.insert((p.layer, p.page), Arc::new(p.image));
+            }
+            for e in rec.extents {
+                let shard = shards.get_mut(e.shard as usize).ok_or_else(|| {
+                    corrupt(
+                        st.path_of(JOURNAL_FILE),
+                        0,
+                        "extent names a shard that does not exist",
+                    )
+                })?;
+                shard.rec_overlay.insert(e.offset, e.data);
+            }
+        }
+        // Load the RAM layers, verify the rest if asked.
+        for shard in &mut shards {
+            for layer in 0..=geo.max_layer {
+                let pages = geo.pages_in(&shard.state, layer);
+                if pages == 0 {
+                    break;
+                }
+                let in_ram = layer < geo.ram_layers;
+                if !in_ram && !config.verify_on_open {
+                    // Still check that the file is long enough.
+                    let name = layer_file(shard.id, layer);
+                    let len = st.len(&name).map_err(|e| io_err(st, &name, e))?;
+                    let needed = (0..pages)
+                        .rev()
+                        .find(|p| !shard.overlay.contains_key(&(layer, *p)));
+                    if let Some(p) = needed {
+                        if len < (p + 1) * page_size as u64 {
+                            return Err(corrupt(
+                                st.path_of(&name),
+                                len,
+                                format!("file truncated: page {p} missing"),
+                            ));
+                        }
+                    }
+                    continue;
+                }
+                for page in 0..pages {
+                    let b = read_committed(st, &geo, shard, (layer, page))?;
+                    if in_ram {
+                        shard.ram.insert((layer, page), b);
+                    }
+                }
+            }
+            for (off, data) in &shard.rec_overlay {
+                if off + data.len() as u64 > shard.state.records_len {
+                    return Err(corrupt(
+                        st.path_of(JOURNAL_FILE),
+                        0,
+                        "records extent beyond records length",
+                    ));
+                }
+            }
+            let name = records_file(shard.id);
+            let rlen = st.len(&name).map_err(|e| io_err(st, &name, e))?;
+            let covered = shard
+                .rec_overlay
+                .iter()
+                .map(|(o, d)| o + d.len() as u64)
+                .max()
+                .unwrap_or(0);
+            if rlen < shard.state.records_len && covered < shard.state.records_len {
+                return Err(corrupt(
+                    st.path_of(&name),
+                    rlen,
+                    format!(
+                        "records file truncated (expected {} bytes)",
+                        shard.state.records_len
+                    ),
+                ));
+            }
+        }
+        let mut workers = Vec::with_capacity(shards.len());
+        for shard in shards {
+            let handle = st.try_clone().map_err(|e| io_err(st, HEADER_FILE, e))?;
+            workers.push(Worker {
+                shard,
+                storage: handle,
+                counters: Counters::default(),
+            });
+        }
+        Ok(Self {
+            storage,
+            geo,
+            shards: workers,
+            committed: header,
+            journal_pos,
+            journal_truncate,
+            checkpoint_bytes: config.checkpoint_bytes,
+            poisoned: false,
+            block_counters: (0, 0),
+            commits: 0,
+            checkpoints: 0,
+            journal_bytes: 0,
+        })
+    }
+
+    fn create(st: &mut dyn Storage, config: &SozuConfig) -> Result<(), SozuError> {
+        let ps = config.page_size;
+        if !ps.is_power_of_two() || !(512..=1 << 20).contains(&ps) {
+            return Err(SozuError::Config {
+                reason: "page_size must be a power of two in 512..=1 MiB",
+            });
+        }
+        if !(1..=32).contains(&config.layer0_bits) || !(1..=8).contains(&config.growth_bits) {
+            return Err(SozuError::Config {
+                reason: "layer0_bits in 1..=32, growth_bits in 1..=8",
+            });
+        }
+        let s = config.shards;
+        if s == 0
+            || s as usize > MAX_SHARDS
+            || !s.is_power_of_two()
+            || s.trailing_zeros() > u32::from(config.layer0_bits)
+        {
+            return Err(SozuError::Config {
+                reason: "shards must be a power of two ≤ 8 and ≤ layer-0 buckets",
+            });
+        }
+        let mut key = [0u8; 16];
+        getrandom::getrandom(&mut key).map_err(|e| SozuError::Io {
+            path: st.path_of(HEADER_FILE),
+            source: std::io::Error::other(e),
+        })?;
+        let header = Header {
+            page_size: ps as u32,
+            layer0_bits: config.layer0_bits,
+            growth_bits: config.growth_bits,
+            shards: s,
+            key,
+            generation: 1,
+            commit_seq: 0,
+            tag: None,
+            shard_state: vec![ShardState::default(); s as usize],
+        };
+        let empty = encode_bucket(&Bucket::default(), ps).map_err(|_| SozuError::Config {
+            reason: "page too small",
+        })?;
+        let pages = 1u64 << (u32::from(config.layer0_bits) - s.trailing_zeros());
+        for shard in 0..s {
+            let name = layer_file(shard, 0);
+            let mut buf = Vec::with_capacity(ps * 64);
+            for p in 0..pages {
+                buf.extend_from_slice(&empty);
+                if buf.len() >= ps * 64 || p + 1 == pages {
+                    let off = (p + 1) * ps as u64 - buf.len() as u64;
+                    st.write_at(&name, off, &buf)
+                        .map_err(|e| io_err(st, &name, e))?;
+                    buf.clear();
+                }
+            }
+            st.sync(&name).map_err(|e| io_err(st, &name, e))?;
+            let rname = records_file(shard);
+            st.set_len(&rname, 0).map_err(|e| io_err(st, &rname, e))?;
+            st.sync(&rname).map_err(|e| io_err(st, &rname, e))?;
+        }
+        st.set_len(JOURNAL_FILE, 0)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        st.sync(JOURNAL_FILE)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        write_header_file(st, &header)
+    }
+
+    /// Counters and a full scan of the layers.
+    ///
+    /// # Errors
+    /// Storage failure or corruption during the scan.
+    pub fn stats(&mut self) -> Result<SozuStats, SozuError> {
+        let mut layers: Vec<LayerStats> = Vec::new();
+        let mut payload = 0u64;
+        let geo = self.geo.clone();
+        let mut bytes_by_layer: Vec<u64> = Vec::new();
+        for si in 0..self.shards.len() {
+            for layer in 0..=geo.max_layer {
+                let pages = geo.pages_in(&self.shards[si].shard.state, layer);
+                if pages == 0 {
+                    break;
+                }
+                if layers.len() <= layer as usize {
+                    layers.push(LayerStats::default());
+                    bytes_by_layer.push(0);
+                }
+                for page in 0..pages {
+                    let b = self.shards[si].get_bucket(&geo, (layer, page), false)?;
+                    let ls = &mut layers[layer as usize];
+                    ls.buckets += 1;
+                    ls.entries += b.slots.len() as u64;
+                    bytes_by_layer[layer as usize] += b.payload_len() as u64;
+                    for s in &b.slots {
+                        let script = s
+                            .external
+                            .map_or(s.entry.coin.script_pubkey.len(), |(_, l)| l as usize);
+                        payload +=
+                            (36 + 8
+                                + 4
+                                + 1
+                                + script
+                                + 8 * s.entry.produced.len()
+                                + 40 * s.entry.consumed.len()) as u64;
+                    }
+                }
+            }
+        }
+        let cap = (geo.page_size - PAGE_HEADER_LEN) as f64;
+        for (l, ls) in layers.iter_mut().enumerate() {
+            if ls.buckets > 0 {
+                ls.fill = bytes_by_layer[l] as f64 / (ls.buckets as f64 * cap);
+            }
+        }
+        let mut bytes_on_disk = 0u64;
+        let mut names = vec![HEADER_FILE.to_string(), JOURNAL_FILE.to_string()];
+        for s in 0..self.shards.len() as u8 {
+            names.push(records_file(s));
+            for l in 0..=geo.max_layer {
+                names.push(layer_file(s, l));
+            }
+        }
+        let journal_file_bytes = self
+            .storage
+            .len(JOURNAL_FILE)
+            .map_err(|e| io_err(self.storage.as_ref(), JOURNAL_FILE, e))?;
+        for n in names {
+            bytes_on_disk += self
+                .storage
+                .len(&n)
+                .map_err(|e| io_err(self.storage.as_ref(), &n, e))?;
+        }
+        let mut c = Counters::default();
+        for w in &self.shards {
+            let x = &w.counters;
+            c.disk_page_reads += x.disk_page_reads;
+            c.deep_lookups += x.deep_lookups;
+            c.deep_lookup_pages += x.deep_lookup_pages;
+            c.spills += x.spills;
+            c.children_allocated += x.children_allocated;
+            c.purges += x.purges;
+        }
+        Ok(SozuStats {
+            layers,
+            bytes_on_disk,
+            journal_file_bytes,
+            payload_bytes: payload,
+            last_block_buckets_read: self.block_counters.0,
+            last_block_buckets_written: self.block_counters.1,
+            disk_page_reads: c.disk_page_reads,
+            deep_lookups: c.deep_lookups,
+            deep_lookup_pages: c.deep_lookup_pages,
+            spills: c.spills,
+            children_allocated: c.children_allocated,
+            purges: c.purges,
+            commits: self.commits,
+            checkpoints: self.checkpoints,
+            journal_bytes: self.journal_bytes,
+        })
+    }
+
+    /// Reads every page and out-of-line script and checks its checksum and
+    /// structure (what `verify_on_open` does at open, on demand).
+    ///
+    /// # Errors
+    /// [`SozuError::Corrupt`] for the first bad page or record.
+    pub fn verify(&mut self) -> Result<u64, SozuError> {
+        let mut n = 0u64;
+        self.for_each(&mut |_| n += 1)?;
+        Ok(n)
+    }
+
+    /// Like [`UtxoTable::get_batch`], with seed 000's height filter: for each
+    /// key, `min_height` is a lower bound on any production height it can
+    /// have, and the descent stops at a bucket whose children hold nothing
+    /// produced at or above it (`ReadSozu(k, b, h)`).
+    ///
+    /// # Errors
+    /// Storage failure or corruption.
+    pub fn get_batch_since(
+        &mut self,
+        keys: &[(OutPoint, u32)],
+    ) -> Result<Vec<Option<Entry>>, SozuError> {
+        self.check_poison()?;
+        let mut out: Vec<Option<Entry>> = vec![None; keys.len()];
+        let mut by_shard: Vec<Vec<(usize, OutPointKey, u64, u32)>> =
+            vec![Vec::new(); self.shards.len()];
+        for (i, (op, min_h)) in keys.iter().enumerate() {
+            let key = outpoint_key(op);
+            let h = self.geo.hash(&key);
+            by_shard[self.geo.shard_of(h) as usize].push((i, key, h, *min_h));
+        }
+        let read_before = self.buckets_read();
+        let geo = &self.geo;
+        let results = run_per_shard(&mut self.shards, by_shard, |w, qs| {
+            let q: Vec<(OutPointKey, u64, u32)> =
+                qs.iter().map(|(_, k, h, m)| (*k, *h, *m)).collect();
+            let found = w.locate(geo, &q)?;
+            let mut got = Vec::new();
+            for ((i, _, _, _), f) in qs.into_iter().zip(found) {
+                if let Some(f) = f {
+                    got.push((i, w.resolve(f.slot)?));
+                }
+            }
+            Ok(got)
+        })?;
+        for (i, e) in results.into_iter().flatten() {
+            out[i] = Some(e);
+        }
+        self.block_counters = (self.buckets_read() - read_before, 0);
+        Ok(out)
+    }
+
+    fn buckets_read(&self) -> u64 {
+        self.shards.iter().map(|w| w.counters.buckets_read).sum()
+    }
+
+    fn buckets_written(&self) -> u64 {
+        self.shards.iter().map(|w| w.counters.buckets_written).sum()
+    }
+
+    fn check_poison(&self) -> Result<(), SozuError> {
+        if self.poisoned {
+            Err(SozuError::Poisoned)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn checkpoint(&mut self) -> Result<(), SozuError> {
+        let ps = self.geo.page_size as u64;
+        let st = self.storage.as_mut();
+        let mut touched: BTreeSet<String> = BTreeSet::new();
+        for shard in self.shards.iter().map(|w| &w.shard) {
+            let mut pages: Vec<(&Addr, &Arc<Vec<u8>>)> = shard.overlay.iter().collect();
+            pages.sort_by_key(|(a, _)| **a);
+            // Runs of consecutive pages go out in one write (≤ 1 MiB).
+            let mut i = 0;
+            while i < pages.len() {
+                let ((layer, first), _) = pages[i];
+                let mut j = i + 1;
+                while j < pages.len()
+                    && pages[j].0 .0 == *layer
+                    && pages[j].0 .1 == first + (j - i) as u64
+                    && ((j - i + 1) as u64) * ps <= 1 << 20
+                {
+                    j += 1;
+                }
+                let mut buf = Vec::with_capacity((j - i) * ps as usize);
+                for (_, img) in &pages[i..j] {
+                    buf.extend_from_slice(img);
+                }
+                let name = layer_file(shard.id, *layer);
+                st.write_at(&name, first * ps, &buf)
+                    .map_err(|e| io_err(st, &name, e))?;
+                touched.insert(name);
+                i = j;
+            }
+            let name = records_file(shard.id);
+            for (off, data) in &shard.rec_overlay {
+                st.write_at(&name, *off, data)
+                    .map_err(|e| io_err(st, &name, e))?;
+                touched.insert(name.clone());
+            }
+        }
+        for name in &touched {
+            st.sync(name).map_err(|e| io_err(st, name, e))?;
+        }
+        let mut h = self.committed.clone();
+        h.generation += 1;
+        write_header_file(st, &h)?;
+        st.set_len(JOURNAL_FILE, 0)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        self.committed = h;
+        self.journal_pos = 0;
+        self.journal_truncate = false;
+        for shard in self.shards.iter_mut().map(|w| &mut w.shard) {
+            shard.overlay.clear();
+            shard.rec_overlay.clear();
+        }
+        self.checkpoints += 1;
+        Ok(())
+    }
+
+    fn commit_inner(&mut self, tag: CommitTag) -> Result<(), SozuError> {
+        if self.journal_pos >= self.checkpoint_bytes {
+            self.checkpoint()?;
+        }
+        let ps = self.geo.page_size;
+        let work: Vec<Vec<()>> = self.shards.iter().map(|_| vec![()]).collect();
+        let encoded = run_per_shard(&mut self.shards, work, |w, _| w.shard.encode_dirty(ps))?;
+        let mut pages = Vec::new();
+        let mut extents = Vec::new();
+        for (p, e) in encoded {
+            pages.extend(p);
+            extents.extend(e);
+        }
+        let mut header = self.committed.clone();
+        header.commit_seq += 1;
+        header.tag = Some(tag);
+        header.shard_state = self.shards.iter().map(|s| s.shard.state).collect();
+        let rec = CommitRecord {
+            generation: header.generation,
+            seq: header.commit_seq,
+            pages,
+            extents,
+            header: header.encode(),
+        };
+        let bytes = encode_record(&rec, ps);
+        let st = self.storage.as_mut();
+        if self.journal_truncate {
+            st.set_len(JOURNAL_FILE, self.journal_pos)
+                .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        }
+        st.write_at(JOURNAL_FILE, self.journal_pos, &bytes)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        st.sync(JOURNAL_FILE)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        // Durable: publish.
+        self.journal_truncate = false;
+        self.journal_pos += bytes.len() as u64;
+        self.journal_bytes += bytes.len() as u64;
+        self.committed = header;
+        self.commits += 1;
+        for p in rec.pages {
+            let shard = &mut self.shards[p.shard as usize].shard;
+            shard.overlay.insert((p.layer, p.page), Arc::new(p.image));
+        }
+        for shard in self.shards.iter_mut().map(|w| &mut w.shard) {
+            shard.dirty_ram.clear();
+            for (addr, b) in shard.dirty.drain() {
+                if shard.cache.len() < self.geo.cache_pages {
+                    shard.cache.insert(addr, b);
+                }
+            }
+            let pending = std::mem::take(&mut shard.rec_pending);
+            shard.rec_overlay.extend(pending);
+        }
+        Ok(())
+    }
+}
+
+impl Shard {
+    /// Encodes the pages and records changed since the last commit.
+    fn encode_dirty(&self, ps: usize) -> Result<(Vec<PageImage>, Vec<Extent>), SozuError> {
+        let shard = self;
+        let mut pages = Vec::new();
+        let mut extents = Vec::new();
+        for addr in &shard.dirty_ram {
+            let b = shard.ram.get(addr).ok_or(SozuError::Poisoned)?;
+            let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
+                layer: addr.0,
+                page: addr.1,
+            })?;
+            pages.push(PageImage {
+                shard: shard.id,
+                layer: addr.0,
+                page: addr.1,
+                image,
+            });
+        }
+        let mut dirty: Vec<(&Addr, &Bucket)> = shard.dirty.iter().collect();
+        dirty.sort_by_key(|(a, _)| **a);
+        for (addr, b) in dirty {
+            let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
+                layer: addr.0,
+                page: addr.1,
+            })?;
+            pages.push(PageImage {
+                shard: shard.id,
+                layer: addr.0,
+                page: addr.1,
+                image,
+            });
+        }
+        for (off, data) in &shard.rec_pending {
+            extents.push(Extent {
+                shard: shard.id,
+                offset: *off,
+                data: data.clone(),
+            });
+        }
+        Ok((pages, extents))
+    }
+}
+
+impl Worker {
+    /// Batched descent: each bucket read at most once.
+    fn locate(
+        &mut self,
+        geo: &Geo,
+        q: &[(OutPointKey, u64, u32)],
+    ) -> Result<Vec<Option<Found>>, SozuError> {
+        let mut out: Vec<Option<Found>> = (0..q.len()).map(|_| None).collect();
+        let mut paths: Vec<Vec<u64>> = vec![Vec::new(); q.len()];
+        let mut pending: Vec<(u64, usize)> = q
+            .iter()
+            .enumerate()
+            .map(|(i, (_, h, _))| (geo.layer0_page(*h), i))
+            .collect();
+        let mut went_deep = vec![false; q.len()];
+        for layer in 0..=geo.max_layer {
+            if pending.is_empty() {
+                break;
+            }
+            pending.sort_unstable();
+            let mut next = Vec::new();
+            let mut i = 0;
+            while i < pending.len() {
+                let page = pending[i].0;
+                let ram = layer < geo.ram_layers;
+                let bucket = self.bucket_ref(geo, (layer, page), true)?;
+                let mut j = i;
+                let mut visits = 0u64;
+                let mut newly_deep = 0u64;
+                while j < pending.len() && pending[j].0 == page {
+                    let qi = pending[j].1;
+                    let (key, h, min_h) = q[qi];
+                    if !ram {
+                        if !went_deep[qi] {
+                            went_deep[qi] = true;
+                            newly_deep += 1;
+                        }
+                        visits += 1;
+                    }
+                    let outpoint = super::types::key_outpoint(&key);
+                    if let Some(pos) = bucket.find(&outpoint) {
+                        out[qi] = Some(Found {
+                            layer,
+                            page,
+                            path: std::mem::take(&mut paths[qi]),
+                            slot: bucket.slots[pos].clone(),
+                        });
+                    } else if bucket.children != 0
+                        && bucket.max_child_height >= min_h
+                        && layer < geo.max_layer
+                    {
+                        paths[qi].push(page);
+                        next.push((geo.child_page(bucket.children, h, layer + 1), qi));
+                    }
+                    j += 1;
+                }
+                self.counters.deep_lookups += newly_deep;
+                self.counters.deep_lookup_pages += visits;
+                i = j;
+            }
+            pending = next;
+        }
+        Ok(out)
+    }
+
+    /// The current (uncommitted included) content of a bucket.
+    fn get_bucket(&mut self, geo: &Geo, addr: Addr, count: bool) -> Result<Bucket, SozuError> {
+        Ok(self.bucket_ref(geo, addr, count)?.clone())
+    }
+
+    /// The current content of a bucket, borrowed (loaded into the cache if
+    /// it comes from a file or the journal overlay).
+    fn bucket_ref(&mut self, geo: &Geo, addr: Addr, count: bool) -> Result<&Bucket, SozuError> {
+        if count {
+            self.counters.buckets_read += 1;
+        }
+        let shard = &mut self.shard;
+        if addr.0 < geo.ram_layers {
+            let path = self.storage.path_of(&layer_file(shard.id, addr.0));
+            return shard.ram.get(&addr).ok_or_else(|| {
+                corrupt(path, addr.1 * geo.page_size as u64, "RAM page not loaded")
+            });
+        }
+        if shard.dirty.contains_key(&addr) {
+            return shard.dirty.get(&addr).ok_or(SozuError::Poisoned);
+        }
+        if !shard.cache.contains_key(&addr) {
+            if !shard.overlay.contains_key(&addr) {
+                self.counters.disk_page_reads += 1;
+            }
+            let b = read_committed(self.storage.as_mut(), geo, shard, addr)?;
+            if shard.cache.len() >= geo.cache_pages.max(1) {
+                shard.cache.clear();
+            }
+            shard.cache.insert(addr, b);
+        }
+        shard.cache.get(&addr).ok_or(SozuError::Poisoned)
+    }
+
+    /// Removes a bucket from memory for rewriting (put back by `put_bucket`).
+    fn take_bucket(&mut self, geo: &Geo, addr: Addr) -> Result<Bucket, SozuError> {
+        self.counters.buckets_read += 1;
+        let shard = &mut self.shard;
+        if addr.0 < geo.ram_layers {
+            if let Some(b) = shard.ram.remove(&addr) {
+                return Ok(b);
+            }
+        } else if let Some(b) = shard.dirty.remove(&addr) {
+            return Ok(b);
+        } else if let Some(b) = shard.cache.remove(&addr) {
+            return Ok(b);
+        }
+        self.counters.buckets_read -= 1;
+        self.get_bucket(geo, addr, true)
+    }
+
+    fn put_bucket(&mut self, geo: &Geo, addr: Addr, b: Bucket) {
+        self.counters.buckets_written += 1;
+        let shard = &mut self.shard;
+        if addr.0 < geo.ram_layers {
+            shard.ram.insert(addr, b);
+            shard.dirty_ram.insert(addr);
+        } else {
+            shard.cache.remove(&addr);
+            shard.dirty.insert(addr, b);
+        }
+    }
+
+    /// Fills in an out-of-line script.
+    fn resolve(&mut self, mut slot: Slot) -> Result<Entry, SozuError> {
+        if let Some((ext, len)) = slot.external {
+            slot.entry.coin.script_pubkey = self.read_record(ext, len)?;
+        }
+        Ok(slot.entry)
+    }
+
+    fn read_record(&mut self, ext: ExternalScript, len: u16) -> Result<Vec<u8>, SozuError> {
+        let shard = &self.shard;
+        let name = records_file(shard.id);
+        let len = len as usize;
+        let from_map = |m: &BTreeMap<u64, Vec<u8>>| -> Option<Vec<u8>> {
+            let (off, d) = m.range(..=ext.offset).next_back()?;
+            let start = (ext.offset - off) as usize;
+            d.get(start..start + len).map(<[u8]>::to_vec)
+        };
+        let data = match from_map(&shard.rec_pending).or_else(|| from_map(&shard.rec_overlay)) {
+            Some(d) => d,
+            None => {
+                let mut buf = vec![0u8; len];
+                self.storage
+                    .read_at(&name, ext.offset, &mut buf)
+                    .map_err(|e| match e.kind() {
+                        std::io::ErrorKind::UnexpectedEof => corrupt(
+                            self.storage.path_of(&name),
+                            ext.offset,
+                            "records file truncated",
+                        ),
+                        _ => io_err(self.storage.as_ref(), &name, e),
+                    })?;
+                buf
+            }
+        };
+        if crc32fast::hash(&data) != ext.crc {
+            return Err(corrupt(
+                self.storage.path_of(&name),
+                ext.offset,
+                "out-of-line script checksum mismatch",
+            ));
+        }
+        Ok(data)
+    }
+
+    fn append_record(&mut self, script: &[u8]) -> ExternalScript {
+        let shard = &mut self.shard;
+        let offset = shard.state.records_len;
+        shard.state.records_len += script.len() as u64;
+        shard.rec_pending.insert(offset, script.to_vec());
+        ExternalScript {
+            offset,
+            crc: crc32fast::hash(script),
+        }
+    }
+
+    fn new_slot(
+        &mut self,
+        geo: &Geo,
+        outpoint: OutPoint,
+        coin: Coin,
+        produced: Vec<Production>,
+        consumed: Vec<Consumption>,
+    ) -> Slot {
+        let mut entry = Entry {
+            outpoint,
+            coin,
+            produced,
+            consumed,
+        };
+        entry.produced.sort();
+        entry.produced.dedup();
+        entry.consumed.sort();
+        entry.consumed.dedup();
+        if entry.coin.script_pubkey.len() > geo.inline_script_max {
+            let script = std::mem::take(&mut entry.coin.script_pubkey);
+            let ext = self.append_record(&script);
+            Slot {
+                entry,
+                external: Some((ext, script.len() as u16)),
+            }
+        } else {
+            Slot {
+                entry,
+                external: None,
+            }
+        }
+    }
+
+    fn write_shard(
+        &mut self,
+        geo: &Geo,
+        ops: Vec<KeyOp>,
+        write: &BlockWrite,
+        oracle: &dyn BlockOracle,
+        purged: &mut dyn FnMut(Entry),
+    ) -> Result<(), SozuError> {
+        let min_h = oracle
+            .tip_height()
+            .min(write.height)
+            .saturating_sub(PURGE_DEPTH);
+        // 1. Batched lookups of every key that may be present.
+        let lookup_idx: Vec<usize> = ops
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| !matches!(op.create, Some((_, true))))
+            .map(|(i, _)| i)
+            .collect();
+        let q: Vec<(OutPointKey, u64, u32)> = lookup_idx
+            .iter()
+            .map(|&i| {
+                let op = &ops[i];
+                (op.key, op.h, if op.create.is_some() { min_h } else { 0 })
+            })
+            .collect();
+        let found = self.locate(geo, &q)?;
+        let mut found_by_op: HashMap<usize, Found> = HashMap::new();
+        for (i, f) in lookup_idx.into_iter().zip(found) {
+            if let Some(f) = f {
+                found_by_op.insert(i, f);
+            }
+        }
+        // 2. Gather the work per bucket.
+        let mut work: Vec<BTreeMap<u64, Work>> =
+            (0..=geo.max_layer).map(|_| BTreeMap::new()).collect();
+        let production = Production {
+            block: write.block,
+            height: write.height,
+        };
+        for (i, op) in ops.into_iter().enumerate() {
+            let prods = if op.create.is_some() {
+                vec![production]
+            } else {
+                Vec::new()
+            };
+            match found_by_op.remove(&i) {
+                Some(f) => {
+                    if op.create.is_some() {
+                        for (layer, page) in f.path.iter().enumerate() {
+                            let w = work[layer].entry(*page).or_default();
+                            w.raise = w.raise.max(write.height);
+                        }
+                    }
+                    let coin = op.create.map(|(c, _)| c);
+                    work[f.layer as usize]
+                        .entry(f.page)
+                        .or_default()
+                        .merges
+                        .push((op.key, coin, prods, op.consumed));
+                }
+                None => match op.create {
+                    Some((coin, _)) => {
+                        let slot = self.new_slot(geo, op.outpoint, coin, prods, op.consumed);
+                        work[0]
+                            .entry(geo.layer0_page(op.h))
+                            .or_default()
+                            .inserts
+                            .push(slot);
+                    }
+                    None => {
+                        return Err(SozuError::MissingEntry {
+                            outpoint: op.outpoint,
+                        })
+                    }
+                },
+            }
+        }
+        // 3. Rewrite buckets layer by layer, spilling downward.
+        for layer in 0..=geo.max_layer {
+            let this = std::mem::take(&mut work[layer as usize]);
+            if this.is_empty() {
+                if work.iter().skip(layer as usize).all(BTreeMap::is_empty) {
+                    break;
+                }
+                continue;
+            }
+            for (page, w) in this {
+                let mut b = self.take_bucket(geo, (layer, page))?;
+                for (key, coin, prods, cons) in w.merges {
+                    let pos = b.find(&super::types::key_outpoint(&key)).ok_or_else(|| {
+                        corrupt(
+                            self.storage.path_of(&layer_file(self.shard.id, layer)),
+                            page * geo.page_size as u64,
+                            "entry vanished between lookup and merge",
+                        )
+                    })?;
+                    if let Some(coin) = coin {
+                        let slot = b.slots[pos].clone();
+                        let existing = self.resolve(slot)?;
+                        if existing.coin.value != coin.value
+                            || existing.coin.script_pubkey != coin.script_pubkey
+                        {
+                            return Err(SozuError::CoinMismatch {
+                                outpoint: existing.outpoint,
+                            });
+                        }
+                    }
+                    b.slots[pos].entry.merge_records(&prods, &cons);
+                }
+                for slot in w.inserts {
+                    // Defensive: a key already here is merged (unicity).
+                    match b
+                        .slots
+                        .iter()
+                        .position(|s| s.entry.outpoint == slot.entry.outpoint)
+                    {
+                        Some(pos) => {
+                            let e = &slot.entry;
+                            b.slots[pos].entry.merge_records(&e.produced, &e.consumed);
+                        }
+                        None => b.slots.push(slot),
+                    }
+                }
+                b.max_child_height = b.max_child_height.max(w.raise);
+                // Purge loop (MergeEntries).
+                let mut kept = Vec::with_capacity(b.slots.len());
+                for slot in std::mem::take(&mut b.slots) {
+                    if slot.entry.is_purgeable(oracle) {
+                        self.counters.purges += 1;
+                        purged(self.resolve(slot)?);
+                    } else {
+                        kept.push(slot);
+                    }
+                }
+                b.slots = kept;
+                // Spill (GetSpill) in the seed's order.
+                let cfg = geo.layer_cfg(layer);
+                if b.payload_len() > cfg.capacity && layer < geo.max_layer {
+                    let target = (cfg.alpha * cfg.capacity as f64) as usize;
+                    let mut order: Vec<(u8, u32, OutPointKey, Slot)> = std::mem::take(&mut b.slots)
+                        .into_iter()
+                        .map(|s| {
+                            let best = if s.entry.is_consumed_on_best(oracle) {
+                                0
+                            } else {
+                                1
+                            };
+                            (
+                                best,
+                                s.entry.max_production_height(),
+                                outpoint_key(&s.entry.outpoint),
+                                s,
+                            )
+                        })
+                        .collect();
+                    order.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+                    let mut size: usize = order.iter().map(|o| o.3.encoded_len()).sum();
+                    let mut spilled = Vec::new();
+                    let mut rest = Vec::new();
+                    for o in order {
+                        if size > target {
+                            size -= o.3.encoded_len();
+                            spilled.push(o.3);
+                        } else {
+                            rest.push(o.3);
+                        }
+                    }
+                    b.slots = rest;
+                    if b.children == 0 {
+                        let state = &mut self.shard.state;
+                        let group = state.groups[layer as usize + 1];
+                        state.groups[layer as usize + 1] += 1;
+                        b.children = group + 1;
+                        self.counters.children_allocated += 1;
+                        for c in 0..(1u64 << geo.g) {
+                            let addr = (layer + 1, (group << geo.g) + c);
+                            self.put_bucket(geo, addr, Bucket::default());
+                            self.counters.buckets_written -= 1;
+                        }
+                    }
+                    for s in spilled {
+                        self.counters.spills += 1;
+                        b.max_child_height =
+                            b.max_child_height.max(s.entry.max_production_height());
+                        let h = geo.hash(&outpoint_key(&s.entry.outpoint));
+                        let child = geo.child_page(b.children, h, layer + 1);
+                        work[layer as usize + 1]
+                            .entry(child)
+                            .or_default()
+                            .inserts
+                            .push(s);
+                    }
+                }
+                if PAGE_HEADER_LEN + b.payload_len() > geo.page_size {
+                    return Err(SozuError::BucketFull { layer, page });
+                }
+                self.put_bucket(geo, (layer, page), b);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `f` on each shard that has work, one scoped thread per shard when
+/// more than one has work (seed 000, "Sharding the Sozu table").
+fn run_per_shard<T: Send, R: Send>(
+    workers: &mut [Worker],
+    work: Vec<Vec<T>>,
+    f: impl Fn(&mut Worker, Vec<T>) -> Result<R, SozuError> + Sync,
+) -> Result<Vec<R>, SozuError> {
+    let busy = work.iter().filter(|w| !w.is_empty()).count();
+    if busy <= 1 {
+        let mut out = Vec::new();
+        for (w, items) in workers.iter_mut().zip(work) {
+            if !items.is_empty() {
+                out.push(f(w, items)?);
+            }
+        }
+        return Ok(out);
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = workers
+            .iter_mut()
+            .zip(work)
+            .filter(|(_, items)| !items.is_empty())
+            .map(|(w, items)| {
+                let f = &f;
+                scope.spawn(move || f(w, items))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for h in handles {
+            match h.join() {
+                Ok(r) => out.push(r?),
+                Err(_) => return Err(SozuError::Poisoned),
+            }
+        }
+        Ok(out)
+    })
+}
+
+fn decode_header(st: &dyn Storage, name: &str, offset: u64, b: &[u8]) -> Result<Header, SozuError> {
+    Header::decode(b).map_err(|e| match e {
+        HeaderError::Version(major, minor) => SozuError::UnsupportedVersion {
+            path: st.path_of(name),
+            major,
+            minor,
+        },
+        HeaderError::Checksum => corrupt(st.path_of(name), offset, "header checksum mismatch"),
+        HeaderError::Magic => corrupt(
+            st.path_of(name),
+            offset + 4,
+            "bad header magic (not a Sozu table)",
+        ),
+        HeaderError::Field(f) => corrupt(
+            st.path_of(name),
+            offset,
+            format!("header field out of range: {f}"),
+        ),
+    })
+}
+
+fn write_header_file(st: &mut dyn Storage, h: &Header) -> Result<(), SozuError> {
+    let bytes = h.encode();
+    st.set_len(HEADER_TMP, 0)
+        .map_err(|e| io_err(st, HEADER_TMP, e))?;
+    st.write_at(HEADER_TMP, 0, &bytes)
+        .map_err(|e| io_err(st, HEADER_TMP, e))?;
+    st.sync(HEADER_TMP).map_err(|e| io_err(st, HEADER_TMP, e))?;
+    st.rename(HEADER_TMP, HEADER_FILE)
+        .map_err(|e| io_err(st, HEADER_FILE, e))?;
+    st.sync_dir().map_err(|e| io_err(st, HEADER_FILE, e))
+}
+
+/// Reads a committed page (journal overlay first, then the page file) and
+/// verifies it.
+fn read_committed(
+    st: &mut dyn Storage,
+    geo: &Geo,
+    shard: &Shard,
+    addr: Addr,
+) -> Result<Bucket, SozuError> {
+    let name = layer_file(shard.id, addr.0);
+    let offset = addr.1 * geo.page_size as u64;
+    if let Some(img) = shard.overlay.get(&addr) {
+        return decode_bucket(img, geo.page_size).map_err(|e| {
+            corrupt(
+                st.path_of(JOURNAL_FILE),
+                0,
+                format!("journal image of {name} page {}: {e}", addr.1),
+            )
+        });
+    }
+    let mut buf = vec![0u8; geo.page_size];
+    st.read_at(&name, offset, &mut buf)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::NotFound => {
+                corrupt(st.path_of(&name), offset, "file truncated: page missing")
+            }
+            _ => io_err(st, &name, e),
+        })?;
+    decode_bucket(&buf, geo.page_size)
+        .map_err(|e| corrupt(st.path_of(&name), offset, e.to_string()))
+}
+
+impl UtxoTable for SozuTable {
+    fn get_batch(&mut self, keys: &[OutPoint]) -> Result<Vec<Option<Entry>>, SozuError> {
+        let q: Vec<(OutPoint, u32)> = keys.iter().map(|k| (*k, 0)).collect();
+        self.get_batch_since(&q)
+    }
+
+    fn write_block(
+        &mut self,
+        write: &BlockWrite,
+        oracle: &dyn BlockOracle,
+        purged: &mut dyn FnMut(Entry),
+    ) -> Result<(), SozuError> {
+        self.check_poison()?;
+        let tip = oracle.tip_height();
+        if write.height.saturating_add(PURGE_DEPTH) < tip {
+            return Err(SozuError::ReorgTooDeep {
+                height: write.height,
+                tip,
+            });
+        }
+        let (r0, w0) = (self.buckets_read(), self.buckets_written());
+        // Group the block's changes by key.
+        let mut ops: BTreeMap<OutPointKey, KeyOp> = BTreeMap::new();
+        for new in &write.created {
+            if new.coin.script_pubkey.len() > super::page::MAX_SCRIPT_LEN {
+                return Err(SozuError::ScriptTooLong {
+                    outpoint: new.outpoint,
+                    len: new.coin.script_pubkey.len(),
+                });
+            }
+            let key = outpoint_key(&new.outpoint);
+            let h = self.geo.hash(&key);
+            let op = ops.entry(key).or_insert_with(|| KeyOp {
+                key,
+                outpoint: new.outpoint,
+                h,
+                create: None,
+                consumed: Vec::new(),
+            });
+            match &mut op.create {
+                Some((coin, absent)) => {
+                    if coin.value != new.coin.value || coin.script_pubkey != new.coin.script_pubkey
+                    {
+                        return Err(SozuError::CoinMismatch {
+                            outpoint: new.outpoint,
+                        });
+                    }
+                    *absent &= new.known_absent;
+                }
+                None => op.create = Some((new.coin.clone(), new.known_absent)),
+            }
+        }
+        for (outpoint, c) in &write.spent {
+            let key = outpoint_key(outpoint);
+            let h = self.geo.hash(&key);
+            ops.entry(key)
+                .or_insert_with(|| KeyOp {
+                    key,
+                    outpoint: *outpoint,
+                    h,
+                    create: None,
+                    consumed: Vec::new(),
+                })
+                .consumed
+                .push(*c);
+        }
+        let mut by_shard: Vec<Vec<KeyOp>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
+        for (_, op) in ops {
+            by_shard[self.geo.shard_of(op.h) as usize].push(op);
+        }
+        let geo = &self.geo;
+        let results = run_per_shard(&mut self.shards, by_shard, |w, ops| {
+            let mut out = Vec::new();
+            w.write_shard(geo, ops, write, oracle, &mut |e| out.push(e))?;
+            Ok(out)
+        });
+        match results {
+            Ok(lists) => lists.into_iter().flatten().for_each(|e| purged(e)),
+            Err(e) => {
+                self.poisoned = true;
+                return Err(e);
+            }
+        }
+        self.block_counters = (self.buckets_read() - r0, self.buckets_written() - w0);
+        Ok(())
+    }
+
+    fn commit(&mut self, tag: CommitTag) -> Result<(), SozuError> {
+        self.check_poison()?;
+        let r = self.commit_inner(tag);
+        if r.is_err() {
+            self.poisoned = true;
+        }
+        r
+    }
+
+    fn committed(&self) -> Option<CommitTag> {
+        self.committed.tag
+    }
+
+    fn for_each(&mut self, f: &mut dyn FnMut(&Entry)) -> Result<(), SozuError> {
+        self.check_poison()?;
+        let geo = self.geo.clone();
+        for si in 0..self.shards.len() {
+            for layer in 0..=geo.max_layer {
+                let pages = geo.pages_in(&self.shards[si].shard.state, layer);
+                if pages == 0 {
+                    break;
+                }
+                for page in 0..pages {
+                    let b = self.shards[si].get_bucket(&geo, (layer, page), false)?;
+                    for slot in b.slots {
+                        let e = self.shards[si].resolve(slot)?;
+                        f(&e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

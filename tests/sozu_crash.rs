@@ -1,0 +1,450 @@
+//! Crash safety and corruption of the Sozu table.
+//!
+//! - `countdown_failures`: a storage backend that fails every I/O after N
+//!   operations, then loses unsynced writes at random (power loss); the
+//!   reopened table equals the model at its `committed()` block.
+//! - `kill_minus_9`: re-executes this test binary as a child that commits
+//!   a deterministic workload block by block; the parent kills it with
+//!   SIGKILL at random moments, reopens, and compares with the model
+//!   replayed to the committed block. 100 kills by default, 1,000 with
+//!   `KAKEHI_LONG=1`.
+//! - corruption: flipped page byte, truncated file, wrong magic or version,
+//!   damaged journal record → typed error, and opening wrote nothing.
+
+mod sozu_common;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bitcoin::hashes::Hash;
+use bitcoin::{OutPoint, Txid};
+use kakehi::sozu::model::ModelTable;
+use kakehi::sozu::*;
+use sozu_common::{gen_block, small_config, unspent_summary, Chain, Rng};
+
+fn tag(id: u32, height: u32) -> CommitTag {
+    CommitTag {
+        block: BlockId(id),
+        height,
+        block_hash: [id as u8; 32],
+    }
+}
+
+/// Runs blocks until the storage fails; returns (model at last commit,
+/// model if the failing commit had completed, its tag).
+fn run_until_failure(
+    storage: &MemStorage,
+    seed: u64,
+    blocks: u32,
+) -> (ModelTable, Option<ModelTable>, Chain) {
+    let mut table =
+        SozuTable::open_with_storage(Box::new(storage.clone()), small_config()).expect("open");
+    storage.fail_after(Some(seed % 700));
+    let mut rng = Rng::new(seed);
+    let mut chain = Chain::new();
+    let mut model = ModelTable::new();
+    for _ in 0..blocks {
+        // Mostly extend, sometimes a short competing branch.
+        let parent = if rng.below(6) == 0 {
+            chain.parent[chain.best as usize].unwrap_or(0)
+        } else {
+            chain.best
+        };
+        let id = chain.add(parent);
+        let h = chain.height[id as usize];
+        let view = chain.view(id);
+        let w = gen_block(&mut rng, &mut model, &view, id, h, 4);
+        model.write_block(&w, &chain, &mut |_| {}).expect("model");
+        if table.write_block(&w, &chain, &mut |_| {}).is_err() {
+            model.crash();
+            return (model, None, chain);
+        }
+        let mut attempted = model.clone();
+        attempted.commit(tag(id, h)).expect("model");
+        if table.commit(tag(id, h)).is_err() {
+            model.crash();
+            return (model, Some(attempted), chain);
+        }
+        model = attempted;
+    }
+    (model, None, chain)
+}
+
+#[test]
+fn countdown_failures() {
+    let rounds: u64 = if std::env::var("KAKEHI_LONG").is_ok() {
+        2000
+    } else {
+        250
+    };
+    let mut outcomes = [0u32; 2];
+    for seed in 0..rounds {
+        let storage = MemStorage::new();
+        let (model, attempted, chain) = run_until_failure(&storage, seed, 25);
+        storage.crash(seed);
+        let mut reopened = SozuTable::open_with_storage(Box::new(storage.clone()), small_config())
+            .unwrap_or_else(|e| panic!("seed {seed}: reopen after crash failed: {e}"));
+        let got = reopened.committed();
+        let mut expected = if got == model.committed() {
+            outcomes[0] += 1;
+            model
+        } else {
+            match attempted {
+                Some(a) if a.committed() == got => {
+                    outcomes[1] += 1;
+                    a
+                }
+                _ => panic!(
+                    "seed {seed}: reopened at {got:?}, last commit {:?}",
+                    model.committed()
+                ),
+            }
+        };
+        for tip in chain.live_tips(12) {
+            let view = chain.view(tip);
+            assert_eq!(
+                unspent_summary(&mut reopened, &view),
+                unspent_summary(&mut expected, &view),
+                "seed {seed}: state differs from the model at {got:?}"
+            );
+        }
+        // The reopened table keeps working.
+        let mut rng = Rng::new(seed ^ 0xabc);
+        let id = chain.parent.len() as u32;
+        let mut chain2 = chain.clone();
+        let id2 = chain2.add(chain2.best);
+        assert_eq!(id, id2);
+        let h = chain2.height[id as usize];
+        let w = gen_block(&mut rng, &mut expected, &chain2.view(id), id, h, 3);
+        reopened
+            .write_block(&w, &chain2, &mut |_| {})
+            .expect("write after reopen");
+        reopened.commit(tag(id, h)).expect("commit after reopen");
+    }
+    eprintln!(
+        "countdown: {} reopened at the last commit, {} at the failing commit",
+        outcomes[0], outcomes[1]
+    );
+    assert!(outcomes[0] > 0);
+}
+
+// ---------------------------------------------------------------- kill -9
+
+const KILL_ENV: &str = "KAKEHI_SOZU_KILL_CHILD";
+const OUTS: u32 = 8;
+
+/// A pure, deterministic linear-chain workload: block `h` creates `OUTS`
+/// outputs and spends the outputs whose (heavy-tailed) age ends at `h`.
+fn kill_block(seed: u64, h: u32) -> BlockWrite {
+    let txid = |h: u32, i: u32| {
+        let mut r = Rng::new(seed ^ (u64::from(h) << 20) ^ u64::from(i));
+        Txid::from_byte_array(r.bytes32())
+    };
+    // Spend age of output (h, j), or None if never spent.
+    let age = |h: u32, j: u32| -> Option<u32> {
+        let mut r = Rng::new(seed.wrapping_add(u64::from(h) * 131 + u64::from(j)));
+        match r.below(100) {
+            0..=4 => Some(0),
+            5..=64 => Some(1 + r.below(20) as u32),
+            65..=84 => Some(21 + r.below(180) as u32),
+            _ => None,
+        }
+    };
+    let block = BlockId(h);
+    let mut w = BlockWrite {
+        block,
+        height: h,
+        created: Vec::new(),
+        spent: Vec::new(),
+    };
+    let spender = txid(h, 999);
+    let mut rng = Rng::new(seed ^ u64::from(h));
+    for j in 0..OUTS {
+        let op = OutPoint {
+            txid: txid(h, j / 2),
+            vout: j % 2,
+        };
+        w.created.push(NewOutput {
+            outpoint: op,
+            coin: Coin {
+                value: u64::from(h) * 1000 + u64::from(j),
+                script_pubkey: sozu_common::script(&mut rng),
+                height: h,
+                coinbase: j == 0,
+            },
+            known_absent: true,
+        });
+    }
+    let mut vin = 0;
+    for back in 0..=200u32 {
+        let Some(hp) = h.checked_sub(back) else { break };
+        if hp == 0 {
+            break;
+        }
+        for j in 0..OUTS {
+            if age(hp, j) == Some(back) {
+                w.spent.push((
+                    OutPoint {
+                        txid: txid(hp, j / 2),
+                        vout: j % 2,
+                    },
+                    Consumption {
+                        block,
+                        txid: spender,
+                        vin,
+                    },
+                ));
+                vin += 1;
+            }
+        }
+    }
+    w
+}
+
+struct Linear(u32);
+
+impl BlockOracle for Linear {
+    fn best_height(&self, block: BlockId) -> Option<u32> {
+        (block.0 <= self.0).then_some(block.0)
+    }
+    fn height(&self, block: BlockId) -> Option<u32> {
+        Some(block.0)
+    }
+    fn tip_height(&self) -> u32 {
+        self.0
+    }
+}
+
+struct All;
+impl ChainView for All {
+    fn contains(&self, _: BlockId) -> bool {
+        true
+    }
+}
+
+fn kill_config() -> SozuConfig {
+    SozuConfig {
+        checkpoint_bytes: 512 << 10,
+        layer0_bits: 4,
+        ..small_config()
+    }
+}
+
+/// The child: continues the workload from the committed block, forever.
+#[test]
+fn kill_child() {
+    let Ok(spec) = std::env::var(KILL_ENV) else {
+        return;
+    };
+    let (dir, seed) = spec.split_once(',').expect("dir,seed");
+    let seed: u64 = seed.parse().expect("seed");
+    let mut t = SozuTable::open(std::path::Path::new(dir), kill_config()).expect("child open");
+    let mut h = t.committed().map_or(1, |c| c.height + 1);
+    loop {
+        let w = kill_block(seed, h);
+        t.write_block(&w, &Linear(h), &mut |_| {})
+            .expect("child write");
+        t.commit(tag(h, h)).expect("child commit");
+        println!("committed {h}");
+        h += 1;
+    }
+}
+
+#[test]
+fn kill_minus_9() {
+    let kills: u32 = if std::env::var("KAKEHI_LONG").is_ok() {
+        1000
+    } else {
+        100
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let seed = 42u64;
+    let exe = std::env::current_exe().expect("exe");
+    let mut model = ModelTable::new();
+    let mut model_h = 0u32;
+    let mut rng = Rng::new(seed);
+    let start = Instant::now();
+    let mut last_reported = 0u32;
+    for round in 0..kills {
+        let mut child = Command::new(&exe)
+            .args(["--exact", "kill_child", "--nocapture", "--test-threads=1"])
+            .env(KILL_ENV, format!("{},{seed}", dir.path().display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn child");
+        std::thread::sleep(Duration::from_millis(30 + rng.below(120)));
+        child.kill().expect("kill -9");
+        let mut out = String::new();
+        let _ = child
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_to_string(&mut out);
+        let _ = child.wait();
+        if out.contains("panicked") {
+            panic!("child failed in round {round}: {out}");
+        }
+        for line in out.lines() {
+            if let Some(n) = line.strip_prefix("committed ") {
+                last_reported = last_reported.max(n.trim().parse().expect("height"));
+            }
+        }
+        let mut t = SozuTable::open(dir.path(), kill_config())
+            .unwrap_or_else(|e| panic!("round {round}: reopen after kill failed: {e}"));
+        let k = t.committed().map_or(0, |c| c.height);
+        assert!(
+            k >= last_reported,
+            "round {round}: block {last_reported} was reported committed, table is at {k}"
+        );
+        assert!(
+            k >= model_h,
+            "round {round}: committed height went back from {model_h} to {k}"
+        );
+        while model_h < k {
+            model_h += 1;
+            model
+                .write_block(&kill_block(seed, model_h), &Linear(model_h), &mut |_| {})
+                .expect("model");
+        }
+        // Compare every entry's unspent state (all blocks are on the chain).
+        assert_eq!(
+            unspent_summary(&mut t, &All),
+            unspent_summary(&mut model, &All),
+            "round {round} at block {k}"
+        );
+    }
+    eprintln!(
+        "{kills} kills in {:?}, final committed block {model_h}",
+        start.elapsed()
+    );
+    assert!(model_h > 0, "the child never committed");
+}
+
+// ------------------------------------------------------------ corruption
+
+/// A table with checkpointed pages in several layers and an empty journal
+/// (checkpoint at every commit, then one commit without changes).
+fn built() -> MemStorage {
+    let storage = MemStorage::new();
+    let cfg = SozuConfig {
+        checkpoint_bytes: 0,
+        ..small_config()
+    };
+    let mut t = SozuTable::open_with_storage(Box::new(storage.clone()), cfg).expect("open");
+    let mut chain = Chain::new();
+    let mut model = ModelTable::new();
+    let mut rng = Rng::new(5);
+    for _ in 0..30 {
+        let id = chain.add(chain.best);
+        let w = gen_block(&mut rng, &mut model, &chain.view(id), id, id, 4);
+        model.write_block(&w, &chain, &mut |_| {}).expect("model");
+        t.write_block(&w, &chain, &mut |_| {}).expect("write");
+        t.commit(tag(id, id)).expect("commit");
+    }
+    t.commit(tag(99, 99)).expect("empty commit");
+    let stats = t.stats().expect("stats");
+    assert!(stats.layers.len() >= 3, "{stats:?}");
+    storage
+}
+
+fn open_err(storage: &MemStorage) -> SozuError {
+    let before = storage.snapshot();
+    let r = SozuTable::open_with_storage(Box::new(storage.clone()), small_config());
+    assert_eq!(before, storage.snapshot(), "open wrote to a corrupt table");
+    match r {
+        Ok(_) => panic!("corruption not detected"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn intact_table_opens() {
+    let s = built();
+    let mut t = SozuTable::open_with_storage(Box::new(s), small_config()).expect("open");
+    assert_eq!(t.committed(), Some(tag(99, 99)));
+    assert!(t.verify().expect("verify") > 0);
+}
+
+#[test]
+fn flipped_byte_in_pages_is_corrupt() {
+    for (file, page) in [
+        ("s0-layer-00.pages", 1u64),
+        ("s0-layer-02.pages", 0),
+        ("s0-layer-03.pages", 1),
+    ] {
+        let s = built();
+        let mut data = s.read_file(file).expect(file);
+        let at = (page * 4096 + 200) as usize;
+        data[at] ^= 0x04;
+        s.write_file(file, data);
+        match open_err(&s) {
+            SozuError::Corrupt { path, offset, .. } => {
+                assert!(path.ends_with(file), "{path:?}");
+                assert_eq!(offset, page * 4096);
+            }
+            e => panic!("{file}: unexpected error {e}"),
+        }
+    }
+}
+
+#[test]
+fn truncated_file_is_corrupt() {
+    let s = built();
+    let mut data = s.read_file("s0-layer-02.pages").expect("layer 2");
+    data.truncate(data.len() - 100);
+    s.write_file("s0-layer-02.pages", data);
+    match open_err(&s) {
+        SozuError::Corrupt { path, .. } => assert!(path.ends_with("s0-layer-02.pages")),
+        e => panic!("unexpected error {e}"),
+    }
+}
+
+#[test]
+fn wrong_magic_and_version() {
+    let s = built();
+    let mut h = s.read_file("sozu.header").expect("header");
+    h[4] = b'X';
+    s.write_file("sozu.header", h.clone());
+    assert!(matches!(open_err(&s), SozuError::Corrupt { offset: 4, .. }));
+    h[4] = b'S';
+    h[12] = 9; // major version 9
+    s.write_file("sozu.header", h.clone());
+    assert!(matches!(
+        open_err(&s),
+        SozuError::UnsupportedVersion { major: 9, .. }
+    ));
+    h[12] = 1;
+    h[30] ^= 1; // key byte: checksum no longer matches
+    s.write_file("sozu.header", h);
+    assert!(matches!(open_err(&s), SozuError::Corrupt { offset: 0, .. }));
+}
+
+#[test]
+fn damaged_journal_record_before_later_commits_is_corrupt() {
+    let storage = MemStorage::new();
+    let mut t =
+        SozuTable::open_with_storage(Box::new(storage.clone()), small_config()).expect("open");
+    let mut chain = Chain::new();
+    let mut model = ModelTable::new();
+    let mut rng = Rng::new(9);
+    for _ in 0..4 {
+        let id = chain.add(chain.best);
+        let w = gen_block(&mut rng, &mut model, &chain.view(id), id, id, 3);
+        model.write_block(&w, &chain, &mut |_| {}).expect("model");
+        t.write_block(&w, &chain, &mut |_| {}).expect("write");
+        t.commit(tag(id, id)).expect("commit");
+    }
+    drop(t);
+    let mut j = storage.read_file("sozu.journal").expect("journal");
+    j[100] ^= 0xff; // inside the first record
+    storage.write_file("sozu.journal", j);
+    match open_err(&storage) {
+        SozuError::Corrupt { path, offset, .. } => {
+            assert!(path.ends_with("sozu.journal"));
+            assert_eq!(offset, 0);
+        }
+        e => panic!("unexpected error {e}"),
+    }
+}
