@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use crate::chain::ChainParams;
 use crate::pipeline::{Chainstate, PipelineError};
-use crate::sozu::UtxoTable;
+use crate::sozu::{SozuConfig, SozuTable, UtxoTable};
 
 /// Errors opening the node.
 #[derive(Debug, thiserror::Error)]
@@ -105,9 +105,13 @@ impl DataDir {
 ///
 /// # Errors
 /// [`NodeError::Sozu`].
-pub fn open_table(datadir: &Path) -> Result<Box<dyn UtxoTable + Send + Sync>, NodeError> {
-    let _ = datadir;
-    Ok(Box::new(crate::sozu::model::ModelTable::new()))
+pub fn open_table(datadir: &Path) -> Result<Box<dyn UtxoTable + Send>, NodeError> {
+    // Two shards: a block's reads and writes use both cores of a small machine.
+    let config = SozuConfig {
+        shards: 2,
+        ..SozuConfig::default()
+    };
+    Ok(Box::new(SozuTable::open(&datadir.join("utxo"), config)?))
 }
 
 /// Opens the chain state in a locked datadir.

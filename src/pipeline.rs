@@ -164,10 +164,20 @@ pub struct Chainstate {
     blocks: FlatFiles,
     filters: FlatFiles,
     spent: FlatFiles,
-    table: Box<dyn UtxoTable + Send + Sync>,
+    /// In a mutex only so the chain state is `Sync` for readers; the one
+    /// writer reaches it through `&mut self` without locking.
+    table: std::sync::Mutex<Box<dyn UtxoTable + Send>>,
     refused_tips: HashSet<BlockId>,
     stats: PipelineStats,
     datadir: PathBuf,
+}
+
+/// The table behind its mutex, for the writer (a poisoned lock only means a
+/// panic elsewhere; the table's own state is guarded by its commits).
+fn table(m: &mut std::sync::Mutex<Box<dyn UtxoTable + Send>>) -> &mut (dyn UtxoTable + Send) {
+    m.get_mut()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_mut()
 }
 
 fn now_secs() -> u64 {
@@ -262,7 +272,7 @@ impl Chainstate {
     pub fn open(
         params: ChainParams,
         datadir: &Path,
-        table: Box<dyn UtxoTable + Send + Sync>,
+        table: Box<dyn UtxoTable + Send>,
     ) -> Result<Self, PipelineError> {
         let store = Store::open(&datadir.join("index"))?;
         let magic = params.magic();
@@ -343,7 +353,7 @@ impl Chainstate {
             blocks,
             filters,
             spent,
-            table,
+            table: std::sync::Mutex::new(table),
             refused_tips: HashSet::new(),
             stats: PipelineStats::default(),
             datadir: datadir.into(),
@@ -372,7 +382,7 @@ impl Chainstate {
             return Ok(());
         };
         let last = BlockId(last);
-        let committed = self.table.committed().map(|t| t.block);
+        let committed = table(&mut self.table).committed().map(|t| t.block);
         if committed == Some(last) {
             return Ok(());
         }
@@ -403,9 +413,9 @@ impl Chainstate {
             height: entry.height,
             block_hash: entry.hash.to_byte_array(),
         };
-        self.table.write_block(&write, &self.index, &mut |_| {})?;
-        self.table.commit(tag)?;
-        if self.table.committed().map(|t| t.block) != Some(last) {
+        table(&mut self.table).write_block(&write, &self.index, &mut |_| {})?;
+        table(&mut self.table).commit(tag)?;
+        if table(&mut self.table).committed().map(|t| t.block) != Some(last) {
             return Err(PipelineError::Inconsistent {
                 reason: "UTXO table commit did not take".into(),
             });
@@ -559,7 +569,7 @@ impl Chainstate {
         f: &mut dyn FnMut(&OutPoint, &Coin, u32),
     ) -> Result<(), PipelineError> {
         let view = self.index.view(self.index.tip().id);
-        self.table.for_each(&mut |e| {
+        table(&mut self.table).for_each(&mut |e| {
             if let ViewStatus::Unspent = e.status_in(&view) {
                 let h = e.creation_height_in(&view).unwrap_or(e.coin.height);
                 f(&e.outpoint, &e.coin, h);
@@ -801,7 +811,7 @@ impl Chainstate {
                 }
             }
         }
-        let entries = self.table.get_batch(&keys)?;
+        let entries = table(&mut self.table).get_batch(&keys)?;
         let view = self.index.view(parent);
         let mut coins = HashMap::with_capacity(keys.len());
         for e in entries.into_iter().flatten() {
@@ -955,14 +965,13 @@ impl Chainstate {
         // UTXO table last (the index names this block as sozu_last, so a
         // crash before the table's commit is replayed at start-up).
         let mut purged = 0usize;
-        self.table
-            .write_block(&write, &self.index, &mut |_| purged += 1)?;
+        table(&mut self.table).write_block(&write, &self.index, &mut |_| purged += 1)?;
         let tag = CommitTag {
             block: id,
             height: entry.height,
             block_hash: entry.hash.to_byte_array(),
         };
-        self.table.commit(tag)?;
+        table(&mut self.table).commit(tag)?;
         self.stats.blocks_connected += 1;
         tracing::info!(
             height = entry.height,
