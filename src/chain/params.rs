@@ -26,6 +26,10 @@ pub struct ChainParams {
     pub csv_height: u32,
     /// Height from which segwit (BIP141/143/147) is active.
     pub segwit_height: u32,
+    /// Blocks a coinbase output must wait before it can be spent
+    /// ([`COINBASE_MATURITY`] = 100 on every network; only tests replaying
+    /// btcd's fixtures, built with btcd's `CoinbaseMaturity = 1`, lower it).
+    pub coinbase_maturity: u32,
     /// Blocks between subsidy halvings (210,000; 150 on regtest).
     pub subsidy_halving_interval: u32,
     /// Whether testnet4's BIP94 rules apply (timewarp fix, and the
@@ -88,6 +92,7 @@ impl ChainParams {
                 bip66_height: 363_725,
                 csv_height: 419_328,
                 segwit_height: 481_824,
+                coinbase_maturity: COINBASE_MATURITY,
                 subsidy_halving_interval: 210_000,
                 enforce_bip94: false,
                 p2p_port: 8333,
@@ -124,6 +129,7 @@ impl ChainParams {
                 bip66_height: 330_776,
                 csv_height: 770_112,
                 segwit_height: 834_624,
+                coinbase_maturity: COINBASE_MATURITY,
                 subsidy_halving_interval: 210_000,
                 enforce_bip94: false,
                 p2p_port: 18333,
@@ -148,6 +154,7 @@ impl ChainParams {
                 bip66_height: 1,
                 csv_height: 1,
                 segwit_height: 1,
+                coinbase_maturity: COINBASE_MATURITY,
                 subsidy_halving_interval: 210_000,
                 enforce_bip94: true,
                 p2p_port: 48333,
@@ -170,6 +177,7 @@ impl ChainParams {
                 bip66_height: 1,
                 csv_height: 1,
                 segwit_height: 1,
+                coinbase_maturity: COINBASE_MATURITY,
                 subsidy_halving_interval: 210_000,
                 enforce_bip94: false,
                 p2p_port: 38333,
@@ -194,6 +202,7 @@ impl ChainParams {
                 bip66_height: 1,
                 csv_height: 1,
                 segwit_height: 0,
+                coinbase_maturity: COINBASE_MATURITY,
                 subsidy_halving_interval: 150,
                 enforce_bip94: false,
                 p2p_port: 18444,

@@ -1005,15 +1005,9 @@ pub fn connect_block(
     })
 }
 
-/// Blocks before a coinbase output can be spent: Core's constant
-/// `COINBASE_MATURITY` (100) on every network.
-///
-/// btcd's test fixtures (`testnet-data/mainnet-samples/blk_0_to_4.dat`,
-/// `blk_3A/4A/5A.dat`) were made with a maturity of 1 and need it to
-/// import; when `ChainParams` gains a `coinbase_maturity` field (btcd's
-/// `chaincfg.Params.CoinbaseMaturity`), return it here.
-fn coinbase_maturity(_params: &ChainParams) -> u32 {
-    COINBASE_MATURITY
+/// Blocks a coinbase output must wait before it is spent (`ChainParams::coinbase_maturity`).
+fn coinbase_maturity(params: &ChainParams) -> u32 {
+    params.coinbase_maturity
 }
 
 /// BIP68: Core's `CalculateSequenceLocks` + `EvaluateSequenceLocks` for one

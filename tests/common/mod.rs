@@ -36,9 +36,13 @@ pub struct TestNode {
 
 impl TestNode {
     pub fn new(network: Network) -> Self {
+        Self::with_params(ChainParams::new(network))
+    }
+
+    pub fn with_params(params: ChainParams) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let datadir = DataDir::open(dir.path()).expect("datadir");
-        let chain = open_chainstate(ChainParams::new(network), &datadir).expect("open chainstate");
+        let chain = open_chainstate(params, &datadir).expect("open chainstate");
         TestNode {
             dir,
             datadir,
