@@ -253,11 +253,15 @@ impl Geo {
     }
 }
 
+/// A merge into an existing entry: key, coin to check (for a production),
+/// records to add.
+type Merge = (OutPointKey, Option<Coin>, Vec<Production>, Vec<Consumption>);
+
 /// Per-bucket work of one `write_block`, gathered before the bucket is rewritten.
 #[derive(Default)]
 struct Work {
     inserts: Vec<Slot>,
-    merges: Vec<(OutPointKey, Option<Coin>, Vec<Production>, Vec<Consumption>)>,
+    merges: Vec<Merge>,
     raise: u32,
 }
 
@@ -1404,7 +1408,7 @@ impl Worker {
                             )
                         })
                         .collect();
-                    order.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+                    order.sort_by_key(|o| (o.0, o.1, o.2));
                     let mut size: usize = order.iter().map(|o| o.3.encoded_len()).sum();
                     let mut spilled = Vec::new();
                     let mut rest = Vec::new();
@@ -1631,7 +1635,7 @@ impl UtxoTable for SozuTable {
             Ok(out)
         });
         match results {
-            Ok(lists) => lists.into_iter().flatten().for_each(|e| purged(e)),
+            Ok(lists) => lists.into_iter().flatten().for_each(purged),
             Err(e) => {
                 self.poisoned = true;
                 return Err(e);
