@@ -226,8 +226,13 @@ impl Geo {
         let bits = self.b0 + u32::from(layer) * self.g;
         (h >> (64 - bits)) & ((1u64 << self.g) - 1)
     }
+    /// Page of the child covering `h`; saturating, so a damaged `children`
+    /// field reads past the file and is reported as corruption.
     fn child_page(&self, children: u64, h: u64, layer: u8) -> u64 {
-        ((children - 1) << self.g) + self.child_index(h, layer)
+        children
+            .saturating_sub(1)
+            .saturating_mul(1 << self.g)
+            .saturating_add(self.child_index(h, layer))
     }
     fn layer_cfg(&self, layer: u8) -> LayerConfig {
         let c = self
@@ -1116,7 +1121,11 @@ impl Worker {
         if addr.0 < geo.ram_layers {
             let path = self.storage.path_of(&layer_file(shard.id, addr.0));
             return shard.ram.get(&addr).ok_or_else(|| {
-                corrupt(path, addr.1 * geo.page_size as u64, "RAM page not loaded")
+                corrupt(
+                    path,
+                    addr.1.saturating_mul(geo.page_size as u64),
+                    "RAM page not loaded",
+                )
             });
         }
         if shard.dirty.contains_key(&addr) {
@@ -1345,7 +1354,7 @@ impl Worker {
                     let pos = b.find(&super::types::key_outpoint(&key)).ok_or_else(|| {
                         corrupt(
                             self.storage.path_of(&layer_file(self.shard.id, layer)),
-                            page * geo.page_size as u64,
+                            page.saturating_mul(geo.page_size as u64),
                             "entry vanished between lookup and merge",
                         )
                     })?;
@@ -1536,7 +1545,7 @@ fn read_committed(
     addr: Addr,
 ) -> Result<Bucket, SozuError> {
     let name = layer_file(shard.id, addr.0);
-    let offset = addr.1 * geo.page_size as u64;
+    let offset = addr.1.saturating_mul(geo.page_size as u64);
     if let Some(img) = shard.overlay.get(&addr) {
         return decode_bucket(img, geo.page_size).map_err(|e| {
             corrupt(
