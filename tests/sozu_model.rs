@@ -146,6 +146,28 @@ impl Harness {
                 prop_assert_eq!(&g.coin, &w.coin);
             }
         }
+        // Seed 000's height filter: with a floor at or below an entry's
+        // lowest production height, the early-stopping descent still finds it.
+        let mut floors = Vec::new();
+        self.model
+            .for_each(&mut |e| {
+                let min = e.produced.iter().map(|p| p.height).min().unwrap_or(0);
+                floors.push((e.outpoint, min));
+            })
+            .expect("model");
+        let found = self
+            .table()
+            .get_batch_since(&floors)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for ((op, floor), f) in floors.iter().zip(found) {
+            let purged_lazily = self.model_purged.contains(op);
+            prop_assert!(
+                f.is_some() || purged_lazily,
+                "{} not found with height floor {}",
+                op,
+                floor
+            );
+        }
         prop_assert!(
             self.sozu_purged.is_subset(&self.model_purged),
             "sozu purged entries the model kept"
