@@ -1137,7 +1137,12 @@ impl Worker {
             }
             let b = read_committed(self.storage.as_mut(), geo, shard, addr)?;
             if shard.cache.len() >= geo.cache_pages.max(1) {
-                shard.cache.clear();
+                // Evict an arbitrary eighth (hash order), keeping the rest warm.
+                let n = (shard.cache.len() / 8).max(1);
+                let victims: Vec<Addr> = shard.cache.keys().take(n).copied().collect();
+                for v in victims {
+                    shard.cache.remove(&v);
+                }
             }
             shard.cache.insert(addr, b);
         }
