@@ -146,6 +146,28 @@ impl Harness {
                 prop_assert_eq!(&g.coin, &w.coin);
             }
         }
+        // Seed 000's height filter: with a floor at or below an entry's
+        // lowest production height, the early-stopping descent still finds it.
+        let mut floors = Vec::new();
+        self.model
+            .for_each(&mut |e| {
+                let min = e.produced.iter().map(|p| p.height).min().unwrap_or(0);
+                floors.push((e.outpoint, min));
+            })
+            .expect("model");
+        let found = self
+            .table()
+            .get_batch_since(&floors)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for ((op, floor), f) in floors.iter().zip(found) {
+            let purged_lazily = self.model_purged.contains(op);
+            prop_assert!(
+                f.is_some() || purged_lazily,
+                "{} not found with height floor {}",
+                op,
+                floor
+            );
+        }
         prop_assert!(
             self.sozu_purged.is_subset(&self.model_purged),
             "sozu purged entries the model kept"
@@ -237,4 +259,102 @@ fn long_sequence_with_purges() {
     }
     run(actions.clone(), 1).expect("long sequence");
     run(actions, 2).expect("long sequence, two shards");
+}
+
+/// Typed refusals: a spend of an unknown outpoint, a re-production with
+/// another coin, a block more than 100 below the tip; each poisons the
+/// table, and a reopen returns to the last commit.
+#[test]
+fn typed_write_errors() {
+    use bitcoin::hashes::Hash;
+    let storage = MemStorage::new();
+    let open =
+        || SozuTable::open_with_storage(Box::new(storage.clone()), small_config()).expect("open");
+    let mut t = open();
+    let mut chain = Chain::new();
+    let mut model = ModelTable::new();
+    let mut rng = Rng::new(3);
+    for _ in 0..105 {
+        let id = chain.add(chain.best);
+        let w = gen_block(&mut rng, &mut model, &chain.view(id), id, id, 2);
+        model.write_block(&w, &chain, &mut |_| {}).expect("model");
+        t.write_block(&w, &chain, &mut |_| {}).expect("write");
+        t.commit(CommitTag {
+            block: BlockId(id),
+            height: id,
+            block_hash: [0; 32],
+        })
+        .expect("commit");
+    }
+    let tag = t.committed();
+    let block = BlockId(chain.best);
+    let unknown = OutPoint {
+        txid: bitcoin::Txid::from_byte_array([7; 32]),
+        vout: 3,
+    };
+    let spend = BlockWrite {
+        block,
+        height: 105,
+        created: Vec::new(),
+        spent: vec![(
+            unknown,
+            Consumption {
+                block,
+                txid: unknown.txid,
+                vin: 0,
+            },
+        )],
+    };
+    assert!(
+        matches!(t.write_block(&spend, &chain, &mut |_| {}), Err(SozuError::MissingEntry { outpoint }) if outpoint == unknown)
+    );
+    assert!(matches!(
+        t.commit(CommitTag::default()),
+        Err(SozuError::Poisoned)
+    ));
+
+    let mut t = open();
+    assert_eq!(t.committed(), tag);
+    let mut some = Vec::new();
+    model
+        .for_each(&mut |e| some.push(e.clone()))
+        .expect("model");
+    // A recent entry: lookups for possibly-present outputs search entries produced
+    // in the last 100 blocks (older ones cannot be re-produced, BIP30).
+    let e = some
+        .iter()
+        .max_by_key(|e| e.max_production_height())
+        .expect("entries")
+        .clone();
+    let mut coin = e.coin.clone();
+    coin.value += 1;
+    let again = BlockWrite {
+        block,
+        height: 105,
+        created: vec![NewOutput {
+            outpoint: e.outpoint,
+            coin,
+            known_absent: false,
+        }],
+        spent: Vec::new(),
+    };
+    assert!(matches!(
+        t.write_block(&again, &chain, &mut |_| {}),
+        Err(SozuError::CoinMismatch { .. })
+    ));
+
+    let mut t = open();
+    let deep = BlockWrite {
+        block,
+        height: 3,
+        created: Vec::new(),
+        spent: Vec::new(),
+    };
+    assert!(matches!(
+        t.write_block(&deep, &chain, &mut |_| {}),
+        Err(SozuError::ReorgTooDeep {
+            height: 3,
+            tip: 105
+        })
+    ));
 }

@@ -90,12 +90,13 @@ impl FsStorage {
         })
     }
 
-    fn file(&mut self, name: &str) -> io::Result<&mut File> {
+    /// The open handle of `name`; reads never create a missing file.
+    fn file_opt(&mut self, name: &str, create: bool) -> io::Result<&mut File> {
         if !self.files.contains_key(name) {
             let f = OpenOptions::new()
                 .read(true)
                 .write(true)
-                .create(true)
+                .create(create)
                 .truncate(false)
                 .open(self.dir.join(name))?;
             self.files.insert(name.to_string(), f);
@@ -103,6 +104,10 @@ impl FsStorage {
         self.files
             .get_mut(name)
             .ok_or_else(|| io::Error::other("file handle vanished"))
+    }
+
+    fn file(&mut self, name: &str) -> io::Result<&mut File> {
+        self.file_opt(name, true)
     }
 }
 
@@ -114,11 +119,11 @@ impl Storage for FsStorage {
         if !self.exists(name)? {
             return Ok(0);
         }
-        Ok(self.file(name)?.metadata()?.len())
+        Ok(self.file_opt(name, false)?.metadata()?.len())
     }
     fn read_at(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
-        self.file(name)?.read_exact_at(buf, offset)
+        self.file_opt(name, false)?.read_exact_at(buf, offset)
     }
     fn write_at(&mut self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;

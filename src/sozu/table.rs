@@ -226,8 +226,13 @@ impl Geo {
         let bits = self.b0 + u32::from(layer) * self.g;
         (h >> (64 - bits)) & ((1u64 << self.g) - 1)
     }
+    /// Page of the child covering `h`; saturating, so a damaged `children`
+    /// field reads past the file and is reported as corruption.
     fn child_page(&self, children: u64, h: u64, layer: u8) -> u64 {
-        ((children - 1) << self.g) + self.child_index(h, layer)
+        children
+            .saturating_sub(1)
+            .saturating_mul(1 << self.g)
+            .saturating_add(self.child_index(h, layer))
     }
     fn layer_cfg(&self, layer: u8) -> LayerConfig {
         let c = self
@@ -253,11 +258,15 @@ impl Geo {
     }
 }
 
+/// A merge into an existing entry: key, coin to check (for a production),
+/// records to add.
+type Merge = (OutPointKey, Option<Coin>, Vec<Production>, Vec<Consumption>);
+
 /// Per-bucket work of one `write_block`, gathered before the bucket is rewritten.
 #[derive(Default)]
 struct Work {
     inserts: Vec<Slot>,
-    merges: Vec<(OutPointKey, Option<Coin>, Vec<Production>, Vec<Consumption>)>,
+    merges: Vec<Merge>,
     raise: u32,
 }
 
@@ -1112,7 +1121,11 @@ impl Worker {
         if addr.0 < geo.ram_layers {
             let path = self.storage.path_of(&layer_file(shard.id, addr.0));
             return shard.ram.get(&addr).ok_or_else(|| {
-                corrupt(path, addr.1 * geo.page_size as u64, "RAM page not loaded")
+                corrupt(
+                    path,
+                    addr.1.saturating_mul(geo.page_size as u64),
+                    "RAM page not loaded",
+                )
             });
         }
         if shard.dirty.contains_key(&addr) {
@@ -1124,7 +1137,12 @@ impl Worker {
             }
             let b = read_committed(self.storage.as_mut(), geo, shard, addr)?;
             if shard.cache.len() >= geo.cache_pages.max(1) {
-                shard.cache.clear();
+                // Evict an arbitrary eighth (hash order), keeping the rest warm.
+                let n = (shard.cache.len() / 8).max(1);
+                let victims: Vec<Addr> = shard.cache.keys().take(n).copied().collect();
+                for v in victims {
+                    shard.cache.remove(&v);
+                }
             }
             shard.cache.insert(addr, b);
         }
@@ -1341,7 +1359,7 @@ impl Worker {
                     let pos = b.find(&super::types::key_outpoint(&key)).ok_or_else(|| {
                         corrupt(
                             self.storage.path_of(&layer_file(self.shard.id, layer)),
-                            page * geo.page_size as u64,
+                            page.saturating_mul(geo.page_size as u64),
                             "entry vanished between lookup and merge",
                         )
                     })?;
@@ -1404,7 +1422,7 @@ impl Worker {
                             )
                         })
                         .collect();
-                    order.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+                    order.sort_by_key(|o| (o.0, o.1, o.2));
                     let mut size: usize = order.iter().map(|o| o.3.encoded_len()).sum();
                     let mut spilled = Vec::new();
                     let mut rest = Vec::new();
@@ -1532,7 +1550,7 @@ fn read_committed(
     addr: Addr,
 ) -> Result<Bucket, SozuError> {
     let name = layer_file(shard.id, addr.0);
-    let offset = addr.1 * geo.page_size as u64;
+    let offset = addr.1.saturating_mul(geo.page_size as u64);
     if let Some(img) = shard.overlay.get(&addr) {
         return decode_bucket(img, geo.page_size).map_err(|e| {
             corrupt(
@@ -1631,7 +1649,7 @@ impl UtxoTable for SozuTable {
             Ok(out)
         });
         match results {
-            Ok(lists) => lists.into_iter().flatten().for_each(|e| purged(e)),
+            Ok(lists) => lists.into_iter().flatten().for_each(purged),
             Err(e) => {
                 self.poisoned = true;
                 return Err(e);
