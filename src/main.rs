@@ -167,6 +167,8 @@ fn init_logging(config: &Config) -> anyhow::Result<()> {
         .with_context(|| format!("bad log filter {:?}", config.log.filter))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colours only on a terminal: a log file or journald gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match config.log.format {
         LogFormat::Json => builder.json().init(),
