@@ -144,6 +144,80 @@ pub fn parse_shards(s: &str) -> Result<u8, String> {
     }
 }
 
+/// A peer address, `HOST:PORT`: an IP literal (`10.0.0.2:18444`,
+/// `[::1]:18444`) or a host name (`bitcoind:18444`, as bitcoind's `-connect`
+/// accepts), resolved when the connection is made. Serialized as that string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PeerAddress {
+    /// Host name or IP literal (IPv6 without brackets).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl std::str::FromStr for PeerAddress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if let Ok(a) = s.parse::<SocketAddr>() {
+            return Ok(PeerAddress {
+                host: a.ip().to_string(),
+                port: a.port(),
+            });
+        }
+        let bad = || format!("{s:?} is not HOST:PORT");
+        let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let host_ok = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_');
+        if !host_ok || port == 0 {
+            return Err(bad());
+        }
+        Ok(PeerAddress {
+            host: host.to_string(),
+            port,
+        })
+    }
+}
+
+impl fmt::Display for PeerAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl Serialize for PeerAddress {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PeerAddress {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl PeerAddress {
+    /// Resolves the address (DNS for a host name; blocking).
+    ///
+    /// # Errors
+    /// The resolver's error.
+    pub fn resolve(&self) -> std::io::Result<Vec<SocketAddr>> {
+        use std::net::ToSocketAddrs;
+        Ok((self.host.as_str(), self.port).to_socket_addrs()?.collect())
+    }
+}
+
 /// One source of configuration: every option optional.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Layer {
@@ -156,9 +230,9 @@ pub struct Layer {
     /// P2P listen address.
     pub listen: Option<SocketAddr>,
     /// Peers to connect to exclusively.
-    pub connect: Option<Vec<SocketAddr>>,
+    pub connect: Option<Vec<PeerAddress>>,
     /// Peers to add.
-    pub addnode: Option<Vec<SocketAddr>>,
+    pub addnode: Option<Vec<PeerAddress>>,
     /// Log format.
     pub log_format: Option<LogFormat>,
     /// Tracing filter directives.
@@ -194,8 +268,8 @@ struct FileHttp {
 #[serde(deny_unknown_fields)]
 struct FileP2p {
     listen: Option<SocketAddr>,
-    connect: Option<Vec<SocketAddr>>,
-    addnode: Option<Vec<SocketAddr>>,
+    connect: Option<Vec<PeerAddress>>,
+    addnode: Option<Vec<PeerAddress>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -315,10 +389,10 @@ impl Layer {
                     .parse::<SocketAddr>()
                     .map_err(|e| bad(format!("{v:?} is not ADDR:PORT ({e})")))
             };
-            let list = |v: &str| -> Result<Vec<SocketAddr>, ConfigError> {
+            let list = |v: &str| -> Result<Vec<PeerAddress>, ConfigError> {
                 v.split(',')
                     .filter(|s| !s.trim().is_empty())
-                    .map(|s| addr(s))
+                    .map(|s| s.parse().map_err(&bad))
                     .collect()
             };
             match name {
@@ -410,10 +484,10 @@ pub struct P2pConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
     /// Connect only to these peers (like bitcoind `-connect`). Default empty.
-    pub connect: Vec<SocketAddr>,
+    pub connect: Vec<PeerAddress>,
     /// Peers to connect to in addition to discovered ones (bitcoind
     /// `-addnode`). Default empty.
-    pub addnode: Vec<SocketAddr>,
+    pub addnode: Vec<PeerAddress>,
 }
 
 /// `[log]`.
@@ -621,7 +695,10 @@ mod tests {
         let c = Config::resolve(&[&cli, &env, &file]);
         assert_eq!(c.network, Network::Regtest); // CLI over env and file
         assert_eq!(c.http.address, "0.0.0.0:2".parse().expect("addr")); // env over file
-        assert_eq!(c.p2p.connect, vec!["1.1.1.1:1".parse().expect("addr")]); // file
+        assert_eq!(
+            c.p2p.connect,
+            vec!["1.1.1.1:1".parse::<PeerAddress>().expect("addr")]
+        ); // file
         assert_eq!(c.log.format, LogFormat::Json); // file over default
         assert_eq!(c.log.filter, DEFAULT_LOG_FILTER); // default
         assert_eq!(c.sozu.shards, DEFAULT_SOZU_SHARDS);
@@ -645,11 +722,41 @@ mod tests {
     }
 
     #[test]
+    fn peer_addresses_take_ips_and_host_names() {
+        for (s, host, port) in [
+            ("10.0.0.2:18444", "10.0.0.2", 18444),
+            ("[::1]:8333", "::1", 8333),
+            ("bitcoind:18444", "bitcoind", 18444),
+            ("seed.example.org:38333", "seed.example.org", 38333),
+        ] {
+            let p: PeerAddress = s.parse().unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!((p.host.as_str(), p.port), (host, port));
+            assert_eq!(p.to_string().parse::<PeerAddress>(), Ok(p.clone()));
+        }
+        for bad in [
+            "bitcoind",
+            ":18444",
+            "host:",
+            "host:70000",
+            "ho st:1",
+            "host:0",
+        ] {
+            assert!(bad.parse::<PeerAddress>().is_err(), "{bad}");
+        }
+        let p: PeerAddress = "127.0.0.1:18444".parse().expect("addr");
+        assert_eq!(
+            p.resolve().expect("resolve"),
+            vec![SocketAddr::from(([127, 0, 0, 1], 18444))]
+        );
+    }
+
+    #[test]
     fn show_round_trips_through_the_file_parser() {
         let c = Config::resolve(&[&Layer {
             network: Some(Network::Signet),
             listen: Some("0.0.0.0:38333".parse().expect("addr")),
             connect: Some(vec!["10.0.0.1:38333".parse().expect("addr")]),
+            addnode: Some(vec!["bitcoind:38333".parse().expect("addr")]),
             ..Layer::default()
         }]);
         let text = c.to_toml().expect("toml");

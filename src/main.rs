@@ -17,7 +17,7 @@ use bitcoin::Network;
 use clap::{Args, Parser, Subcommand};
 
 use kakehi::chain::ChainParams;
-use kakehi::config::{self, Config, Layer, LogFormat};
+use kakehi::config::{self, Config, Layer, LogFormat, PeerAddress};
 use kakehi::node::DataDir;
 use kakehi::pipeline::Chainstate;
 use kakehi::sozu::{SozuConfig, SozuTable};
@@ -81,14 +81,16 @@ enum Command {
         /// [default: none, no inbound] [env: KAKEHI_LISTEN]
         #[arg(long, value_name = "ADDR:PORT")]
         listen: Option<SocketAddr>,
-        /// Connect only to this peer, ADDR:PORT (repeatable; like bitcoind
-        /// -connect). [default: none] [env: KAKEHI_CONNECT, comma-separated]
-        #[arg(long, value_name = "ADDR:PORT")]
-        connect: Vec<SocketAddr>,
-        /// Also connect to this peer, ADDR:PORT (repeatable; like bitcoind
-        /// -addnode). [default: none] [env: KAKEHI_ADDNODE, comma-separated]
-        #[arg(long, value_name = "ADDR:PORT")]
-        addnode: Vec<SocketAddr>,
+        /// Connect only to this peer, HOST:PORT, host an IP or a name
+        /// (repeatable; like bitcoind -connect). [default: none]
+        /// [env: KAKEHI_CONNECT, comma-separated]
+        #[arg(long, value_name = "HOST:PORT")]
+        connect: Vec<PeerAddress>,
+        /// Also connect to this peer, HOST:PORT, host an IP or a name
+        /// (repeatable; like bitcoind -addnode). [default: none]
+        /// [env: KAKEHI_ADDNODE, comma-separated]
+        #[arg(long, value_name = "HOST:PORT")]
+        addnode: Vec<PeerAddress>,
         /// blk-framed block files (Bitcoin Core blk*.dat framing) to import
         /// before serving, in order (repeatable).
         #[arg(long, value_name = "FILE", num_args = 1..)]
@@ -315,8 +317,8 @@ fn run_node(
     // ---- P2P START GOES HERE -------------------------------------------
     // The P2P layer (src/p2p) is wired by the lead. Its inputs are resolved:
     // `config.p2p.listen` (Option<SocketAddr>, inbound), `config.p2p.connect`
-    // (Vec<SocketAddr>, exclusive peers), `config.p2p.addnode`
-    // (Vec<SocketAddr>, extra peers), `chain` (the one writer, shared),
+    // (Vec<PeerAddress>, exclusive peers; `PeerAddress::resolve` gives the
+    // socket addresses), `config.p2p.addnode` (Vec<PeerAddress>, extra peers), `chain` (the one writer, shared),
     // `stop` (shutdown flag: the sync must check it between blocks) and
     // `runtime` (spawn the P2P tasks on it before the HTTP server below).
     if config.p2p.listen.is_some()
