@@ -16,10 +16,11 @@ use anyhow::Context;
 use bitcoin::Network;
 use clap::{Args, Parser, Subcommand};
 
+use kakehi::chain::index::IndexLoadError;
 use kakehi::chain::ChainParams;
 use kakehi::config::{self, Config, Layer, LogFormat, PeerAddress};
 use kakehi::node::DataDir;
-use kakehi::pipeline::Chainstate;
+use kakehi::pipeline::{Chainstate, PipelineError};
 use kakehi::sozu::{SozuConfig, SozuTable};
 
 /// kakehi: a Bitcoin P2P indexing node. Validates every transaction
@@ -43,6 +44,7 @@ struct Cli {
 
 /// Options of every subcommand.
 #[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Common options (every subcommand)")]
 struct Common {
     /// Network: bitcoin (also mainnet), testnet (testnet3), testnet4, signet
     /// or regtest. [default: regtest] [env: KAKEHI_NETWORK]
@@ -184,7 +186,7 @@ fn main() -> ExitCode {
     let config = match load_config(&cli) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", render(&e));
             return ExitCode::from(2);
         }
     };
@@ -204,11 +206,16 @@ fn main() -> ExitCode {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);
     }
+    let json = config.log.format == LogFormat::Json;
     match run(cli.command, config) {
         Ok(code) => code,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("error: {e:#}");
+            let msg = render(&e);
+            if json {
+                // Log collectors see the error as a log record too.
+                tracing::error!("{msg}");
+            }
+            eprintln!("error: {msg}");
             ExitCode::FAILURE
         }
     }
@@ -224,12 +231,36 @@ fn open_chainstate(config: &Config, datadir: &DataDir) -> anyhow::Result<Chainst
     let utxo = datadir.path().join("utxo");
     let table = SozuTable::open(&utxo, sozu)
         .with_context(|| format!("opening the UTXO table in {}", utxo.display()))?;
-    Chainstate::open(params, datadir.path(), Box::new(table)).with_context(|| {
-        format!(
+    match Chainstate::open(params, datadir.path(), Box::new(table)) {
+        Ok(c) => Ok(c),
+        Err(PipelineError::Index(IndexLoadError::WrongGenesis)) => anyhow::bail!(
+            "datadir {} holds another network's chain, not {}: pass that network's \
+             --network or another --datadir",
+            datadir.path().display(),
+            ChainParams::new(config.network).name()
+        ),
+        Err(e) => Err(anyhow::Error::new(e).context(format!(
             "opening the chain state in {} (see docs/operations.md, \"Corruption\")",
             datadir.path().display()
-        )
-    })
+        ))),
+    }
+}
+
+/// `error: a: b: c` from an error chain, leaving out a cause whose text the
+/// previous message already ends with (`#[error("x: {0}")]` + `#[from]`).
+fn render(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if out.ends_with(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+    }
+    out
 }
 
 fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {

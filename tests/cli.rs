@@ -166,6 +166,19 @@ fn bad_block_files_are_refused_whole_and_change_nothing() {
     fx.refused_file(&fx.home.path().join("absent.dat"), "cannot read");
     assert_eq!(snapshot(fx.home.path(), &fx.datadir), before);
 
+    // The datadir opened as another network's: refused, and left intact.
+    let out = run(kakehi(fx.home.path())
+        .args(["--network", "signet", "--datadir"])
+        .arg(&fx.datadir)
+        .arg("dump-utxos"));
+    assert_eq!(out.status.code(), Some(1));
+    let msg = text(&out.stderr);
+    assert!(
+        msg.contains("holds another network's chain, not signet"),
+        "{msg}"
+    );
+    assert_eq!(snapshot(fx.home.path(), &fx.datadir), before);
+
     // The same records, well formed, are accepted: the refusals above were
     // about the damage, not the blocks.
     let good = fx.home.path().join("good.dat");
