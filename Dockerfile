@@ -17,7 +17,8 @@ COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src benches \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \
-    && for b in archive sozu; do echo 'fn main() {}' > benches/$b.rs; done \
+    && for b in $(awk '/^\[\[bench\]\]/{b=1;next} b&&/^name/{gsub(/"/,"",$3);print $3;b=0}' Cargo.toml); do \
+         echo 'fn main() {}' > benches/$b.rs; done \
     && cargo build --release --locked \
     && rm -rf src benches
 COPY src ./src

@@ -79,8 +79,7 @@ pub enum ConfigError {
         /// What is wrong (the TOML/serde message).
         message: String,
     },
-    /// An environment variable has a bad value, or is a `KAKEHI_*` variable
-    /// no option reads.
+    /// An environment variable has a bad value.
     #[error("environment variable {var}: {message}")]
     Env {
         /// The variable.
@@ -239,6 +238,10 @@ pub struct Layer {
     pub log_filter: Option<String>,
     /// UTXO-table shards.
     pub sozu_shards: Option<u8>,
+    /// `KAKEHI_*` variables no option reads (e.g. `KAKEHI_LONG`, which the
+    /// long test modes use): not an error, the binary logs a warning naming
+    /// them so a typo is visible.
+    pub unknown_env: Vec<String>,
 }
 
 /// The file's shape (`deny_unknown_fields` at every level).
@@ -343,6 +346,7 @@ impl Layer {
             log_format: file.log.format,
             log_filter: file.log.filter,
             sozu_shards: file.sozu.shards,
+            unknown_env: Vec::new(),
         })
     }
 
@@ -364,8 +368,9 @@ impl Layer {
     /// | `KAKEHI_SOZU_SHARDS` | `sozu.shards` |
     ///
     /// # Errors
-    /// [`ConfigError::Env`] for a bad value or an unknown `KAKEHI_*`
-    /// variable (a typo must not be ignored).
+    /// [`ConfigError::Env`] for a bad value. Unknown `KAKEHI_*` variables
+    /// are listed in [`Layer::unknown_env`], not refused: other tools (the
+    /// test suite's `KAKEHI_LONG`) share the prefix.
     pub fn from_env<I>(vars: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = (String, String)>,
@@ -405,14 +410,7 @@ impl Layer {
                 "LOG_FORMAT" => layer.log_format = Some(value.parse().map_err(bad)?),
                 "LOG_FILTER" => layer.log_filter = Some(value.clone()),
                 "SOZU_SHARDS" => layer.sozu_shards = Some(parse_shards(&value).map_err(bad)?),
-                _ => {
-                    return Err(bad(
-                        "no such option (known: KAKEHI_NETWORK, KAKEHI_DATADIR, KAKEHI_HTTP, \
-                         KAKEHI_LISTEN, KAKEHI_CONNECT, KAKEHI_ADDNODE, KAKEHI_LOG_FORMAT, \
-                         KAKEHI_LOG_FILTER, KAKEHI_SOZU_SHARDS)"
-                            .into(),
-                    ))
-                }
+                _ => layer.unknown_env.push(var.clone()),
             }
         }
         if rust_log.is_some() {
@@ -644,7 +642,7 @@ mod tests {
     }
 
     #[test]
-    fn env_layer_parses_and_refuses_unknown() {
+    fn env_layer_parses_and_lists_unknown() {
         let env = |v: &[(&str, &str)]| {
             Layer::from_env(v.iter().map(|(a, b)| (a.to_string(), b.to_string())))
         };
@@ -656,6 +654,7 @@ mod tests {
             ("RUST_LOG", "warn"),
             ("KAKEHI_SOZU_SHARDS", "4"),
             ("PATH", "/bin"),
+            ("KAKEHI_NETWROK", "regtest"),
         ])
         .expect("valid env");
         assert_eq!(l.network, Some(Network::Signet));
@@ -663,8 +662,8 @@ mod tests {
         assert_eq!(l.addnode, Some(vec![]));
         assert_eq!(l.log_filter.as_deref(), Some("warn"));
         assert_eq!(l.sozu_shards, Some(4));
+        assert_eq!(l.unknown_env, vec!["KAKEHI_NETWROK".to_string()]);
         for bad in [
-            ("KAKEHI_NETWROK", "regtest"),
             ("KAKEHI_HTTP", "localhost"),
             ("KAKEHI_SOZU_SHARDS", "0"),
             ("KAKEHI_LOG_FORMAT", "xml"),

@@ -153,8 +153,9 @@ impl Cli {
     }
 }
 
-/// Resolves the configuration: CLI > environment > file > defaults.
-fn load_config(cli: &Cli) -> anyhow::Result<Config> {
+/// Resolves the configuration: CLI > environment > file > defaults. Also
+/// returns the `KAKEHI_*` variables no option reads.
+fn load_config(cli: &Cli) -> anyhow::Result<(Config, Vec<String>)> {
     let env = Layer::from_env(
         std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
@@ -163,7 +164,10 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
         Some(path) => Layer::from_file(path)?,
         None => Layer::default(),
     };
-    Ok(Config::resolve(&[&cli.layer(), &env, &file]))
+    Ok((
+        Config::resolve(&[&cli.layer(), &env, &file]),
+        env.unknown_env.clone(),
+    ))
 }
 
 fn init_logging(config: &Config) -> anyhow::Result<()> {
@@ -183,7 +187,7 @@ fn init_logging(config: &Config) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match load_config(&cli) {
+    let (config, unknown_env) = match load_config(&cli) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {}", render(&e));
@@ -205,6 +209,9 @@ fn main() -> ExitCode {
     if let Err(e) = init_logging(&config) {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);
+    }
+    for var in unknown_env {
+        tracing::warn!(%var, "environment variable ignored: no option reads it (a typo?)");
     }
     let json = config.log.format == LogFormat::Json;
     match run(cli.command, config) {
