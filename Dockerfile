@@ -40,7 +40,7 @@ ENV KAKEHI_DATADIR=/data
 # HTTP API (regtest default port; set --http to change).
 EXPOSE 3002
 HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
-    CMD curl -fsS "http://127.0.0.1:${KAKEHI_HEALTH_PORT:-3002}/health" || exit 1
+    CMD curl -fsS "http://127.0.0.1:${HEALTH_PORT:-3002}/health" || exit 1
 # Logs to stderr as one JSON object per line (docker logs, Loki, journald).
 ENV KAKEHI_LOG_FORMAT=json
 ENTRYPOINT ["kakehi"]

@@ -363,10 +363,16 @@ fn run_node(
         || !config.p2p.connect.is_empty()
         || !config.p2p.addnode.is_empty()
     {
+        let join = |v: &[PeerAddress]| {
+            v.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
         tracing::warn!(
             listen = ?config.p2p.listen,
-            connect = ?config.p2p.connect,
-            addnode = ?config.p2p.addnode,
+            connect = %join(&config.p2p.connect),
+            addnode = %join(&config.p2p.addnode),
             "P2P options are set but this build does not start the P2P layer yet"
         );
     }
