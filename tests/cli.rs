@@ -221,6 +221,13 @@ fn unknown_network_is_a_usage_error() {
         msg.contains(&format!("{}:3: network:", file.display())),
         "{msg}"
     );
+    // A missing config file names itself.
+    let out = run(kakehi(home.path())
+        .arg("--config")
+        .arg(home.path().join("absent.toml"))
+        .args(["config", "show"]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("cannot read config file"));
 }
 
 #[test]
