@@ -9,6 +9,7 @@
 
 pub mod archive;
 pub mod chain;
+pub mod config;
 pub mod filters;
 pub mod http;
 pub mod import;

@@ -1,17 +1,27 @@
 //! The `kakehi` command line.
+//!
+//! Every option can come from a flag, a `KAKEHI_*` environment variable or
+//! the `--config` TOML file (precedence in that order, then the built-in
+//! default; see `kakehi::config`). Exit status: 0 on success and on a
+//! requested shutdown, 1 on an error (the message names the file, key or
+//! datadir involved), 2 on a usage error.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
 use bitcoin::Network;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
+use kakehi::chain::index::IndexLoadError;
 use kakehi::chain::ChainParams;
-use kakehi::node::{self, DataDir};
+use kakehi::config::{self, Config, Layer, LogFormat, PeerAddress};
+use kakehi::node::DataDir;
+use kakehi::pipeline::{Chainstate, PipelineError};
+use kakehi::sozu::{SozuConfig, SozuTable};
 
 /// kakehi: a Bitcoin P2P indexing node. Validates every transaction
 /// economically against its own UTXO store (the Sozu table), follows reorgs
@@ -19,112 +29,277 @@ use kakehi::node::{self, DataDir};
 ///
 /// Signatures and scripts are NOT evaluated: kakehi checks every consensus
 /// rule except script evaluation.
+///
+/// Options come from flags, then KAKEHI_* environment variables, then the
+/// --config file, then built-in defaults (first set wins). `kakehi config
+/// show` prints the result. SIGINT/SIGTERM stop at the next block boundary.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
-    /// Network: bitcoin (mainnet), testnet (testnet3), testnet4, signet or regtest.
-    #[arg(long, global = true, default_value = "regtest", value_parser = parse_network)]
-    network: Network,
-    /// Data directory [default: ~/.kakehi/<network>].
-    #[arg(long, global = true)]
-    datadir: Option<PathBuf>,
-    /// Log format: human or json. Filter with RUST_LOG (default: info).
-    #[arg(long, global = true, default_value = "human")]
-    log_format: String,
+    #[command(flatten)]
+    common: Common,
     #[command(subcommand)]
     command: Command,
 }
 
+/// Options of every subcommand.
+#[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Common options (every subcommand)")]
+struct Common {
+    /// Network: bitcoin (also mainnet), testnet (testnet3), testnet4, signet
+    /// or regtest. [default: regtest] [env: KAKEHI_NETWORK]
+    #[arg(long, global = true, value_parser = config::parse_network)]
+    network: Option<Network>,
+    /// Data directory (block files, index, UTXO table, lock file).
+    /// [default: ~/.kakehi/<network>] [env: KAKEHI_DATADIR]
+    #[arg(long, global = true, value_name = "DIR")]
+    datadir: Option<PathBuf>,
+    /// TOML configuration file (examples: config/<network>.toml). Unknown
+    /// keys and bad values are errors. [default: none]
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Log format on standard error: human or json (one object per line).
+    /// [default: human] [env: KAKEHI_LOG_FORMAT]
+    #[arg(long, global = true, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
+    /// Log filter, tracing/RUST_LOG directives (e.g. "debug",
+    /// "info,kakehi::pipeline=debug"). [default: info,sled=warn]
+    /// [env: RUST_LOG, KAKEHI_LOG_FILTER]
+    #[arg(long, global = true, value_name = "DIRECTIVES")]
+    log_filter: Option<String>,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the node: import files given with --import, then serve HTTP until Ctrl-C.
+    /// Run the node: import the files given with --import, then serve the
+    /// HTTP API until SIGINT/SIGTERM.
     Run {
-        /// HTTP API address [default: 127.0.0.1:<3000 mainnet, 3001 testnet, 3002 regtest, 3003 signet, 3004 testnet4>].
-        #[arg(long)]
+        /// HTTP API address, ADDR:PORT (TCP). [default: 127.0.0.1:<3000
+        /// mainnet, 3001 testnet, 3002 regtest, 3003 signet, 3004 testnet4>]
+        /// [env: KAKEHI_HTTP]
+        #[arg(long, value_name = "ADDR:PORT")]
         http: Option<SocketAddr>,
-        /// blk-framed block files to import before serving (repeatable).
-        #[arg(long)]
+        /// P2P address to accept inbound peers on, ADDR:PORT (TCP).
+        /// [default: none, no inbound] [env: KAKEHI_LISTEN]
+        #[arg(long, value_name = "ADDR:PORT")]
+        listen: Option<SocketAddr>,
+        /// Connect only to this peer, HOST:PORT, host an IP or a name
+        /// (repeatable; like bitcoind -connect). [default: none]
+        /// [env: KAKEHI_CONNECT, comma-separated]
+        #[arg(long, value_name = "HOST:PORT")]
+        connect: Vec<PeerAddress>,
+        /// Also connect to this peer, HOST:PORT, host an IP or a name
+        /// (repeatable; like bitcoind -addnode). [default: none]
+        /// [env: KAKEHI_ADDNODE, comma-separated]
+        #[arg(long, value_name = "HOST:PORT")]
+        addnode: Vec<PeerAddress>,
+        /// blk-framed block files (Bitcoin Core blk*.dat framing) to import
+        /// before serving, in order (repeatable).
+        #[arg(long, value_name = "FILE", num_args = 1..)]
         import: Vec<PathBuf>,
     },
-    /// Import blk-framed block files (Bitcoin Core blk*.dat framing) through the validation pipeline.
+    /// Import blk-framed block files (Bitcoin Core blk*.dat framing) through
+    /// the validation pipeline. A bad file (truncated, garbage, another
+    /// network's magic) is refused whole, before any of its blocks is stored.
     Import {
         /// Files, imported in order.
-        #[arg(required = true)]
+        #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
     /// Print the UTXO set of the active chain, one line per output:
-    /// `txid:vout value_sats scriptPubKey_hex height coinbase(0/1)`, sorted by txid then vout.
+    /// `txid:vout value_sats scriptPubKey_hex height coinbase(0/1)`, sorted
+    /// by txid then vout.
     DumpUtxos {
         /// Write to this file instead of standard output.
-        #[arg(long)]
+        #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// Configuration commands.
+    #[command(subcommand)]
+    Config(ConfigCommand),
 }
 
-fn parse_network(s: &str) -> Result<Network, String> {
-    match s {
-        "bitcoin" | "mainnet" | "main" => Ok(Network::Bitcoin),
-        "testnet" | "testnet3" | "test" => Ok(Network::Testnet),
-        "testnet4" => Ok(Network::Testnet4),
-        "signet" => Ok(Network::Signet),
-        "regtest" => Ok(Network::Regtest),
-        _ => Err(format!(
-            "unknown network {s:?} (expected bitcoin, testnet, testnet4, signet or regtest)"
-        )),
+#[derive(Subcommand, Debug)]
+enum ConfigCommand {
+    /// Print the effective configuration (flags > environment > file >
+    /// defaults) as TOML, in the --config file format.
+    Show,
+}
+
+impl Cli {
+    /// The command line as a configuration layer.
+    fn layer(&self) -> Layer {
+        let mut l = Layer {
+            network: self.common.network,
+            datadir: self.common.datadir.clone(),
+            log_format: self.common.log_format,
+            log_filter: self.common.log_filter.clone(),
+            ..Layer::default()
+        };
+        if let Command::Run {
+            http,
+            listen,
+            connect,
+            addnode,
+            ..
+        } = &self.command
+        {
+            l.http = *http;
+            l.listen = *listen;
+            l.connect = (!connect.is_empty()).then(|| connect.clone());
+            l.addnode = (!addnode.is_empty()).then(|| addnode.clone());
+        }
+        l
     }
 }
 
-fn init_logging(format: &str) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sled=warn"));
+/// Resolves the configuration: CLI > environment > file > defaults. Also
+/// returns the `KAKEHI_*` variables no option reads.
+fn load_config(cli: &Cli) -> anyhow::Result<(Config, Vec<String>)> {
+    let env = Layer::from_env(
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+    )?;
+    let file = match &cli.common.config {
+        Some(path) => Layer::from_file(path)?,
+        None => Layer::default(),
+    };
+    Ok((
+        Config::resolve(&[&cli.layer(), &env, &file]),
+        env.unknown_env.clone(),
+    ))
+}
+
+fn init_logging(config: &Config) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log.filter)
+        .with_context(|| format!("bad log filter {:?}", config.log.filter))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colours only on a terminal: a log file or journald gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    match format {
-        "json" => builder.json().init(),
-        "human" => builder.init(),
-        other => anyhow::bail!("unknown --log-format {other:?} (expected human or json)"),
+    match config.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Human => builder.init(),
     }
     Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = init_logging(&cli.log_format) {
+    let (config, unknown_env) = match load_config(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {}", render(&e));
+            return ExitCode::from(2);
+        }
+    };
+    if let Command::Config(ConfigCommand::Show) = cli.command {
+        return match config.to_toml() {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Err(e) = init_logging(&config) {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);
     }
-    match run(cli) {
+    for var in unknown_env {
+        tracing::warn!(%var, "environment variable ignored: no option reads it (a typo?)");
+    }
+    let json = config.log.format == LogFormat::Json;
+    match run(cli.command, config) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            let msg = render(&e);
+            if json {
+                // Log collectors see the error as a log record too.
+                tracing::error!("{msg}");
+            }
+            eprintln!("error: {msg}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let params = ChainParams::new(cli.network);
-    let datadir_path = cli
-        .datadir
-        .clone()
-        .unwrap_or_else(|| node::default_datadir(&params));
+/// Opens the chain state with the configured UTXO-table shard count.
+fn open_chainstate(config: &Config, datadir: &DataDir) -> anyhow::Result<Chainstate> {
+    let params = ChainParams::new(config.network);
+    let sozu = SozuConfig {
+        shards: config.sozu.shards,
+        ..SozuConfig::default()
+    };
+    let utxo = datadir.path().join("utxo");
+    let table = SozuTable::open(&utxo, sozu)
+        .with_context(|| format!("opening the UTXO table in {}", utxo.display()))?;
+    match Chainstate::open(params, datadir.path(), Box::new(table)) {
+        Ok(c) => Ok(c),
+        Err(PipelineError::Index(IndexLoadError::WrongGenesis)) => anyhow::bail!(
+            "datadir {} holds another network's chain, not {}: pass that network's \
+             --network or another --datadir",
+            datadir.path().display(),
+            ChainParams::new(config.network).name()
+        ),
+        Err(e) => Err(anyhow::Error::new(e).context(format!(
+            "opening the chain state in {} (see docs/operations.md, \"Corruption\")",
+            datadir.path().display()
+        ))),
+    }
+}
+
+/// `error: a: b: c` from an error chain, leaving out a cause whose text the
+/// previous message already ends with (`#[error("x: {0}")]` + `#[from]`).
+fn render(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if out.ends_with(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+    }
+    out
+}
+
+fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting tokio")?;
-    let stop = node::shutdown_flag();
+    let stop = kakehi::node::shutdown_flag();
     {
         let _guard = runtime.enter();
-        node::install_signal_handlers(stop.clone());
+        kakehi::node::install_signal_handlers(stop.clone());
     }
-    let datadir = DataDir::open(&datadir_path)?;
+    if config.datadir.exists() && !config.datadir.is_dir() {
+        anyhow::bail!(
+            "datadir {} exists but is not a directory",
+            config.datadir.display()
+        );
+    }
+    let datadir = DataDir::open(&config.datadir)?;
     let started = std::time::Instant::now();
-    let chain = node::open_chainstate(params.clone(), &datadir)?;
+    let chain = open_chainstate(&config, &datadir)?;
     let tip = chain.index().tip();
-    tracing::info!(network = params.name(), datadir = %datadir_path.display(), height = tip.height, block_hash = %tip.hash, ms = started.elapsed().as_millis() as u64, "chain state opened");
+    tracing::info!(
+        network = chain.params().name(),
+        datadir = %config.datadir.display(),
+        height = tip.height,
+        block_hash = %tip.hash,
+        ms = started.elapsed().as_millis() as u64,
+        "chain state opened"
+    );
     let chain = Arc::new(RwLock::new(chain));
-    match cli.command {
+    match command {
         Command::Import { files } => {
             let summary = kakehi::import::import_files(
                 &chain,
@@ -135,41 +310,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print_summary(&summary);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { http, import } => {
-            if !import.is_empty() {
-                let stop2 = stop.clone();
-                let chain2 = chain.clone();
-                let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-                let summary = runtime
-                    .block_on(tokio::task::spawn_blocking(move || {
-                        kakehi::import::import_files(&chain2, &import, &stop2, progress)
-                    }))
-                    .context("import task")??;
-                print_summary(&summary);
-                if summary.interrupted {
-                    return Ok(ExitCode::SUCCESS);
-                }
-            }
-            let addr = http.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], params.http_port)));
-            let state = kakehi::http::AppState { chain };
-            let stop2 = stop.clone();
-            runtime
-                .block_on(async move {
-                    let shutdown = async move {
-                        while !stop2.load(Ordering::SeqCst) {
-                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        }
-                    };
-                    kakehi::http::serve(addr, state, shutdown).await
-                })
-                .with_context(|| format!("HTTP API on {addr}"))?;
-            tracing::info!("stopped");
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Run { import, .. } => run_node(&runtime, chain, import, &config, stop),
         Command::DumpUtxos { output } => {
             let mut cs = chain
                 .write()
-                .map_err(|_| anyhow::anyhow!("lock poisoned"))?;
+                .map_err(|_| anyhow::anyhow!("chain state lock poisoned"))?;
             match output {
                 Some(p) => {
                     let mut f = std::fs::File::create(&p)
@@ -180,7 +325,74 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Config(ConfigCommand::Show) => Ok(ExitCode::SUCCESS),
     }
+}
+
+/// `kakehi run`: imports, then P2P and HTTP until a shutdown request.
+fn run_node(
+    runtime: &tokio::runtime::Runtime,
+    chain: Arc<RwLock<Chainstate>>,
+    import: Vec<PathBuf>,
+    config: &Config,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<ExitCode> {
+    if !import.is_empty() {
+        let stop2 = stop.clone();
+        let chain2 = chain.clone();
+        let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let summary = runtime
+            .block_on(tokio::task::spawn_blocking(move || {
+                kakehi::import::import_files(&chain2, &import, &stop2, progress)
+            }))
+            .context("import task")??;
+        print_summary(&summary);
+        if summary.interrupted {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+
+    // ---- P2P START GOES HERE -------------------------------------------
+    // The P2P layer (src/p2p) is wired by the lead. Its inputs are resolved:
+    // `config.p2p.listen` (Option<SocketAddr>, inbound), `config.p2p.connect`
+    // (Vec<PeerAddress>, exclusive peers; `PeerAddress::resolve` gives the
+    // socket addresses), `config.p2p.addnode` (Vec<PeerAddress>, extra peers), `chain` (the one writer, shared),
+    // `stop` (shutdown flag: the sync must check it between blocks) and
+    // `runtime` (spawn the P2P tasks on it before the HTTP server below).
+    if config.p2p.listen.is_some()
+        || !config.p2p.connect.is_empty()
+        || !config.p2p.addnode.is_empty()
+    {
+        let join = |v: &[PeerAddress]| {
+            v.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        tracing::warn!(
+            listen = ?config.p2p.listen,
+            connect = %join(&config.p2p.connect),
+            addnode = %join(&config.p2p.addnode),
+            "P2P options are set but this build does not start the P2P layer yet"
+        );
+    }
+    // ---------------------------------------------------------------------
+
+    let addr = config.http.address;
+    let state = kakehi::http::AppState { chain };
+    let stop2 = stop.clone();
+    runtime
+        .block_on(async move {
+            let shutdown = async move {
+                while !stop2.load(Ordering::SeqCst) {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            };
+            kakehi::http::serve(addr, state, shutdown).await
+        })
+        .with_context(|| format!("HTTP API on {addr}"))?;
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print_summary(s: &kakehi::import::ImportSummary) {
@@ -199,5 +411,11 @@ fn print_summary(s: &kakehi::import::ImportSummary) {
     }
     if let Some(tip) = s.tip_hash {
         println!("tip: height {} hash {tip}", s.tip_height);
+    }
+    if s.interrupted {
+        tracing::info!(
+            height = s.tip_height,
+            "stopped at a block boundary on a shutdown request"
+        );
     }
 }

@@ -1,0 +1,765 @@
+//! Node configuration: a TOML file, `KAKEHI_*` environment variables and
+//! command-line flags, merged into one effective [`Config`].
+//!
+//! Precedence, highest first: command line > environment > file given with
+//! `--config FILE` > built-in defaults (the same order as electrs and
+//! Floresta). Each source is read into a [`Layer`] (every field optional);
+//! [`Config::resolve`] takes the first value set for each option. Defaults
+//! that depend on the network (datadir, HTTP port) are computed after the
+//! network is known.
+//!
+//! The file format (all keys optional; `config/<network>.toml` documents each
+//! with its default and unit):
+//!
+//! ```toml
+//! network = "regtest"            # bitcoin | testnet | testnet4 | signet | regtest
+//! datadir = "/var/lib/kakehi"    # default ~/.kakehi/<network>
+//!
+//! [http]
+//! address = "127.0.0.1:3002"     # ADDR:PORT of the HTTP API
+//!
+//! [p2p]
+//! listen = "0.0.0.0:18444"       # ADDR:PORT for inbound peers; unset = no inbound
+//! connect = ["10.0.0.2:18444"]   # only these peers (like bitcoind -connect)
+//! addnode = ["10.0.0.3:18444"]   # these peers in addition to discovered ones
+//!
+//! [log]
+//! format = "human"               # human | json
+//! filter = "info,sled=warn"      # tracing EnvFilter directives (RUST_LOG syntax)
+//!
+//! [sozu]
+//! shards = 2                     # UTXO table shards: 1, 2, 4 or 8, fixed at creation
+//! ```
+//!
+//! Unknown keys are refused (`deny_unknown_fields`): a typo must not be
+//! silently ignored. A file error names the file, the line and the key.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use bitcoin::Network;
+use serde::{Deserialize, Serialize};
+
+use crate::chain::ChainParams;
+
+/// Environment variable prefix of every option.
+pub const ENV_PREFIX: &str = "KAKEHI_";
+
+/// Default tracing filter when neither `RUST_LOG`, `KAKEHI_LOG_FILTER`, the
+/// file nor the command line sets one.
+pub const DEFAULT_LOG_FILTER: &str = "info,sled=warn";
+
+/// Default number of UTXO-table shards (two shards use both cores of a small
+/// machine; see [`crate::sozu::SozuConfig::shards`]).
+pub const DEFAULT_SOZU_SHARDS: u8 = 2;
+
+/// Errors reading the configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, has an unknown key or a bad value.
+    #[error("{path}:{line}: {key}: {message}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line of the offending key or value (0 when unknown).
+        line: usize,
+        /// The dotted key (`http.address`), or `?` when the line has none.
+        key: String,
+        /// What is wrong (the TOML/serde message).
+        message: String,
+    },
+    /// An environment variable has a bad value.
+    #[error("environment variable {var}: {message}")]
+    Env {
+        /// The variable.
+        var: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The effective configuration cannot be printed.
+    #[error("cannot print the configuration: {0}")]
+    Print(#[from] toml::ser::Error),
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines (tracing's default formatter).
+    #[default]
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "human" => Ok(LogFormat::Human),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("unknown log format {s:?} (expected human or json)")),
+        }
+    }
+}
+
+/// Parses a network name: `bitcoin` (also `mainnet`, `main`), `testnet`
+/// (`testnet3`, `test`), `testnet4`, `signet`, `regtest`.
+///
+/// # Errors
+/// A message listing the accepted names.
+pub fn parse_network(s: &str) -> Result<Network, String> {
+    match s {
+        "bitcoin" | "mainnet" | "main" => Ok(Network::Bitcoin),
+        "testnet" | "testnet3" | "test" => Ok(Network::Testnet),
+        "testnet4" => Ok(Network::Testnet4),
+        "signet" => Ok(Network::Signet),
+        "regtest" => Ok(Network::Regtest),
+        _ => Err(format!(
+            "unknown network {s:?} (expected bitcoin, testnet, testnet4, signet or regtest)"
+        )),
+    }
+}
+
+/// Parses a shard count: 1, 2, 4 or 8.
+///
+/// # Errors
+/// A message naming the accepted values.
+pub fn parse_shards(s: &str) -> Result<u8, String> {
+    match s.trim().parse::<u8>() {
+        Ok(n @ (1 | 2 | 4 | 8)) => Ok(n),
+        _ => Err(format!("bad shard count {s:?} (expected 1, 2, 4 or 8)")),
+    }
+}
+
+/// A peer address, `HOST:PORT`: an IP literal (`10.0.0.2:18444`,
+/// `[::1]:18444`) or a host name (`bitcoind:18444`, as bitcoind's `-connect`
+/// accepts), resolved when the connection is made. Serialized as that string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PeerAddress {
+    /// Host name or IP literal (IPv6 without brackets).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl std::str::FromStr for PeerAddress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if let Ok(a) = s.parse::<SocketAddr>() {
+            return Ok(PeerAddress {
+                host: a.ip().to_string(),
+                port: a.port(),
+            });
+        }
+        let bad = || format!("{s:?} is not HOST:PORT");
+        let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let host_ok = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_');
+        if !host_ok || port == 0 {
+            return Err(bad());
+        }
+        Ok(PeerAddress {
+            host: host.to_string(),
+            port,
+        })
+    }
+}
+
+impl fmt::Display for PeerAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl Serialize for PeerAddress {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PeerAddress {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl PeerAddress {
+    /// Resolves the address (DNS for a host name; blocking).
+    ///
+    /// # Errors
+    /// The resolver's error.
+    pub fn resolve(&self) -> std::io::Result<Vec<SocketAddr>> {
+        use std::net::ToSocketAddrs;
+        Ok((self.host.as_str(), self.port).to_socket_addrs()?.collect())
+    }
+}
+
+/// One source of configuration: every option optional.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Layer {
+    /// Network.
+    pub network: Option<Network>,
+    /// Data directory.
+    pub datadir: Option<PathBuf>,
+    /// HTTP API address.
+    pub http: Option<SocketAddr>,
+    /// P2P listen address.
+    pub listen: Option<SocketAddr>,
+    /// Peers to connect to exclusively.
+    pub connect: Option<Vec<PeerAddress>>,
+    /// Peers to add.
+    pub addnode: Option<Vec<PeerAddress>>,
+    /// Log format.
+    pub log_format: Option<LogFormat>,
+    /// Tracing filter directives.
+    pub log_filter: Option<String>,
+    /// UTXO-table shards.
+    pub sozu_shards: Option<u8>,
+    /// `KAKEHI_*` variables no option reads (e.g. `KAKEHI_LONG`, which the
+    /// long test modes use): not an error, the binary logs a warning naming
+    /// them so a typo is visible.
+    pub unknown_env: Vec<String>,
+}
+
+/// The file's shape (`deny_unknown_fields` at every level).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default, deserialize_with = "de_network")]
+    network: Option<Network>,
+    datadir: Option<PathBuf>,
+    #[serde(default)]
+    http: FileHttp,
+    #[serde(default)]
+    p2p: FileP2p,
+    #[serde(default)]
+    log: FileLog,
+    #[serde(default)]
+    sozu: FileSozu,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileHttp {
+    address: Option<SocketAddr>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileP2p {
+    listen: Option<SocketAddr>,
+    connect: Option<Vec<PeerAddress>>,
+    addnode: Option<Vec<PeerAddress>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLog {
+    format: Option<LogFormat>,
+    filter: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSozu {
+    #[serde(default, deserialize_with = "de_shards")]
+    shards: Option<u8>,
+}
+
+fn de_network<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Network>, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_network(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn de_shards<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u8>, D::Error> {
+    let n = i64::deserialize(d)?;
+    parse_shards(&n.to_string())
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+impl Layer {
+    /// Reads a TOML configuration file.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] when it cannot be read, [`ConfigError::File`]
+    /// (file, line, key) when it is not valid TOML, has an unknown key or a
+    /// bad value.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::from_toml_str(&text, path)
+    }
+
+    /// Parses the TOML text of the file `path` (the path only names the file
+    /// in errors).
+    ///
+    /// # Errors
+    /// [`ConfigError::File`].
+    pub fn from_toml_str(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| {
+            let (line, key) = match e.span() {
+                Some(span) => locate(text, span.start),
+                None => (0, "?".to_string()),
+            };
+            ConfigError::File {
+                path: path.into(),
+                line,
+                key,
+                message: e.message().trim().to_string(),
+            }
+        })?;
+        Ok(Layer {
+            network: file.network,
+            datadir: file.datadir,
+            http: file.http.address,
+            listen: file.p2p.listen,
+            connect: file.p2p.connect,
+            addnode: file.p2p.addnode,
+            log_format: file.log.format,
+            log_filter: file.log.filter,
+            sozu_shards: file.sozu.shards,
+            unknown_env: Vec::new(),
+        })
+    }
+
+    /// Reads the `KAKEHI_*` variables (and `RUST_LOG`, which wins over
+    /// `KAKEHI_LOG_FILTER`) from `vars` (pass `std::env::vars_os()` mapped to
+    /// strings). Lists (`KAKEHI_CONNECT`, `KAKEHI_ADDNODE`) are
+    /// comma-separated; an empty value is an empty list.
+    ///
+    /// | variable | option |
+    /// | --- | --- |
+    /// | `KAKEHI_NETWORK` | `network` |
+    /// | `KAKEHI_DATADIR` | `datadir` |
+    /// | `KAKEHI_HTTP` | `http.address` |
+    /// | `KAKEHI_LISTEN` | `p2p.listen` |
+    /// | `KAKEHI_CONNECT` | `p2p.connect` |
+    /// | `KAKEHI_ADDNODE` | `p2p.addnode` |
+    /// | `KAKEHI_LOG_FORMAT` | `log.format` |
+    /// | `KAKEHI_LOG_FILTER`, `RUST_LOG` | `log.filter` |
+    /// | `KAKEHI_SOZU_SHARDS` | `sozu.shards` |
+    ///
+    /// # Errors
+    /// [`ConfigError::Env`] for a bad value. Unknown `KAKEHI_*` variables
+    /// are listed in [`Layer::unknown_env`], not refused: other tools (the
+    /// test suite's `KAKEHI_LONG`) share the prefix.
+    pub fn from_env<I>(vars: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = (String, String)>,
+    {
+        let mut layer = Layer::default();
+        let mut rust_log = None;
+        for (var, value) in vars {
+            if var == "RUST_LOG" {
+                rust_log = Some(value);
+                continue;
+            }
+            let Some(name) = var.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let bad = |message: String| ConfigError::Env {
+                var: var.clone(),
+                message,
+            };
+            let addr = |v: &str| {
+                v.trim()
+                    .parse::<SocketAddr>()
+                    .map_err(|e| bad(format!("{v:?} is not ADDR:PORT ({e})")))
+            };
+            let list = |v: &str| -> Result<Vec<PeerAddress>, ConfigError> {
+                v.split(',')
+                    .filter(|s| !s.trim().is_empty())
+                    .map(|s| s.parse().map_err(&bad))
+                    .collect()
+            };
+            match name {
+                "NETWORK" => layer.network = Some(parse_network(&value).map_err(bad)?),
+                "DATADIR" => layer.datadir = Some(PathBuf::from(&value)),
+                "HTTP" => layer.http = Some(addr(&value)?),
+                "LISTEN" => layer.listen = Some(addr(&value)?),
+                "CONNECT" => layer.connect = Some(list(&value)?),
+                "ADDNODE" => layer.addnode = Some(list(&value)?),
+                "LOG_FORMAT" => layer.log_format = Some(value.parse().map_err(bad)?),
+                "LOG_FILTER" => layer.log_filter = Some(value.clone()),
+                "SOZU_SHARDS" => layer.sozu_shards = Some(parse_shards(&value).map_err(bad)?),
+                _ => layer.unknown_env.push(var.clone()),
+            }
+        }
+        if rust_log.is_some() {
+            layer.log_filter = rust_log;
+        }
+        Ok(layer)
+    }
+}
+
+/// 1-based line of byte `offset` in `text`, and the dotted key on that line
+/// (the text before `=`, prefixed by the last `[table]` header above it).
+fn locate(text: &str, offset: usize) -> (usize, String) {
+    let offset = offset.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line_no = before.matches('\n').count() + 1;
+    let line = text.lines().nth(line_no - 1).unwrap_or("");
+    let mut table = None;
+    for l in text.lines().take(line_no) {
+        let t = l.trim();
+        if t.starts_with('[') {
+            table = Some(t.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+        }
+    }
+    let key = match line.split_once('=') {
+        Some((k, _)) => {
+            let k = k.trim().trim_matches('"').to_string();
+            match table {
+                Some(t) if !t.is_empty() => format!("{t}.{k}"),
+                _ => k,
+            }
+        }
+        None if line.trim().starts_with('[') => line.trim().to_string(),
+        None => "?".to_string(),
+    };
+    (line_no, key)
+}
+
+/// The effective configuration, every option resolved. Serializes to the
+/// file format (`kakehi config show`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Config {
+    /// Network name (`bitcoin`, `testnet`, `testnet4`, `signet`, `regtest`).
+    #[serde(serialize_with = "ser_network")]
+    pub network: Network,
+    /// Data directory. Default `~/.kakehi/<network>`.
+    pub datadir: PathBuf,
+    /// `[http]` section.
+    pub http: HttpConfig,
+    /// `[p2p]` section.
+    pub p2p: P2pConfig,
+    /// `[log]` section.
+    pub log: LogConfig,
+    /// `[sozu]` section.
+    pub sozu: SozuSection,
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HttpConfig {
+    /// Address of the HTTP API. Default `127.0.0.1:<network's HTTP port>`
+    /// (3000 mainnet, 3001 testnet, 3002 regtest, 3003 signet, 3004 testnet4).
+    pub address: SocketAddr,
+}
+
+/// `[p2p]`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct P2pConfig {
+    /// Address to accept inbound peers on. Default: none (no inbound).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Connect only to these peers (like bitcoind `-connect`). Default empty.
+    pub connect: Vec<PeerAddress>,
+    /// Peers to connect to in addition to discovered ones (bitcoind
+    /// `-addnode`). Default empty.
+    pub addnode: Vec<PeerAddress>,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LogConfig {
+    /// Output format. Default human.
+    pub format: LogFormat,
+    /// tracing `EnvFilter` directives. Default [`DEFAULT_LOG_FILTER`].
+    pub filter: String,
+}
+
+/// `[sozu]`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SozuSection {
+    /// Shards of the UTXO table (1, 2, 4 or 8). Fixed when the table is
+    /// created; later values are ignored. Default [`DEFAULT_SOZU_SHARDS`].
+    pub shards: u8,
+}
+
+fn ser_network<S: serde::Serializer>(n: &Network, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(ChainParams::new(*n).name())
+}
+
+impl Config {
+    /// Merges `layers` (highest precedence first: CLI, environment, file)
+    /// over the defaults.
+    pub fn resolve(layers: &[&Layer]) -> Config {
+        fn pick<T: Clone>(layers: &[&Layer], f: impl Fn(&Layer) -> Option<&T>) -> Option<T> {
+            layers.iter().find_map(|l| f(l).cloned())
+        }
+        let network = pick(layers, |l| l.network.as_ref()).unwrap_or(Network::Regtest);
+        let params = ChainParams::new(network);
+        Config {
+            network,
+            datadir: pick(layers, |l| l.datadir.as_ref())
+                .unwrap_or_else(|| crate::node::default_datadir(&params)),
+            http: HttpConfig {
+                address: pick(layers, |l| l.http.as_ref())
+                    .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], params.http_port))),
+            },
+            p2p: P2pConfig {
+                listen: pick(layers, |l| l.listen.as_ref()),
+                connect: pick(layers, |l| l.connect.as_ref()).unwrap_or_default(),
+                addnode: pick(layers, |l| l.addnode.as_ref()).unwrap_or_default(),
+            },
+            log: LogConfig {
+                format: pick(layers, |l| l.log_format.as_ref()).unwrap_or_default(),
+                filter: pick(layers, |l| l.log_filter.as_ref())
+                    .unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
+            },
+            sozu: SozuSection {
+                shards: pick(layers, |l| l.sozu_shards.as_ref()).unwrap_or(DEFAULT_SOZU_SHARDS),
+            },
+        }
+    }
+
+    /// The configuration as TOML, in the file format.
+    ///
+    /// # Errors
+    /// [`ConfigError::Print`] (not expected: every field is representable).
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        Ok(toml::to_string(self)?)
+    }
+}
+
+impl fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LogFormat::Human => "human",
+            LogFormat::Json => "json",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo(rel: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
+    }
+
+    fn file_err(text: &str) -> (usize, String, String) {
+        match Layer::from_toml_str(text, Path::new("x.toml")) {
+            Err(ConfigError::File {
+                line, key, message, ..
+            }) => (line, key, message),
+            other => panic!("expected a file error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn shipped_files_parse_and_name_their_network() {
+        for (name, net) in [
+            ("regtest", Network::Regtest),
+            ("signet", Network::Signet),
+            ("testnet", Network::Testnet),
+            ("testnet4", Network::Testnet4),
+        ] {
+            let path = repo(&format!("config/{name}.toml"));
+            let layer = Layer::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(layer.network, Some(net), "{}", path.display());
+            // Every documented value equals the built-in default, so the file
+            // documents the defaults truthfully (datadir aside: it is $HOME's).
+            let from_file = Config::resolve(&[&layer]);
+            let defaults = Config::resolve(&[&Layer {
+                network: Some(net),
+                ..Layer::default()
+            }]);
+            assert_eq!(
+                Config {
+                    datadir: defaults.datadir.clone(),
+                    ..from_file
+                },
+                defaults,
+                "{}",
+                path.display()
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let (line, key, msg) =
+            file_err("network = \"regtest\"\n\n[http]\nadress = \"1.2.3.4:5\"\n");
+        assert_eq!(line, 4);
+        assert_eq!(key, "http.adress");
+        assert!(msg.contains("unknown field"), "{msg}");
+        let (line, key, _) = file_err("netwrk = \"regtest\"\n");
+        assert_eq!((line, key.as_str()), (1, "netwrk"));
+        let (line, key, _) = file_err("[p2pp]\nlisten = \"1.2.3.4:5\"\n");
+        assert_eq!(line, 1);
+        assert!(key.contains("p2pp"), "{key}");
+    }
+
+    #[test]
+    fn bad_values_name_key_and_line() {
+        let (line, key, msg) = file_err("network = \"mainnett\"\n");
+        assert_eq!((line, key.as_str()), (1, "network"));
+        assert!(msg.contains("unknown network"), "{msg}");
+        let (line, key, _) = file_err("[p2p]\nconnect = [\"1.2.3.4:5\", \"nohost\"]\n");
+        assert_eq!((line, key.as_str()), (2, "p2p.connect"));
+        let (line, key, _) = file_err("[sozu]\n# comment\nshards = 3\n");
+        assert_eq!((line, key.as_str()), (3, "sozu.shards"));
+        let (line, key, _) = file_err("[log]\nformat = \"xml\"\n");
+        assert_eq!((line, key.as_str()), (2, "log.format"));
+        let (line, _, _) = file_err("[http]\naddress = \n");
+        assert_eq!(line, 2);
+        // The Display form carries all three.
+        let e = Layer::from_toml_str("[http]\naddress = 5\n", Path::new("c.toml"))
+            .expect_err("bad value");
+        let s = e.to_string();
+        assert!(s.starts_with("c.toml:2: http.address:"), "{s}");
+    }
+
+    #[test]
+    fn env_layer_parses_and_lists_unknown() {
+        let env = |v: &[(&str, &str)]| {
+            Layer::from_env(v.iter().map(|(a, b)| (a.to_string(), b.to_string())))
+        };
+        let l = env(&[
+            ("KAKEHI_NETWORK", "signet"),
+            ("KAKEHI_CONNECT", "1.2.3.4:38333, [::1]:38333"),
+            ("KAKEHI_ADDNODE", ""),
+            ("KAKEHI_LOG_FILTER", "debug"),
+            ("RUST_LOG", "warn"),
+            ("KAKEHI_SOZU_SHARDS", "4"),
+            ("PATH", "/bin"),
+            ("KAKEHI_NETWROK", "regtest"),
+        ])
+        .expect("valid env");
+        assert_eq!(l.network, Some(Network::Signet));
+        assert_eq!(l.connect.as_ref().map(Vec::len), Some(2));
+        assert_eq!(l.addnode, Some(vec![]));
+        assert_eq!(l.log_filter.as_deref(), Some("warn"));
+        assert_eq!(l.sozu_shards, Some(4));
+        assert_eq!(l.unknown_env, vec!["KAKEHI_NETWROK".to_string()]);
+        for bad in [
+            ("KAKEHI_HTTP", "localhost"),
+            ("KAKEHI_SOZU_SHARDS", "0"),
+            ("KAKEHI_LOG_FORMAT", "xml"),
+        ] {
+            match env(&[bad]) {
+                Err(ConfigError::Env { var, .. }) => assert_eq!(var, bad.0),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn precedence_cli_env_file_default() {
+        let file = Layer::from_toml_str(
+            "network = \"testnet\"\n[http]\naddress = \"0.0.0.0:1\"\n[p2p]\nconnect = [\"1.1.1.1:1\"]\n[log]\nformat = \"json\"\n",
+            Path::new("f.toml"),
+        )
+        .expect("file");
+        let env = Layer::from_env([
+            ("KAKEHI_NETWORK".to_string(), "signet".to_string()),
+            ("KAKEHI_HTTP".to_string(), "0.0.0.0:2".to_string()),
+        ])
+        .expect("env");
+        let cli = Layer {
+            network: Some(Network::Regtest),
+            ..Layer::default()
+        };
+        let c = Config::resolve(&[&cli, &env, &file]);
+        assert_eq!(c.network, Network::Regtest); // CLI over env and file
+        assert_eq!(c.http.address, "0.0.0.0:2".parse().expect("addr")); // env over file
+        assert_eq!(
+            c.p2p.connect,
+            vec!["1.1.1.1:1".parse::<PeerAddress>().expect("addr")]
+        ); // file
+        assert_eq!(c.log.format, LogFormat::Json); // file over default
+        assert_eq!(c.log.filter, DEFAULT_LOG_FILTER); // default
+        assert_eq!(c.sozu.shards, DEFAULT_SOZU_SHARDS);
+        // Network-dependent defaults follow the resolved network.
+        assert!(
+            c.datadir.ends_with(".kakehi/regtest"),
+            "{}",
+            c.datadir.display()
+        );
+        let c = Config::resolve(&[&env]);
+        assert_eq!(c.network, Network::Signet);
+        assert!(c.datadir.ends_with(".kakehi/signet"));
+        let c = Config::resolve(&[&Layer {
+            network: Some(Network::Testnet4),
+            ..Layer::default()
+        }]);
+        assert_eq!(
+            c.http.address.port(),
+            ChainParams::new(Network::Testnet4).http_port
+        );
+    }
+
+    #[test]
+    fn peer_addresses_take_ips_and_host_names() {
+        for (s, host, port) in [
+            ("10.0.0.2:18444", "10.0.0.2", 18444),
+            ("[::1]:8333", "::1", 8333),
+            ("bitcoind:18444", "bitcoind", 18444),
+            ("seed.example.org:38333", "seed.example.org", 38333),
+        ] {
+            let p: PeerAddress = s.parse().unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!((p.host.as_str(), p.port), (host, port));
+            assert_eq!(p.to_string().parse::<PeerAddress>(), Ok(p.clone()));
+        }
+        for bad in [
+            "bitcoind",
+            ":18444",
+            "host:",
+            "host:70000",
+            "ho st:1",
+            "host:0",
+        ] {
+            assert!(bad.parse::<PeerAddress>().is_err(), "{bad}");
+        }
+        let p: PeerAddress = "127.0.0.1:18444".parse().expect("addr");
+        assert_eq!(
+            p.resolve().expect("resolve"),
+            vec![SocketAddr::from(([127, 0, 0, 1], 18444))]
+        );
+    }
+
+    #[test]
+    fn show_round_trips_through_the_file_parser() {
+        let c = Config::resolve(&[&Layer {
+            network: Some(Network::Signet),
+            listen: Some("0.0.0.0:38333".parse().expect("addr")),
+            connect: Some(vec!["10.0.0.1:38333".parse().expect("addr")]),
+            addnode: Some(vec!["bitcoind:38333".parse().expect("addr")]),
+            ..Layer::default()
+        }]);
+        let text = c.to_toml().expect("toml");
+        let back = Layer::from_toml_str(&text, Path::new("shown.toml")).expect("parse shown");
+        assert_eq!(Config::resolve(&[&back]), c);
+    }
+}
