@@ -13,6 +13,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use bitcoin::{Network, OutPoint};
 use common::data;
@@ -142,10 +143,16 @@ fn every_final_spend_has_a_node_proof_that_verifies_and_names_the_spender() {
         .filter(|(_, _, _, h)| *h <= sealed_through)
         .collect();
     assert!(spends.len() > 50_000, "{} sealed spends", spends.len());
+    let (mut prove_time, mut verify_time) = (Duration::ZERO, Duration::ZERO);
     for batch in spends.chunks(1000) {
         let ops: Vec<OutPoint> = batch.iter().map(|s| s.0).collect();
+        let t = Instant::now();
         let proof = cs.prove_outpoints(&ops).expect("prove");
-        let v = verify_json(&proof.to_json(), anchor).expect("node proof verifies");
+        prove_time += t.elapsed();
+        let json = proof.to_json();
+        let t = Instant::now();
+        let v = verify_json(&json, anchor).expect("node proof verifies");
+        verify_time += t.elapsed();
         for (op, spender, vin, height) in batch {
             match v.status(op) {
                 Some(VerifiedStatus::Spent {
@@ -167,6 +174,12 @@ fn every_final_spend_has_a_node_proof_that_verifies_and_names_the_spender() {
             }
         }
     }
+    eprintln!(
+        "{} final spends in batches of 1,000: prove (with txoutproofs, self-checked) {:?}, verify_json {:?}",
+        spends.len(),
+        prove_time,
+        verify_time
+    );
     // A proof for one outpoint says nothing about another.
     let (a0, b0) = (spends[0].0, spends[1].0);
     let v = verify_json(&cs.prove_outpoints(&[a0]).unwrap().to_json(), anchor).unwrap();

@@ -20,7 +20,7 @@ pub enum ProofCliError {
     Anchor {
         /// Why.
         #[source]
-        source: VerifyError,
+        source: Box<VerifyError>,
     },
     /// The proof file cannot be read.
     #[error("cannot read {path}: {source}")]
@@ -48,7 +48,7 @@ pub enum ProofCliError {
         path: PathBuf,
         /// The verification failure.
         #[source]
-        source: VerifyError,
+        source: Box<VerifyError>,
     },
 }
 
@@ -86,7 +86,9 @@ pub fn verify_command(
         (None, Some(c)) => Anchor::commitment_from_hex(c),
         _ => return Err(ProofCliError::Usage),
     }
-    .map_err(|source| ProofCliError::Anchor { source })?;
+    .map_err(|source| ProofCliError::Anchor {
+        source: Box::new(source),
+    })?;
     let read_err = |source| ProofCliError::Read {
         path: file.into(),
         source,
@@ -106,7 +108,7 @@ pub fn verify_command(
         .is_some_and(|b| *b == b'{');
     let rejected = |source| ProofCliError::Rejected {
         path: file.into(),
-        source,
+        source: Box::new(source),
     };
     let verified = if is_json {
         let text = std::str::from_utf8(&bytes).map_err(|_| {
