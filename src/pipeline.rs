@@ -70,6 +70,9 @@ pub enum PipelineError {
     /// The stored block index is corrupt.
     #[error("block index: {0}")]
     Index(#[from] crate::chain::index::IndexLoadError),
+    /// The archive of spent outputs (sealing or reading epochs) failed.
+    #[error("archive: {0}")]
+    Archive(#[from] crate::archive::ArchiveError),
     /// A filter could not be built.
     #[error("filter of block {hash}: {source}")]
     Filter {
@@ -170,6 +173,8 @@ pub struct Chainstate {
     refused_tips: HashSet<BlockId>,
     stats: PipelineStats,
     datadir: PathBuf,
+    /// Sealed epochs of spent outputs (`datadir/archive`).
+    archive: crate::archive::Archive,
 }
 
 /// The table behind its mutex, for the writer (a poisoned lock only means a
@@ -345,7 +350,10 @@ impl Chainstate {
                 metas,
             )
         };
+        let archive =
+            crate::archive::Archive::open(&datadir.join("archive"), params.archive_epoch_length)?;
         let mut cs = Chainstate {
+            archive,
             params,
             index,
             meta,
@@ -367,6 +375,7 @@ impl Chainstate {
             cs.store.commit(batch)?;
         }
         cs.reconcile_table()?;
+        cs.seal_final_epochs()?;
         Ok(cs)
     }
 
@@ -756,6 +765,7 @@ impl Chainstate {
         let mut batch = WriteBatch::default();
         self.set_active(&mut batch, id);
         self.store.commit(batch)?;
+        self.seal_final_epochs()?;
         Ok(())
     }
 
@@ -980,11 +990,250 @@ impl Chainstate {
             ms = started.elapsed().as_millis() as u64,
             "connected block"
         );
+        self.seal_final_epochs()?;
         Ok(true)
     }
 
     /// The UTXO table's view of the active chain, for readers.
     pub fn active_view(&self) -> impl ChainView + '_ {
         self.index.view(self.index.tip().id)
+    }
+}
+
+/// The archive of spent outputs (issue 5, `docs/archive.md`): sealing the
+/// epochs of final blocks at every block boundary, the status of an
+/// outpoint, and proofs with txoutproofs from the stored blocks.
+impl Chainstate {
+    /// Seals every complete epoch of final blocks not sealed yet: final
+    /// height = tip height − [`PURGE_DEPTH`] (100 blocks); epoch n is sealed
+    /// once its last height `(n+1)·L − 1` is final, with the leaves of the
+    /// active chain's blocks in its range ([`Chainstate::archive_leaves`]).
+    /// Called at the end of every block boundary (`connect`, `switch_tip`)
+    /// and by [`Chainstate::open`], which re-drives a seal a crash
+    /// interrupted: [`crate::archive::Archive::seal`] is idempotent and the
+    /// leaves are a function of the final chain, which no allowed reorg
+    /// changes (deeper than 100 blocks is refused).
+    ///
+    /// # Errors
+    /// [`PipelineError::Archive`] when sealing fails (a `SealMismatch`
+    /// means the archive directory disagrees with the chain: move it away
+    /// and restart to rebuild it), flat-file errors reading spent outputs.
+    fn seal_final_epochs(&mut self) -> Result<(), PipelineError> {
+        let Some(final_height) = self.index.tip_height().checked_sub(PURGE_DEPTH) else {
+            return Ok(());
+        };
+        while let Some(n) = self.archive.next_sealable(final_height) {
+            let started = std::time::Instant::now();
+            let leaves = self.archive_leaves(n)?;
+            let count = leaves.len();
+            let header = self.archive.seal(n, leaves)?;
+            let commitment: String = self
+                .archive
+                .commitment()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            tracing::info!(
+                epoch = n,
+                first_height = header.first_height,
+                last_height = header.last_height,
+                leaves = count,
+                ms = started.elapsed().as_millis() as u64,
+                commitment,
+                "sealed archive epoch"
+            );
+        }
+        Ok(())
+    }
+
+    /// The leaves of archive epoch `n`: every output spent by the active
+    /// chain's blocks at heights `[n·L, (n+1)·L − 1]`, in block order (the
+    /// archive sorts them), each with its spend (block hash, height,
+    /// spending txid, input index). All heights must be on the active chain.
+    ///
+    /// # Errors
+    /// [`PipelineError::Inconsistent`] when a height of the range has no
+    /// active block or a connected block has no spent-output record;
+    /// flat-file errors.
+    pub fn archive_leaves(&self, n: u32) -> Result<Vec<crate::archive::Leaf>, PipelineError> {
+        let (first, last) = self.archive.epoch_range(n);
+        let mut leaves = Vec::new();
+        for height in first..=last {
+            let e = self
+                .index
+                .active_at(height)
+                .ok_or_else(|| PipelineError::Inconsistent {
+                    reason: format!("archive epoch {n}: no active block at height {height}"),
+                })?;
+            let spent = match self.spent_outputs(e.id)? {
+                Some(s) => s,
+                // Genesis is never connected and spends nothing.
+                None if height == 0 => Vec::new(),
+                None => {
+                    return Err(PipelineError::Inconsistent {
+                        reason: format!(
+                            "archive epoch {n}: active block {} has no spent outputs",
+                            e.hash
+                        ),
+                    })
+                }
+            };
+            leaves.extend(spent.into_iter().map(|s| {
+                crate::archive::Leaf::from_coin(
+                    s.outpoint,
+                    &s.coin,
+                    crate::archive::Spend {
+                        block_hash: e.hash,
+                        height,
+                        txid: s.txid,
+                        vin: s.vin,
+                    },
+                )
+            }));
+        }
+        Ok(leaves)
+    }
+
+    /// The archive of sealed epochs (headers, commitment, filters, proofs
+    /// without txoutproofs).
+    pub fn archive(&self) -> &crate::archive::Archive {
+        &self.archive
+    }
+
+    /// The status of `outpoint` on the active chain (`docs/archive.md` §7):
+    /// `Unspent` (live in the UTXO table: a claim of the node),
+    /// `SpentNotSealed { block, height }` (spent by an active block above
+    /// the last sealed epoch), `Archived { epoch }` (provable), `Unknown`
+    /// (never created on the active chain, unspendable, or spent in a
+    /// stale block only).
+    ///
+    /// Cost: one table read and the archive's filter lookups; for an
+    /// outpoint whose transaction is on the active chain but that is in
+    /// neither (spent by a final block of the open epoch, so purged from the
+    /// table), a scan of the spent outputs of the final blocks above the
+    /// last sealed epoch (at most L blocks).
+    ///
+    /// # Errors
+    /// UTXO-table, index, flat-file or archive failures.
+    pub fn outpoint_status(
+        &self,
+        outpoint: &OutPoint,
+    ) -> Result<crate::archive::OutpointStatus, PipelineError> {
+        use crate::archive::OutpointStatus;
+        let sealed_through = self.archive.epochs().last().map(|h| h.last_height);
+        let entry = {
+            let mut t = self
+                .table
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            t.get_batch(std::slice::from_ref(outpoint))?
+                .into_iter()
+                .next()
+                .flatten()
+        };
+        if let Some(e) = entry {
+            let view = self.active_view();
+            match e.status_in(&view) {
+                ViewStatus::Unspent => return Ok(OutpointStatus::Unspent),
+                ViewStatus::Spent(c) => {
+                    if let Some(b) = self.index.get(c.block) {
+                        if !matches!(sealed_through, Some(s) if b.height <= s) {
+                            return Ok(OutpointStatus::SpentNotSealed {
+                                block: b.hash,
+                                height: b.height,
+                            });
+                        }
+                    }
+                }
+                ViewStatus::Absent => {}
+            }
+        }
+        let archived = self.archive.status(outpoint)?;
+        if archived != OutpointStatus::Unknown {
+            return Ok(archived);
+        }
+        Ok(match self.find_purged_unsealed_spend(outpoint)? {
+            Some((block, height)) => OutpointStatus::SpentNotSealed { block, height },
+            None => OutpointStatus::Unknown,
+        })
+    }
+
+    /// The active block spending `outpoint` among the final blocks above the
+    /// last sealed epoch (whose spent entries the table may have purged).
+    fn find_purged_unsealed_spend(
+        &self,
+        outpoint: &OutPoint,
+    ) -> Result<Option<(BlockHash, u32)>, PipelineError> {
+        let Some(purged_through) = self.index.tip_height().checked_sub(PURGE_DEPTH) else {
+            return Ok(None);
+        };
+        let created = self
+            .store
+            .tx_blocks(&outpoint.txid)?
+            .into_iter()
+            .filter(|(id, _)| self.index.is_active(*id))
+            .filter_map(|(id, _)| self.index.get(id).map(|e| e.height))
+            .min();
+        let Some(created) = created else {
+            return Ok(None);
+        };
+        let from = self
+            .archive
+            .epoch_range(self.archive.next_epoch())
+            .0
+            .max(created);
+        for height in from..=purged_through {
+            let Some(e) = self.index.active_at(height) else {
+                break;
+            };
+            if let Some(spent) = self.spent_outputs(e.id)? {
+                if spent.iter().any(|s| s.outpoint == *outpoint) {
+                    return Ok(Some((e.hash, height)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A commitment-anchored proof for `outpoints` (1..=1,000, distinct):
+    /// existence in the sealed epoch holding each archived one, with the
+    /// spending transaction's txoutproof built from the stored block
+    /// (`MerkleBlock::from_header_txids_with_predicate`, as Core's
+    /// `gettxoutproof`), or absence from every sealed epoch.
+    ///
+    /// # Errors
+    /// [`PipelineError::Archive`] with `BadRequest` / `DuplicateOutpoint`
+    /// for a bad list, `SelfCheck` when the proof fails its own check
+    /// (damaged epoch file), I/O errors.
+    pub fn prove_outpoints(
+        &self,
+        outpoints: &[OutPoint],
+    ) -> Result<crate::archive::ProofBatch, PipelineError> {
+        use bitcoin::merkle_tree::MerkleBlock;
+        type Txids = Option<(bitcoin::block::Header, Vec<bitcoin::Txid>)>;
+        // Txids per spend block, read once per block (bounded: at most
+        // 64 blocks' txid lists held at a time).
+        let cache: std::cell::RefCell<HashMap<BlockHash, Txids>> = Default::default();
+        let txoutproof = |hash: &BlockHash, txid: &bitcoin::Txid| -> Option<MerkleBlock> {
+            let mut cache = cache.borrow_mut();
+            if !cache.contains_key(hash) {
+                if cache.len() >= 64 {
+                    cache.clear();
+                }
+                let read = self
+                    .index
+                    .id_of(hash)
+                    .and_then(|id| self.read_block(id).ok().flatten())
+                    .map(|b| {
+                        let ids = b.txdata.iter().map(|t| t.compute_txid()).collect();
+                        (b.header, ids)
+                    });
+                cache.insert(*hash, read);
+            }
+            let (header, ids) = cache.get(hash)?.as_ref()?;
+            ids.contains(txid)
+                .then(|| MerkleBlock::from_header_txids_with_predicate(header, ids, |t| t == txid))
+        };
+        Ok(self.archive.prove_with(outpoints, &txoutproof)?)
     }
 }

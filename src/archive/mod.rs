@@ -23,6 +23,7 @@
 //! [`VerifyError`] for proofs (their callers differ: the pipeline vs. a
 //! client), [`leaf::LeafDecodeError`] for leaf bytes.
 
+pub mod cli;
 pub mod filter;
 pub mod header;
 pub mod leaf;
