@@ -1,0 +1,334 @@
+//! Two real kakehi nodes over loopback P2P (`p2p::start_p2p` over the chain
+//! state): A imports `testnet-data/regtest-a/blocks.dat` (a chain made and
+//! validated by bcoin), B starts empty and syncs from A. Checked against the
+//! reference data: tip, UTXO set byte for byte (`utxos.txt`), filter headers
+//! (`filters.json`), the 12-deep reorg at order 1200, and a restart mid-sync.
+//! Every wait is bounded (`SYNC_TIMEOUT`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bitcoin::{BlockHash, Network};
+use common::{data, json};
+use kakehi::chain::ChainParams;
+use kakehi::import::{import_files, read_file};
+use kakehi::node::{open_chainstate, DataDir};
+use kakehi::p2p::backend::{HeadersError, NodeBackend};
+use kakehi::p2p::{start_p2p, NodeP2p, P2pConfig, P2pError, P2pHandle};
+use kakehi::pipeline::Chainstate;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Upper bound of any sync in these tests (debug build, 2 shared cores).
+const SYNC_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A chain state in a datadir, shared with its P2P layer.
+struct Node {
+    chain: Arc<RwLock<Chainstate>>,
+    _datadir: DataDir,
+}
+
+impl Node {
+    fn open(path: &Path, params: ChainParams) -> Node {
+        let datadir = DataDir::open(path).expect("datadir");
+        let chain = open_chainstate(params, &datadir).expect("open chainstate");
+        Node {
+            chain: Arc::new(RwLock::new(chain)),
+            _datadir: datadir,
+        }
+    }
+
+    fn tip(&self) -> (u32, BlockHash) {
+        let cs = self.chain.read().unwrap();
+        let t = cs.index().tip();
+        (t.height, t.hash)
+    }
+}
+
+/// A running P2P layer and its shutdown switch.
+struct P2p {
+    handle: P2pHandle,
+    task: JoinHandle<Result<(), P2pError>>,
+    stop: watch::Sender<bool>,
+}
+
+impl P2p {
+    async fn stop(self) {
+        self.stop.send(true).ok();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("p2p task stops within 20 s")
+            .expect("p2p task joins")
+            .expect("p2p task ends cleanly");
+    }
+}
+
+fn config(listen: bool, connect: Vec<std::net::SocketAddr>) -> P2pConfig {
+    let mut c = P2pConfig::default();
+    c.listen = listen.then(|| "127.0.0.1:0".parse().unwrap());
+    c.connect = connect;
+    c.dns_seeds = false;
+    c
+}
+
+fn start(node: &Node, config: P2pConfig) -> P2p {
+    let (stop, rx) = watch::channel(false);
+    let (handle, task) = start_p2p(node.chain.clone(), config, rx);
+    P2p { handle, task, stop }
+}
+
+/// A serving node and the address it listens on.
+async fn serve(node: &Node) -> (P2p, std::net::SocketAddr) {
+    let p = start(node, config(true, vec![]));
+    let addr = tokio::time::timeout(Duration::from_secs(10), p.handle.local_addr())
+        .await
+        .expect("listener up")
+        .expect("listen address");
+    (p, addr)
+}
+
+async fn wait_for_tip(node: &Node, want: (u32, BlockHash)) -> Duration {
+    let started = Instant::now();
+    loop {
+        if node.tip() == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < SYNC_TIMEOUT,
+            "no sync to {want:?} within {SYNC_TIMEOUT:?}: at {:?}",
+            node.tip()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn blocks_file() -> PathBuf {
+    data("regtest-a/blocks.dat")
+}
+
+fn reference_tip() -> (u32, BlockHash) {
+    let chain = json("regtest-a/chain.json");
+    (
+        chain["tip_height"].as_u64().unwrap() as u32,
+        chain["tip_hash"].as_str().unwrap().parse().unwrap(),
+    )
+}
+
+/// Imports the whole file into a fresh node.
+fn imported_node(dir: &Path) -> (Node, f64) {
+    let node = Node::open(dir, ChainParams::new(Network::Regtest));
+    let started = Instant::now();
+    let summary = import_files(
+        &node.chain,
+        &[blocks_file()],
+        &AtomicBool::new(false),
+        false,
+    )
+    .expect("import");
+    let secs = started.elapsed().as_secs_f64();
+    assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
+    assert_eq!(node.tip(), reference_tip());
+    (node, summary.blocks_read as f64 / secs)
+}
+
+/// B's state equals the reference: UTXO dump byte for byte, filter headers
+/// at every height equal bcoin's `filters.json` and A's, and A's summary.
+fn assert_same_state(a: &Node, b: &Node) {
+    assert_eq!(b.tip(), reference_tip());
+    assert_eq!(
+        a.chain.read().unwrap().utxo_stats(),
+        b.chain.read().unwrap().utxo_stats()
+    );
+    let mut dump = Vec::new();
+    b.chain.write().unwrap().dump_utxos(&mut dump).unwrap();
+    let expected = std::fs::read(data("regtest-a/utxos.txt")).unwrap();
+    assert!(dump == expected, "B's UTXO dump differs from utxos.txt");
+    let filters = json("regtest-a/filters.json");
+    let (ca, cb) = (a.chain.read().unwrap(), b.chain.read().unwrap());
+    for f in filters.as_array().unwrap() {
+        let height = f["height"].as_u64().unwrap() as u32;
+        let eb = cb.index().active_at(height).expect("B has the height");
+        assert_eq!(eb.hash.to_string(), f["hash"].as_str().unwrap());
+        let ea = ca.index().active_at(height).expect("A has the height");
+        let (fb, hb) = cb.filter(eb.id).unwrap().expect("B filter");
+        let (fa, ha) = ca.filter(ea.id).unwrap().expect("A filter");
+        assert_eq!(
+            hb.to_string(),
+            f["filter_header"].as_str().unwrap(),
+            "height {height}"
+        );
+        assert_eq!((fb, hb), (fa, ha), "height {height}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_node_syncs_regtest_a_from_an_importing_node() {
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, import_rate) = imported_node(da.path());
+    let (pa, addr) = serve(&a).await;
+    let b = Node::open(db.path(), ChainParams::new(Network::Regtest));
+    let pb = start(&b, config(false, vec![addr]));
+    let took = wait_for_tip(&b, reference_tip()).await;
+    let blocks = b.chain.read().unwrap().stats().blocks_connected;
+    eprintln!(
+        "p2p sync: {blocks} blocks connected in {:.2} s = {:.0} blocks/s; file import: {import_rate:.0} blocks/s",
+        took.as_secs_f64(),
+        blocks as f64 / took.as_secs_f64()
+    );
+    assert_eq!(pb.handle.peer_count(), 1);
+    pb.stop().await;
+    pa.stop().await;
+    assert_same_state(&a, &b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_takes_the_twelve_deep_reorg() {
+    let params = ChainParams::new(Network::Regtest);
+    let records = read_file(&blocks_file(), &params).expect("read blocks.dat");
+    let chain = json("regtest-a/chain.json");
+    let reorg = chain["reorgs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["depth"].as_u64() == Some(12))
+        .expect("the 12-deep reorg");
+    let at = reorg["at_order_index"].as_u64().unwrap() as usize;
+    let old_tip: BlockHash = reorg["old_tip"].as_str().unwrap().parse().unwrap();
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Node::open(da.path(), params.clone());
+    for r in &records[..at] {
+        a.chain.write().unwrap().submit_block(&r.block).unwrap();
+    }
+    assert_eq!(a.tip().1, old_tip, "A before the reorg is at its old tip");
+    let (pa, addr) = serve(&a).await;
+    let b = Node::open(db.path(), params);
+    let pb = start(&b, config(false, vec![addr]));
+    wait_for_tip(&b, a.tip()).await;
+    assert_eq!(b.chain.read().unwrap().stats().reorgs, 0);
+    // The rest, into A only: A reorganises at `at`; its tip watcher announces.
+    for r in &records[at..] {
+        a.chain.write().unwrap().submit_block(&r.block).unwrap();
+    }
+    assert_eq!(a.tip(), reference_tip());
+    wait_for_tip(&b, reference_tip()).await;
+    assert!(b.chain.read().unwrap().stats().reorgs >= 1, "B reorganised");
+    assert!(b
+        .chain
+        .read()
+        .unwrap()
+        .index()
+        .id_of(&old_tip)
+        .is_some_and(|id| !b.chain.read().unwrap().index().is_active(id)));
+    pb.stop().await;
+    pa.stop().await;
+    assert_same_state(&a, &b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_stopped_mid_sync_resumes_to_the_same_end_state() {
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, _) = imported_node(da.path());
+    let (pa, addr) = serve(&a).await;
+    let stopped_at;
+    {
+        let b = Node::open(db.path(), ChainParams::new(Network::Regtest));
+        let pb = start(&b, config(false, vec![addr]));
+        let started = Instant::now();
+        while b.tip().0 < 500 {
+            assert!(started.elapsed() < SYNC_TIMEOUT, "B stuck at {:?}", b.tip());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        pb.stop().await;
+        stopped_at = b.tip();
+        // Every task holding the chain state is gone once the layer stopped.
+        let started = Instant::now();
+        while Arc::strong_count(&b.chain) > 1 {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "chain state still shared"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(stopped_at.0 < reference_tip().0, "stopped before the end");
+    let b = Node::open(db.path(), ChainParams::new(Network::Regtest));
+    assert_eq!(b.tip(), stopped_at, "reopened at the tip it stopped at");
+    let pb = start(&b, config(false, vec![addr]));
+    wait_for_tip(&b, reference_tip()).await;
+    pb.stop().await;
+    pa.stop().await;
+    assert_same_state(&a, &b);
+}
+
+/// Headers below the minimum chainwork are held in memory, not stored, until
+/// their chain passes it (driven directly through the backend).
+#[test]
+fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
+    let mut params = ChainParams::new(Network::Regtest);
+    let records = read_file(&blocks_file(), &params).expect("read blocks.dat");
+    let best: Vec<bitcoin::block::Header> = {
+        let chain = json("regtest-a/chain.json");
+        let on_best: std::collections::HashSet<String> = chain["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["on_best_chain"].as_bool().unwrap())
+            .map(|b| b["hash"].as_str().unwrap().to_string())
+            .collect();
+        records
+            .iter()
+            .map(|r| r.block.header)
+            .filter(|h| on_best.contains(&h.block_hash().to_string()))
+            .collect()
+    };
+    assert_eq!(best.len(), 1500);
+    // Minimum chainwork: the work of the chain at height 1,000 (genesis'
+    // work plus the first 1,000 headers').
+    let mut work = params.genesis_header().work();
+    for h in &best[..1000] {
+        work = work + h.work();
+    }
+    params.minimum_chain_work = work.to_be_bytes();
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::open(dir.path(), params);
+    let backend = NodeP2p::new(node.chain.clone());
+    for chunk in best[..999].chunks(333) {
+        match backend.accept_headers(chunk) {
+            Err(HeadersError::BelowMinimumWork { last }) => {
+                assert_eq!(last, chunk[chunk.len() - 1].block_hash())
+            }
+            other => panic!("expected BelowMinimumWork, got {other:?}"),
+        }
+        assert_eq!(
+            node.chain.read().unwrap().index().len(),
+            1,
+            "nothing stored"
+        );
+    }
+    let out = backend
+        .accept_headers(&best[999..1200])
+        .expect("passes the minimum");
+    assert_eq!(node.chain.read().unwrap().index().len(), 1201);
+    assert_eq!(out.best_header, (1200, best[1199].block_hash()));
+    assert_eq!(backend.best_header_tip(), (1200, best[1199].block_hash()));
+    assert_eq!(backend.blocks_to_fetch(10_000).len(), 1024);
+    assert_eq!(backend.blocks_to_fetch(5)[0], best[0].block_hash());
+    // A chain that does not connect to anything held or stored.
+    assert!(matches!(
+        backend.accept_headers(&best[1300..1301]),
+        Err(HeadersError::Unconnected { .. })
+    ));
+    // Reopened: the stored headers are there, as headers only.
+    let params = node.chain.read().unwrap().params().clone();
+    drop(backend);
+    drop(node);
+    let node = Node::open(dir.path(), params);
+    assert_eq!(node.chain.read().unwrap().index().len(), 1201);
+    assert_eq!(node.tip().0, 0);
+    let backend = NodeP2p::new(node.chain.clone());
+    assert_eq!(backend.best_header_tip(), (1200, best[1199].block_hash()));
+}
