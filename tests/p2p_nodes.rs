@@ -165,11 +165,22 @@ fn assert_same_state(a: &Node, b: &Node) {
     }
 }
 
+/// Node A with all of blocks.dat imported, shared by the tests of this file
+/// (each serves it with its own P2P layer), and the import rate, blocks/s.
+fn node_a() -> &'static (Node, f64, tempfile::TempDir) {
+    static A: std::sync::OnceLock<(Node, f64, tempfile::TempDir)> = std::sync::OnceLock::new();
+    A.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, rate) = imported_node(dir.path());
+        (node, rate, dir)
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_node_syncs_regtest_a_from_an_importing_node() {
-    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, import_rate) = imported_node(da.path());
-    let (pa, addr) = serve(&a).await;
+    let db = tempfile::tempdir().unwrap();
+    let (a, import_rate, _) = node_a();
+    let (pa, addr) = serve(a).await;
     let b = Node::open(db.path(), ChainParams::new(Network::Regtest));
     let pb = start(&b, config(false, vec![addr]));
     let took = wait_for_tip(&b, reference_tip()).await;
@@ -182,7 +193,7 @@ async fn empty_node_syncs_regtest_a_from_an_importing_node() {
     assert_eq!(pb.handle.peer_count(), 1);
     pb.stop().await;
     pa.stop().await;
-    assert_same_state(&a, &b);
+    assert_same_state(a, &b);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -230,9 +241,9 @@ async fn follower_takes_the_twelve_deep_reorg() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_stopped_mid_sync_resumes_to_the_same_end_state() {
-    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, _) = imported_node(da.path());
-    let (pa, addr) = serve(&a).await;
+    let db = tempfile::tempdir().unwrap();
+    let (a, _, _) = node_a();
+    let (pa, addr) = serve(a).await;
     let stopped_at;
     {
         let b = Node::open(db.path(), ChainParams::new(Network::Regtest));
@@ -261,7 +272,7 @@ async fn node_stopped_mid_sync_resumes_to_the_same_end_state() {
     wait_for_tip(&b, reference_tip()).await;
     pb.stop().await;
     pa.stop().await;
-    assert_same_state(&a, &b);
+    assert_same_state(a, &b);
 }
 
 /// Headers below the minimum chainwork are held in memory, not stored, until

@@ -134,14 +134,14 @@ impl View {
         if self.best.is_none() || stats.blocks_rejected != self.rejected_seen {
             self.best = None;
             for e in entries {
-                if !e.status.is_invalid() && self.best.is_none_or(|(_, w)| e.chainwork > w) {
+                if !e.status.is_invalid() && self.best.map_or(true, |(_, w)| e.chainwork > w) {
                     self.best = Some((e.id, e.chainwork));
                 }
             }
             self.rejected_seen = stats.blocks_rejected;
         } else {
             for e in &entries[self.scanned.min(entries.len())..] {
-                if !e.status.is_invalid() && self.best.is_none_or(|(_, w)| e.chainwork > w) {
+                if !e.status.is_invalid() && self.best.map_or(true, |(_, w)| e.chainwork > w) {
                     self.best = Some((e.id, e.chainwork));
                 }
             }
