@@ -343,3 +343,136 @@ fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
     let backend = NodeP2p::new(node.chain.clone());
     assert_eq!(backend.best_header_tip(), (1200, best[1199].block_hash()));
 }
+
+/// The kyoto light client (`bip157` crate) syncs headers, filter headers and
+/// filters from node A over loopback and finds exactly the blocks that pay
+/// to or spend from a set of scripts; the expected set is computed here from
+/// the blocks of `blocks.dat` and `chain.json`, not from kakehi.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kyoto_light_client_finds_the_blocks_of_a_script_set() {
+    use std::collections::{BTreeSet, HashMap, HashSet};
+
+    let params = ChainParams::new(Network::Regtest);
+    let chain = json("regtest-a/chain.json");
+    let on_best: HashSet<BlockHash> = chain["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["on_best_chain"].as_bool().unwrap())
+        .map(|b| b["hash"].as_str().unwrap().parse().unwrap())
+        .collect();
+    let records = read_file(&blocks_file(), &params).expect("read blocks.dat");
+    // Best-chain blocks in height order (each one's parent comes first in the
+    // file, and the best chain is one chain).
+    let best: Vec<&bitcoin::Block> = records
+        .iter()
+        .map(|r| &r.block)
+        .filter(|b| on_best.contains(&b.block_hash()))
+        .collect();
+    assert_eq!(best.len(), 1500);
+    // Scripts: two paid to at heights ~300 and ~900 by non-coinbase outputs,
+    // and the scripts of the outputs spent by the first inputs at ~600 and
+    // ~1200.
+    let mut scripts: HashSet<bitcoin::ScriptBuf> = HashSet::new();
+    let mut script_of: HashMap<bitcoin::OutPoint, bitcoin::ScriptBuf> = HashMap::new();
+    for (i, block) in best.iter().enumerate() {
+        let height = i + 1;
+        for tx in block.txdata.iter().skip(1) {
+            if (height >= 600 && scripts.len() == 2) || (height >= 1200 && scripts.len() == 3) {
+                if let Some(s) = tx
+                    .input
+                    .iter()
+                    .find_map(|i| script_of.get(&i.previous_output))
+                {
+                    scripts.insert(s.clone());
+                }
+            }
+            let first = &tx.output[0].script_pubkey;
+            if ((height >= 300 && scripts.is_empty()) || (height >= 900 && scripts.len() == 1))
+                && !first.is_op_return()
+            {
+                scripts.insert(first.clone());
+            }
+        }
+        for tx in &block.txdata {
+            let txid = tx.compute_txid();
+            for (vout, o) in tx.output.iter().enumerate() {
+                script_of.insert(
+                    bitcoin::OutPoint::new(txid, vout as u32),
+                    o.script_pubkey.clone(),
+                );
+            }
+        }
+    }
+    assert_eq!(scripts.len(), 4, "chose four scripts");
+    let mut expected = BTreeSet::new();
+    for (i, block) in best.iter().enumerate() {
+        let pays = block
+            .txdata
+            .iter()
+            .flat_map(|tx| &tx.output)
+            .any(|o| scripts.contains(&o.script_pubkey));
+        let spends = block
+            .txdata
+            .iter()
+            .skip(1)
+            .flat_map(|tx| &tx.input)
+            .any(|i| {
+                script_of
+                    .get(&i.previous_output)
+                    .is_some_and(|s| scripts.contains(s))
+            });
+        if pays || spends {
+            expected.insert((i as u32 + 1, block.block_hash()));
+        }
+    }
+    assert!(expected.len() >= 4, "expected blocks: {expected:?}");
+
+    let (a, _, _) = node_a();
+    let (pa, addr) = serve(a).await;
+    let peer = bip157::TrustedPeer::new(
+        bip157::AddrV2::Ipv4(std::net::Ipv4Addr::LOCALHOST),
+        Some(addr.port()),
+        bip157::ServiceFlags::NETWORK
+            | bip157::ServiceFlags::WITNESS
+            | bip157::ServiceFlags::COMPACT_FILTERS,
+    );
+    let (light, client) = bip157::Builder::new(bip157::Network::Regtest)
+        .add_peer(peer)
+        .whitelist_only()
+        .required_peers(1)
+        .build();
+    let light_task = tokio::spawn(async move { light.run().await });
+    let bip157::Client {
+        requester,
+        mut event_rx,
+        ..
+    } = client;
+    let mut found = BTreeSet::new();
+    let started = Instant::now();
+    let tip = loop {
+        let left = SYNC_TIMEOUT.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, event_rx.recv()).await {
+            Err(_) => panic!("light client not synced within {SYNC_TIMEOUT:?}"),
+            Ok(None) => panic!("light client stopped"),
+            Ok(Some(bip157::Event::IndexedFilter(f))) => {
+                if f.contains_any(scripts.iter()) {
+                    found.insert((f.height(), f.block_hash()));
+                }
+            }
+            Ok(Some(bip157::Event::FiltersSynced(update))) => break update.tip(),
+            Ok(Some(_)) => {}
+        }
+    };
+    eprintln!(
+        "kyoto: synced to {} in {:.2} s, {} matching blocks",
+        tip.height,
+        started.elapsed().as_secs_f64(),
+        found.len()
+    );
+    requester.shutdown().ok();
+    let _ = tokio::time::timeout(Duration::from_secs(10), light_task).await;
+    pa.stop().await;
+    assert_eq!((tip.height, tip.hash), reference_tip());
+    assert_eq!(found, expected);
+}
