@@ -1037,4 +1037,15 @@ impl Chainstate {
             None => Ok(new_ids.len()),
         })
     }
+
+    /// Connects stored blocks that extend the best chain but are not
+    /// connected yet (after a crash between storing a block's data and
+    /// connecting it, nothing else would connect the last such block until
+    /// another block arrives). A no-op when the tip is the best candidate.
+    ///
+    /// # Errors
+    /// [`PipelineError`] when a store fails.
+    pub fn activate_stored_blocks(&mut self) -> Result<(), PipelineError> {
+        self.activate_best_chain()
+    }
 }

@@ -268,13 +268,17 @@ fn storage(e: impl std::fmt::Display) -> super::BoxError {
 }
 
 impl NodeP2p {
-    /// Wraps the chain state (blocks until its read lock is free once, to
-    /// build the first view).
+    /// Wraps the chain state: connects stored blocks left unconnected by a
+    /// crash ([`Chainstate::activate_stored_blocks`]; a failure is logged)
+    /// and builds the first view. Blocks until the write lock is free once.
     pub fn new(chain: Arc<RwLock<Chainstate>>) -> Self {
         let (params, mut view) = {
-            let cs = chain
-                .read()
+            let mut cs = chain
+                .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Err(e) = cs.activate_stored_blocks() {
+                tracing::error!(error = %e, "connecting stored blocks at start-up");
+            }
             let mut v = View::default();
             v.refresh(&cs, true);
             (cs.params().clone(), v)
