@@ -476,3 +476,71 @@ async fn kyoto_light_client_finds_the_blocks_of_a_script_set() {
     assert_eq!((tip.height, tip.hash), reference_tip());
     assert_eq!(found, expected);
 }
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
+/// The filter queries the P2P layer serves (`getcfilters`, `getcfheaders`,
+/// `getcfcheckpt`), answered by the real backend by stop hash, for the best
+/// chain and for every stale block of regtest-a, against bcoin's filters.
+#[test]
+fn filter_queries_by_stop_hash_match_the_reference_on_every_branch() {
+    use bitcoin::bip158::{FilterHash, FilterHeader};
+    use bitcoin::hashes::Hash;
+    use kakehi::p2p::backend::FilterQueryError;
+
+    let (a, _, _) = node_a();
+    let backend = NodeP2p::new(a.chain.clone());
+    let best = json("regtest-a/filters.json");
+    let best = best.as_array().unwrap();
+    let header_at =
+        |h: usize| -> FilterHeader { best[h]["filter_header"].as_str().unwrap().parse().unwrap() };
+    let mut entries: Vec<&serde_json::Value> = best.iter().collect();
+    let stale = json("regtest-a/stale_filters.json");
+    entries.extend(stale.as_array().unwrap().iter());
+    for f in entries {
+        let height = f["height"].as_u64().unwrap() as u32;
+        let hash: BlockHash = f["hash"].as_str().unwrap().parse().unwrap();
+        let filter = unhex(f["basic_filter"].as_str().unwrap());
+        let want: FilterHeader = f["filter_header"].as_str().unwrap().parse().unwrap();
+        let start = height.saturating_sub(20);
+        let filters = backend.cfilters(start, hash).expect("cfilters");
+        assert_eq!(filters.len() as u32, height - start + 1);
+        assert_eq!(
+            filters.last().unwrap(),
+            &(hash, filter.clone()),
+            "filter of {hash}"
+        );
+        // Filter headers chain from the previous header to the reference.
+        let (prev, hashes) = backend.cfheaders(start, hash).expect("cfheaders");
+        // The node's header before `start` (on the stop block's branch)
+        // chained with its filter hashes gives the reference header.
+        if start == 0 {
+            assert_eq!(prev, FilterHeader::all_zeros());
+        }
+        let mut header = if start == 0 {
+            FilterHeader::all_zeros()
+        } else {
+            prev
+        };
+        for h in &hashes {
+            header = h.filter_header(&header);
+        }
+        assert_eq!(header, want, "filter header of {hash} at {height}");
+        assert_eq!(hashes.last(), Some(&FilterHash::hash(&filter)));
+    }
+    let tip = reference_tip();
+    let checkpoints = backend.cfcheckpt(tip.1).expect("cfcheckpt");
+    assert_eq!(checkpoints, vec![header_at(1000)]);
+    assert!(matches!(
+        backend.cfilters(0, BlockHash::all_zeros()),
+        Err(FilterQueryError::UnknownStop { .. })
+    ));
+    assert!(matches!(
+        backend.cfheaders(tip.0 + 1, tip.1),
+        Err(FilterQueryError::StartAboveStop { .. })
+    ));
+}
