@@ -156,7 +156,7 @@ impl View {
         self.update_header_chain(index, best);
         self.locator = locator(&self.header_chain);
         // Fork of the best header chain with the active chain.
-        let best_height = (self.header_chain.len() - 1) as u32;
+        let best_height = self.header_chain.len().saturating_sub(1) as u32;
         let mut fork = tip.height.min(best_height);
         while fork > 0
             && index.active_at(fork).map(|e| e.id) != Some(self.header_chain[fork as usize].0)
@@ -469,7 +469,7 @@ impl NodeBackend for NodeP2p {
             self.light_check(h)?;
             work = work + h.work();
         }
-        let height = base_height + headers.len() as u32;
+        let height = base_height.saturating_add(headers.len() as u32);
         let total = held.len() + headers.len();
         if work >= min_work || total > PRESYNC_MAX_HEADERS {
             if work < min_work {
