@@ -1235,5 +1235,64 @@ impl Chainstate {
                 .then(|| MerkleBlock::from_header_txids_with_predicate(header, ids, |t| t == txid))
         };
         Ok(self.archive.prove_with(outpoints, &txoutproof)?)
+
+/// Header storage for the P2P layer (`src/p2p/node_backend.rs`): headers
+/// accepted without block data.
+impl Chainstate {
+    /// Checks `headers` (PoW, difficulty, timestamps, version, linkage; see
+    /// [`BlockIndex::accept_header`]) one by one and stores the new ones with
+    /// status [`BlockStatus::HeadersOnly`] in one index-database batch (like
+    /// Core's `ProcessNewBlockHeaders`). Headers already known are skipped.
+    ///
+    /// Returns the number of new headers, or the position and rule of the
+    /// first refused header; the headers before it stay stored.
+    ///
+    /// # Errors
+    /// [`PipelineError`] when the index database fails.
+    #[allow(clippy::type_complexity)]
+    pub fn accept_headers(
+        &mut self,
+        headers: &[bitcoin::block::Header],
+    ) -> Result<Result<usize, (usize, crate::chain::index::HeaderError)>, PipelineError> {
+        let now = now_secs();
+        let mut new_ids = Vec::new();
+        let mut refused = None;
+        for (i, header) in headers.iter().enumerate() {
+            let before = self.index.len();
+            match self.index.accept_header(header, now) {
+                Ok(id) => {
+                    if self.index.len() > before {
+                        new_ids.push(id);
+                    }
+                }
+                Err(e) => {
+                    refused = Some((i, e));
+                    break;
+                }
+            }
+        }
+        if !new_ids.is_empty() {
+            self.ensure_meta();
+            let mut batch = WriteBatch::default();
+            for id in &new_ids {
+                self.put_record(&mut batch, *id);
+            }
+            self.store.commit(batch)?;
+        }
+        Ok(match refused {
+            Some(r) => Err(r),
+            None => Ok(new_ids.len()),
+        })
+    }
+
+    /// Connects stored blocks that extend the best chain but are not
+    /// connected yet (after a crash between storing a block's data and
+    /// connecting it, nothing else would connect the last such block until
+    /// another block arrives). A no-op when the tip is the best candidate.
+    ///
+    /// # Errors
+    /// [`PipelineError`] when a store fails.
+    pub fn activate_stored_blocks(&mut self) -> Result<(), PipelineError> {
+        self.activate_best_chain()
     }
 }

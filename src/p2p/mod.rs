@@ -24,6 +24,7 @@ pub mod addrman;
 pub mod backend;
 pub mod codec;
 mod net;
+pub mod node_backend;
 mod peer;
 pub mod sync;
 
@@ -47,6 +48,7 @@ pub use backend::{
 };
 pub use codec::CodecError;
 pub use net::run;
+pub use node_backend::{start_p2p, NodeP2p};
 pub use peer::{
     Disconnect, Misbehaviour, MAX_BLOCKS_TO_ANNOUNCE, MAX_GETBLOCKS, MAX_GETCFHEADERS,
     MAX_GETCFILTERS, MAX_UNCONNECTING_HEADERS,
