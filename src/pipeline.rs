@@ -988,3 +988,39 @@ impl Chainstate {
         self.index.view(self.index.tip().id)
     }
 }
+
+/// Read methods for the HTTP API (httpapi helper): the transaction index and
+/// the UTXO table's records, through `&self` so readers share the read lock.
+impl Chainstate {
+    /// Every stored block (active or stale) that contains `txid`, with the
+    /// transaction's position in it (`tx_position_by_txid_block`).
+    ///
+    /// # Errors
+    /// sled failure or corruption.
+    pub fn tx_blocks(&self, txid: &bitcoin::Txid) -> Result<Vec<(BlockId, u32)>, PipelineError> {
+        Ok(self.store.tx_blocks(txid)?)
+    }
+
+    /// The table entries of `outpoints`, in the same order (`None` when the
+    /// table holds none: never created, an unspendable output, or purged
+    /// after being consumed at least [`crate::sozu::PURGE_DEPTH`] blocks
+    /// deep). Interpret each entry with
+    /// `Entry::status_in(&self.index().view(tip))`.
+    ///
+    /// Takes the table's mutex (held by the writer only while it writes a
+    /// block, and the writer holds the chain state's write lock then, so a
+    /// reader under the read lock never waits on it in practice).
+    ///
+    /// # Errors
+    /// UTXO-table failure.
+    pub fn lookup_outpoints(
+        &self,
+        outpoints: &[OutPoint],
+    ) -> Result<Vec<Option<crate::sozu::Entry>>, PipelineError> {
+        let mut t = self
+            .table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(t.get_batch(outpoints)?)
+    }
+}

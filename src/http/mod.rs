@@ -10,13 +10,15 @@ use std::sync::{Arc, RwLock};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use bitcoin::consensus::encode::{serialize, serialize_hex};
 use bitcoin::hashes::Hash;
 use bitcoin::BlockHash;
 
 use crate::pipeline::Chainstate;
+
+pub mod esplora;
 
 /// Largest `count` of `/rest/blockfilterheaders` (Core's `MAX_REST_HEADERS_RESULTS`).
 pub const MAX_FILTER_HEADERS: u32 = 2000;
@@ -309,6 +311,25 @@ pub fn router(state: AppState) -> Router {
         .route("/blocks/tip/hash", get(tip_hash))
         .route("/block-height/{height}", get(block_at_height))
         .route("/block/{hash}/header", get(block_header))
+        .route("/blocks", get(esplora::blocks_tip))
+        .route("/blocks/{start_height}", get(esplora::blocks_from_height))
+        .route("/block/{hash}", get(esplora::block))
+        .route("/block/{hash}/status", get(esplora::block_status))
+        .route("/block/{hash}/txids", get(esplora::block_txids))
+        .route("/block/{hash}/txid/{index}", get(esplora::block_txid_at))
+        .route("/block/{hash}/raw", get(esplora::block_raw))
+        .route("/tx", post(esplora::post_tx))
+        .route("/tx/{txid}", get(esplora::tx))
+        .route("/tx/{txid}/hex", get(esplora::tx_hex))
+        .route("/tx/{txid}/raw", get(esplora::tx_raw))
+        .route("/tx/{txid}/status", get(esplora::tx_status))
+        .route("/tx/{txid}/merkle-proof", get(esplora::tx_merkle_proof))
+        .route(
+            "/tx/{txid}/merkleblock-proof",
+            get(esplora::tx_merkleblock_proof),
+        )
+        .route("/tx/{txid}/outspend/{vout}", get(esplora::tx_outspend))
+        .route("/tx/{txid}/outspends", get(esplora::tx_outspends))
         .route("/chain/tips", get(chain_tips))
         .route("/utxo/stats", get(utxo_stats))
         .route("/health", get(health))
@@ -336,6 +357,19 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "HTTP API listening");
+    serve_listener(listener, state, shutdown).await
+}
+
+/// Serves the API on an already bound `listener` (tests bind port 0 and
+/// read the port back) until `shutdown` resolves.
+///
+/// # Errors
+/// Serving fails.
+pub async fn serve_listener(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await

@@ -1,0 +1,447 @@
+//! The HTTP API against `testnet-data/regtest-a` (a chain made and validated
+//! by bcoin 2.2.0): BDK's `esplora-client` calls every Esplora-compatible
+//! endpoint and must get what the chain data says; the Core-compatible
+//! filter routes must return `filters.json` exactly; bad input must get a
+//! JSON 4xx, never a 5xx.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use bitcoin::hashes::Hash;
+use bitcoin::{BlockHash, Network, Txid};
+use common::feed::{spent_lines, Chain};
+use common::{data, json, TestNode};
+use esplora_client::BlockingClient;
+use kakehi::http::AppState;
+
+struct Server {
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+/// One node imported from regtest-a and served on 127.0.0.1:<ephemeral>.
+fn server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let node = TestNode::new(Network::Regtest);
+        let summary = node.import(&[data("regtest-a/blocks.dat")]);
+        assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
+        let TestNode { dir, chain, .. } = node;
+        let state = AppState {
+            chain: Arc::new(chain),
+        };
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        std_listener.set_nonblocking(true).expect("nonblocking");
+        let addr = std_listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+                kakehi::http::serve_listener(listener, state, std::future::pending())
+                    .await
+                    .expect("serve");
+            });
+        });
+        Server { addr, _dir: dir }
+    })
+}
+
+fn chain() -> &'static Chain {
+    static CHAIN: OnceLock<Chain> = OnceLock::new();
+    CHAIN.get_or_init(Chain::load)
+}
+
+fn client() -> BlockingClient {
+    esplora_client::Builder::new(&format!("http://{}", server().addr)).build_blocking()
+}
+
+fn url(path: &str) -> String {
+    format!("http://{}{path}", server().addr)
+}
+
+/// Raw GET: (status, content type, body).
+fn get(path: &str) -> (u16, String, Vec<u8>) {
+    request("GET", path, &[])
+}
+
+fn request(method: &str, path: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(server().addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    let _ = s.write_all(body);
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("response head");
+    let head = String::from_utf8_lossy(&buf[..split]).to_string();
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .expect("status")
+        .parse()
+        .expect("status");
+    let ctype = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    let mut body = buf[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    (status, ctype, body)
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(nl) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap().trim(), 16).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[nl + 2..nl + 2 + n]);
+        b = &b[nl + 2 + n + 2..];
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Sample heights spread over the chain (coinbase-only and busy blocks).
+const SAMPLE_HEIGHTS: [u32; 8] = [1, 100, 101, 432, 777, 1200, 1499, 1500];
+
+#[test]
+fn tip_blocks_and_block_summaries_match_chain_json() {
+    let c = client();
+    let meta = json("regtest-a/chain.json");
+    assert_eq!(
+        u64::from(c.get_height().unwrap()),
+        meta["tip_height"].as_u64().unwrap()
+    );
+    assert_eq!(
+        c.get_tip_hash().unwrap().to_string(),
+        meta["tip_hash"].as_str().unwrap()
+    );
+    let best: HashMap<u64, &serde_json::Value> = meta["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["on_best_chain"].as_bool() == Some(true))
+        .map(|b| (b["height"].as_u64().unwrap(), b))
+        .collect();
+    for h in SAMPLE_HEIGHTS {
+        let m = best[&u64::from(h)];
+        let hash: BlockHash = m["hash"].as_str().unwrap().parse().unwrap();
+        assert_eq!(c.get_block_hash(h).unwrap(), hash);
+        let info = c.get_block_info(&hash).unwrap();
+        assert_eq!(info.id, hash);
+        assert_eq!(u64::from(info.height), u64::from(h));
+        assert_eq!(info.tx_count, m["tx_count"].as_u64().unwrap());
+        assert_eq!(info.size as u64, m["size"].as_u64().unwrap());
+        assert_eq!(info.weight.to_wu(), m["weight"].as_u64().unwrap());
+        assert_eq!(info.timestamp, m["time"].as_u64().unwrap());
+        assert_eq!(
+            info.previousblockhash.unwrap().to_string(),
+            m["prev_hash"].as_str().unwrap()
+        );
+        let block = &chain().blocks[h as usize - 1];
+        assert_eq!(info.merkle_root, block.header.merkle_root);
+        assert_eq!(info.bits, block.header.bits);
+        assert_eq!(info.nonce, block.header.nonce);
+        assert_eq!(c.get_header_by_hash(&hash).unwrap(), block.header);
+        let st = c.get_block_status(&hash).unwrap();
+        assert!(st.in_best_chain);
+        assert_eq!(st.height, Some(h));
+        let next = best
+            .get(&(u64::from(h) + 1))
+            .map(|n| n["hash"].as_str().unwrap().to_string());
+        assert_eq!(st.next_best.map(|n| n.to_string()), next);
+        // Whole block and txids.
+        assert_eq!(c.get_block_by_hash(&hash).unwrap().as_ref(), Some(block));
+        let txids: Vec<Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
+        assert_eq!(c.get_block_txids(&hash).unwrap(), txids);
+        let last = txids.len() - 1;
+        assert_eq!(
+            c.get_txid_at_block_index(&hash, last).unwrap(),
+            Some(txids[last])
+        );
+        assert_eq!(c.get_txid_at_block_index(&hash, last + 1).unwrap(), None);
+    }
+    // Pages of 10, newest first.
+    let page = c.get_block_infos(None).unwrap();
+    assert_eq!(page.len(), 10);
+    assert_eq!(page[0].height, 1500);
+    assert_eq!(page[9].height, 1491);
+    let page = c.get_block_infos(Some(5)).unwrap();
+    let heights: Vec<u32> = page.iter().map(|b| b.height).collect();
+    assert_eq!(heights, vec![5, 4, 3, 2, 1, 0]);
+    assert_eq!(page[5].previousblockhash, None);
+    // A stale block: known, not in the best chain.
+    let stale = meta["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["on_best_chain"].as_bool() == Some(false))
+        .unwrap();
+    let st = c
+        .get_block_status(&stale["hash"].as_str().unwrap().parse().unwrap())
+        .unwrap();
+    assert!(!st.in_best_chain);
+    assert_eq!(st.height, None);
+}
+
+#[test]
+fn transactions_statuses_and_merkle_proofs_match_blocks_dat() {
+    let c = client();
+    for h in SAMPLE_HEIGHTS {
+        let block = &chain().blocks[h as usize - 1];
+        let hash = block.block_hash();
+        // First, second and last transactions of the block.
+        let n = block.txdata.len();
+        for pos in [0, 1.min(n - 1), n - 1] {
+            let tx = &block.txdata[pos];
+            let txid = tx.compute_txid();
+            assert_eq!(c.get_tx(&txid).unwrap().as_ref(), Some(tx));
+            let info = c.get_tx_info(&txid).unwrap().expect("tx info");
+            assert_eq!(info.txid, txid);
+            assert_eq!(info.to_tx(), *tx);
+            assert_eq!(info.weight, tx.weight());
+            assert_eq!(info.size, tx.total_size());
+            assert!(info.status.confirmed);
+            assert_eq!(info.status.block_height, Some(h));
+            assert_eq!(info.status.block_hash, Some(hash));
+            assert_eq!(info.status.block_time, Some(u64::from(block.header.time)));
+            // Fee = prevouts - outputs; prevouts match the spent outputs' creators.
+            let out_sum: u64 = tx.output.iter().map(|o| o.value.to_sat()).sum();
+            if tx.is_coinbase() {
+                assert!(info.vin[0].is_coinbase && info.vin[0].prevout.is_none());
+            } else {
+                let mut in_sum = 0;
+                for vin in &info.vin {
+                    let p = vin.prevout.as_ref().expect("prevout");
+                    let creator = c.get_tx(&vin.txid).unwrap().expect("creating tx");
+                    let o = &creator.output[vin.vout as usize];
+                    assert_eq!(p.value, o.value);
+                    assert_eq!(p.scriptpubkey, o.script_pubkey);
+                    in_sum += p.value.to_sat();
+                }
+                assert_eq!(info.fee.to_sat(), in_sum - out_sum);
+            }
+            assert_eq!(c.get_tx_status(&txid).unwrap(), info.status);
+            // Merkle proof folds to the header's merkle root.
+            let proof = c.get_merkle_proof(&txid).unwrap().expect("proof");
+            assert_eq!(proof.block_height, h);
+            assert_eq!(proof.pos, pos);
+            let mut acc = txid.to_byte_array();
+            let mut p = pos;
+            for s in &proof.merkle {
+                let mut buf = [0u8; 64];
+                let (l, r) = if p % 2 == 0 {
+                    (acc, s.to_byte_array())
+                } else {
+                    (s.to_byte_array(), acc)
+                };
+                buf[..32].copy_from_slice(&l);
+                buf[32..].copy_from_slice(&r);
+                acc = bitcoin::hashes::sha256d::Hash::hash(&buf).to_byte_array();
+                p /= 2;
+            }
+            assert_eq!(
+                acc,
+                block.header.merkle_root.to_byte_array(),
+                "height {h} pos {pos}"
+            );
+            let mb = c.get_merkle_block(&txid).unwrap().expect("merkleblock");
+            assert_eq!(mb.header, block.header);
+            let mut matches = Vec::new();
+            let mut idx = Vec::new();
+            assert_eq!(
+                mb.txn.extract_matches(&mut matches, &mut idx).unwrap(),
+                block.header.merkle_root
+            );
+            assert_eq!(matches, vec![txid]);
+            assert_eq!(idx, vec![pos as u32]);
+            // The hex form is the raw form.
+            let (st, _, body) = get(&format!("/tx/{txid}/hex"));
+            assert_eq!(st, 200);
+            assert_eq!(
+                String::from_utf8(body).unwrap(),
+                hex(&bitcoin::consensus::serialize(tx))
+            );
+        }
+    }
+    // Unknown txid: 404 (None to the client).
+    let unknown = Txid::from_byte_array([7; 32]);
+    assert_eq!(c.get_tx_info(&unknown).unwrap(), None);
+    assert_eq!(c.get_merkle_proof(&unknown).unwrap(), None);
+}
+
+#[test]
+fn outspends_match_spent_txt_for_a_sample() {
+    let c = client();
+    let spent = spent_lines();
+    let tip = 1500;
+    let mut checked_with_spender = 0;
+    // Every 97th spent output: its spender, when the table still holds it
+    // (spent less than 100 blocks deep), else `spent: true` alone.
+    for (op, by, vin, height) in spent.iter().step_by(97) {
+        let st = c
+            .get_output_status(&op.txid, u64::from(op.vout))
+            .unwrap()
+            .expect("status");
+        assert!(st.spent, "{op} is spent at {height}");
+        match st.txid {
+            Some(t) => {
+                assert_eq!(t, *by, "{op}");
+                assert_eq!(st.vin, Some(u64::from(*vin)));
+                assert_eq!(st.status.unwrap().block_height, Some(*height));
+                checked_with_spender += 1;
+            }
+            None => assert!(
+                height + 100 <= tip,
+                "{op} spent at {height} lost its spender"
+            ),
+        }
+    }
+    // Spends within the last 100 blocks keep their spender: check them all.
+    for (op, by, vin, _) in spent.iter().filter(|s| s.3 + 100 > tip).take(300) {
+        let st = c
+            .get_output_status(&op.txid, u64::from(op.vout))
+            .unwrap()
+            .expect("status");
+        assert_eq!(
+            (st.txid, st.vin),
+            (Some(*by), Some(u64::from(*vin))),
+            "{op}"
+        );
+        checked_with_spender += 1;
+    }
+    assert!(checked_with_spender >= 300, "{checked_with_spender}");
+    // Unspent outputs (utxos.txt) are reported unspent, in bulk via /outspends.
+    let utxos = common::feed::utxo_lines();
+    for (op, _) in utxos.iter().step_by(500) {
+        let all = c.get_tx_outspends(&op.txid).unwrap();
+        assert!(!all[op.vout as usize].spent, "{op} is unspent");
+    }
+}
+
+#[test]
+fn core_filter_routes_return_filters_json_in_all_formats() {
+    let filters = json("regtest-a/filters.json");
+    for f in filters.as_array().unwrap().iter().step_by(50) {
+        let hash = f["hash"].as_str().unwrap();
+        let filter = f["basic_filter"].as_str().unwrap();
+        let fh = f["filter_header"].as_str().unwrap();
+        let (st, _, body) = get(&format!("/rest/blockfilter/basic/{hash}.json"));
+        assert_eq!(st, 200);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["filter"].as_str().unwrap(), filter);
+        let (st, _, bin) = get(&format!("/rest/blockfilter/basic/{hash}.bin"));
+        assert_eq!(st, 200);
+        let h: BlockHash = hash.parse().unwrap();
+        assert_eq!(bin[0], 0);
+        assert_eq!(&bin[1..33], h.as_byte_array());
+        let (_, _, hx) = get(&format!("/rest/blockfilter/basic/{hash}.hex"));
+        assert_eq!(String::from_utf8(hx).unwrap(), format!("{}\n", hex(&bin)));
+        let (st, _, body) = get(&format!(
+            "/rest/blockfilterheaders/basic/{hash}.json?count=1"
+        ));
+        assert_eq!(st, 200);
+        let v: Vec<String> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v, vec![fh.to_string()]);
+        let (_, _, bin) = get(&format!("/rest/blockfilterheaders/basic/1/{hash}.bin"));
+        let fh_hash: bitcoin::bip158::FilterHeader = fh.parse().unwrap();
+        assert_eq!(bin, fh_hash.as_byte_array().to_vec());
+    }
+}
+
+#[test]
+fn bad_input_gets_json_4xx_never_5xx() {
+    let genesis = "0f9188f13cb7b2c71f2a335e3a4fc328bf5beb436012afca590b1a11466e2206";
+    let zeros = "0".repeat(64);
+    let cases: Vec<(String, u16)> = vec![
+        ("/block/xyz".into(), 400),
+        (format!("/block/{}", "g".repeat(64)), 400),
+        (format!("/block/{zeros}"), 404),
+        (format!("/block/{zeros}/status"), 404),
+        (format!("/block/{genesis}/txid/1"), 404),
+        (format!("/block/{genesis}/txid/-1"), 400),
+        (format!("/block/{genesis}/txid/99999999999"), 400),
+        ("/blocks/1501".into(), 404),
+        ("/blocks/abc".into(), 400),
+        ("/block-height/4294967296".into(), 400),
+        ("/block-height/1501".into(), 404),
+        ("/tx/abc".into(), 400),
+        (format!("/tx/{zeros}"), 404),
+        (format!("/tx/{zeros}/outspend/0"), 404),
+        (format!("/tx/{zeros}/outspend/x"), 400),
+        (format!("/tx/{zeros}/merkle-proof"), 404),
+        (format!("/rest/blockfilter/basic/{genesis}.xml"), 400),
+        (format!("/rest/blockfilter/basic/{genesis}"), 400),
+        (
+            format!("/rest/blockfilterheaders/basic/{genesis}.json?count=0"),
+            400,
+        ),
+        (
+            format!("/rest/blockfilterheaders/basic/{genesis}.json?count=2001"),
+            400,
+        ),
+        (
+            format!("/rest/blockfilterheaders/basic/x/{genesis}.json"),
+            400,
+        ),
+        ("/nope".into(), 404),
+    ];
+    for (path, want) in cases {
+        let (st, ctype, body) = get(&path);
+        assert_eq!(st, want, "{path}: {}", String::from_utf8_lossy(&body));
+        assert!(ctype.starts_with("application/json"), "{path}: {ctype}");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["code"].as_u64(), Some(u64::from(want)), "{path}");
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    // An out-of-range vout on a real transaction.
+    let txid = chain().blocks[200].txdata[0].compute_txid();
+    let (st, _, _) = get(&format!("/tx/{txid}/outspend/1000"));
+    assert_eq!(st, 404);
+}
+
+#[test]
+fn post_tx_decodes_then_says_relay_is_unavailable() {
+    let tx = &chain().blocks[300].txdata[1];
+    let hexed = hex(&bitcoin::consensus::serialize(tx));
+    let (st, _, body) = request("POST", "/tx", hexed.as_bytes());
+    assert_eq!(st, 503, "{}", String::from_utf8_lossy(&body));
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(v["message"].as_str().unwrap().contains("relay"));
+    let (st, _, _) = request("POST", "/tx", b"zz");
+    assert_eq!(st, 400);
+    let (st, _, _) = request("POST", "/tx", b"0100");
+    assert_eq!(st, 400);
+    let _ = url("/");
+}
