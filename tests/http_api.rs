@@ -44,13 +44,22 @@ fn server() -> &'static Server {
                 .expect("runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
-                kakehi::http::serve_listener(listener, state, std::future::pending())
+                kakehi::http::serve_listener(listener, state, config(), std::future::pending())
                     .await
                     .expect("serve");
             });
         });
         Server { addr, _dir: dir }
     })
+}
+
+/// The served limits: defaults, small enough to test, and CORS for one origin.
+fn config() -> kakehi::http::HttpConfig {
+    kakehi::http::HttpConfig {
+        header_read_timeout: std::time::Duration::from_secs(1),
+        cors_allowed_origins: vec!["https://wallet.example".into()],
+        ..Default::default()
+    }
 }
 
 fn chain() -> &'static Chain {
@@ -62,22 +71,32 @@ fn client() -> BlockingClient {
     esplora_client::Builder::new(&format!("http://{}", server().addr)).build_blocking()
 }
 
-fn url(path: &str) -> String {
-    format!("http://{}{path}", server().addr)
-}
-
 /// Raw GET: (status, content type, body).
 fn get(path: &str) -> (u16, String, Vec<u8>) {
     request("GET", path, &[])
 }
 
 fn request(method: &str, path: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    let (st, head, body) = request_h(method, path, "", body);
+    let ctype = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    (st, ctype, body)
+}
+
+/// Raw request with extra header lines (`"Name: value\r\n"`): (status, head, body).
+fn request_h(method: &str, path: &str, extra: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(server().addr).expect("connect");
     s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
         .expect("timeout");
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes()).expect("write");
@@ -95,14 +114,6 @@ fn request(method: &str, path: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
         .expect("status")
         .parse()
         .expect("status");
-    let ctype = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-type")
-                .then(|| v.trim().to_string())
-        })
-        .unwrap_or_default();
     let mut body = buf[split + 4..].to_vec();
     if head
         .to_ascii_lowercase()
@@ -110,7 +121,7 @@ fn request(method: &str, path: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
     {
         body = dechunk(&body);
     }
-    (status, ctype, body)
+    (status, head, body)
 }
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
@@ -443,5 +454,218 @@ fn post_tx_decodes_then_says_relay_is_unavailable() {
     assert_eq!(st, 400);
     let (st, _, _) = request("POST", "/tx", b"0100");
     assert_eq!(st, 400);
-    let _ = url("/");
+}
+
+#[test]
+fn core_rest_headers_blocks_and_chaininfo_match_the_chain() {
+    let blocks = &chain().blocks;
+    let h100 = blocks[99].block_hash();
+    let (st, _, bin) = get(&format!("/rest/headers/{h100}.bin?count=7"));
+    assert_eq!(st, 200);
+    let want: Vec<u8> = blocks[99..106]
+        .iter()
+        .flat_map(|b| bitcoin::consensus::serialize(&b.header))
+        .collect();
+    assert_eq!(bin, want);
+    let (_, _, hx) = get(&format!("/rest/headers/7/{h100}.hex"));
+    assert_eq!(String::from_utf8(hx).unwrap(), format!("{}\n", hex(&want)));
+    let (_, _, js) = get(&format!("/rest/headers/{h100}.json?count=2"));
+    let v: serde_json::Value = serde_json::from_slice(&js).unwrap();
+    assert_eq!(v[0]["hash"].as_str().unwrap(), h100.to_string());
+    assert_eq!(v[0]["height"].as_u64(), Some(100));
+    assert_eq!(v[0]["confirmations"].as_i64(), Some(1401));
+    assert_eq!(
+        v[0]["nextblockhash"].as_str().unwrap(),
+        blocks[100].block_hash().to_string()
+    );
+    assert_eq!(
+        v[1]["previousblockhash"].as_str().unwrap(),
+        h100.to_string()
+    );
+    // Count past the tip stops at the tip.
+    let tip = blocks[1499].block_hash();
+    let (_, _, bin) = get(&format!(
+        "/rest/headers/{}.bin?count=2000",
+        blocks[1495].block_hash()
+    ));
+    assert_eq!(bin.len(), 5 * 80);
+    let b = &blocks[776];
+    let (_, _, raw) = get(&format!("/rest/block/{}.bin", b.block_hash()));
+    assert_eq!(raw, bitcoin::consensus::serialize(b));
+    let (_, _, js) = get(&format!("/rest/block/{}.json", b.block_hash()));
+    let v: serde_json::Value = serde_json::from_slice(&js).unwrap();
+    assert_eq!(v["nTx"].as_u64(), Some(b.txdata.len() as u64));
+    assert_eq!(
+        v["tx"][0].as_str().unwrap(),
+        b.txdata[0].compute_txid().to_string()
+    );
+    assert_eq!(v["weight"].as_u64(), Some(b.weight().to_wu()));
+    let (st, _, js) = get("/rest/chaininfo.json");
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&js).unwrap();
+    assert_eq!(v["chain"], "regtest");
+    assert_eq!(v["blocks"].as_u64(), Some(1500));
+    assert_eq!(v["bestblockhash"].as_str().unwrap(), tip.to_string());
+}
+
+#[test]
+fn filter_batches_and_checkpoints_match_filters_json() {
+    let filters = json("regtest-a/filters.json");
+    let filters = filters.as_array().unwrap();
+    let (st, _, body) = get("/filters/basic?start_height=0&count=1000");
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let got = v["filters"].as_array().unwrap();
+    assert_eq!(got.len(), 1000);
+    for (g, f) in got.iter().zip(filters) {
+        assert_eq!(g["height"], f["height"]);
+        assert_eq!(g["hash"], f["hash"]);
+        assert_eq!(g["filter"], f["basic_filter"]);
+        assert_eq!(g["filter_header"], f["filter_header"]);
+    }
+    // The rest, clipped at the tip.
+    let (_, _, body) = get("/filters/basic?start_height=1000");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let got = v["filters"].as_array().unwrap();
+    assert_eq!(got.len(), 501);
+    assert_eq!(got[500]["filter_header"], filters[1500]["filter_header"]);
+    for bad in [
+        "?start_height=0&count=1001",
+        "?start_height=0&count=0",
+        "?count=5",
+        "?start_height=-1",
+    ] {
+        let (st, _, _) = get(&format!("/filters/basic{bad}"));
+        assert_eq!(st, 400, "{bad}");
+    }
+    assert_eq!(get("/filters/basic?start_height=1501").0, 404);
+    let (_, _, body) = get("/filters/checkpoints");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let cps = v["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), 1);
+    assert_eq!(cps[0]["filter_header"], filters[1000]["filter_header"]);
+}
+
+#[test]
+fn metrics_report_the_tip_and_per_route_requests() {
+    let _ = get("/blocks/tip/height");
+    let (st, ctype, body) = get("/metrics");
+    assert_eq!(st, 200);
+    assert!(ctype.starts_with("text/plain"));
+    let text = String::from_utf8(body).unwrap();
+    assert!(text.contains("\nkakehi_tip_height 1500\n"), "{text}");
+    let reorgs = json("regtest-a/chain.json")["reorgs"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(text.contains(&format!("\nkakehi_reorgs_total {reorgs}\n")));
+    assert!(text.contains("kakehi_http_requests_total{route=\"/blocks/tip/height\",code=\"200\"}"));
+    assert!(text.contains(
+        "kakehi_http_request_duration_seconds_bucket{route=\"/blocks/tip/height\",le=\"+Inf\"}"
+    ));
+}
+
+#[test]
+fn limits_body_size_method_cors_and_slow_headers() {
+    use std::io::{Read, Write};
+    // Body over the limit: 413 JSON, by Content-Length and by a chunked body.
+    let big = vec![b'0'; 300 * 1024];
+    let (st, ctype, _) = request("POST", "/tx", &big);
+    assert_eq!(st, 413);
+    assert!(ctype.starts_with("application/json"));
+    // Wrong method: 405 JSON.
+    let (st, ctype, _) = request("POST", "/blocks", b"");
+    assert_eq!(st, 405);
+    assert!(ctype.starts_with("application/json"));
+    // CORS for the configured origin only.
+    let (_, head, _) = request_h(
+        "GET",
+        "/blocks/tip/hash",
+        "Origin: https://wallet.example\r\n",
+        b"",
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("access-control-allow-origin: https://wallet.example"),
+        "{head}"
+    );
+    let (_, head, _) = request_h(
+        "GET",
+        "/blocks/tip/hash",
+        "Origin: https://evil.example\r\n",
+        b"",
+    );
+    assert!(!head
+        .to_ascii_lowercase()
+        .contains("access-control-allow-origin"));
+    let (st, head, _) = request_h(
+        "OPTIONS",
+        "/filters/basic",
+        "Origin: https://wallet.example\r\nAccess-Control-Request-Method: GET\r\n",
+        b"",
+    );
+    assert_eq!(st, 204);
+    assert!(head
+        .to_ascii_lowercase()
+        .contains("access-control-allow-methods"));
+    // Slow clients: 20 connections that never finish their request head are
+    // closed after the header-read timeout (1 s here), and /health answers meanwhile.
+    let started = std::time::Instant::now();
+    let mut slow: Vec<std::net::TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(server().addr).unwrap();
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .unwrap();
+            s
+        })
+        .collect();
+    let (st, _, _) = get("/health");
+    assert_eq!(st, 200);
+    for s in &mut slow {
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        // Closed (possibly after a 408), never answered 200.
+        assert!(!String::from_utf8_lossy(&buf).contains(" 200 "));
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(5),
+        "slow clients held for {waited:?}"
+    );
+}
+
+#[test]
+fn openapi_document_lists_exactly_the_routes_and_each_is_routed() {
+    let (st, _, body) = get("/openapi.json");
+    assert_eq!(st, 200);
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let mut documented: Vec<(String, String)> = Vec::new();
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for method in ops.as_object().unwrap().keys() {
+            documented.push((method.clone(), path.clone()));
+        }
+    }
+    let mut routed: Vec<(String, String)> = kakehi::http::route_list()
+        .into_iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    documented.sort();
+    routed.sort();
+    assert_eq!(documented, routed);
+    // Each documented path, its parameters filled with junk, reaches a
+    // handler (a handler's error, never the fallback's "no such route").
+    for (method, path) in &documented {
+        let filled: String = path
+            .split('/')
+            .map(|seg| if seg.starts_with('{') { "junk" } else { seg })
+            .collect::<Vec<_>>()
+            .join("/");
+        let (st, _, body) = request(&method.to_uppercase(), &filled, b"");
+        assert!(st < 500 || st == 503, "{method} {filled}: {st}");
+        assert!(
+            !String::from_utf8_lossy(&body).contains("no such route"),
+            "{method} {filled}"
+        );
+    }
 }

@@ -662,7 +662,11 @@ pub fn relay_transaction(_state: &AppState, tx: &Transaction) -> ApiResult<Txid>
     ))
 }
 
-pub(super) async fn post_tx(State(s): State<AppState>, body: Bytes) -> ApiResult<Response> {
+pub(super) async fn post_tx(
+    State(s): State<AppState>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> ApiResult<Response> {
+    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
     if body.len() > MAX_TX_HEX {
         return Err(ApiError::new(
             axum::http::StatusCode::PAYLOAD_TOO_LARGE,
