@@ -957,6 +957,9 @@ impl Chainstate {
         for (pos, tx) in block.txdata.iter().enumerate() {
             batch.put_tx(tx.compute_txid(), id, pos as u32);
         }
+        for s in &spent {
+            batch.put_spend(s.outpoint, id, s.txid, s.vin);
+        }
         batch.put_meta("flat_filters", &flat_pos_bytes(self.filters.position()));
         batch.put_meta("flat_spent", &flat_pos_bytes(self.spent.position()));
         batch.put_meta(META_SOZU_LAST, &id.0.to_be_bytes());
@@ -999,6 +1002,22 @@ impl Chainstate {
     /// sled failure or corruption.
     pub fn tx_blocks(&self, txid: &bitcoin::Txid) -> Result<Vec<(BlockId, u32)>, PipelineError> {
         Ok(self.store.tx_blocks(txid)?)
+    }
+
+    /// The spender of `outpoint` on the active chain, if a block of the
+    /// active chain spends it (`spend_by_outpoint_block`).
+    ///
+    /// # Errors
+    /// sled failure or corruption.
+    pub fn active_spender(
+        &self,
+        outpoint: &OutPoint,
+    ) -> Result<Option<(BlockId, crate::store::SpendRecord)>, PipelineError> {
+        Ok(self
+            .store
+            .spenders(outpoint)?
+            .into_iter()
+            .find(|(b, _)| self.index.is_active(*b)))
     }
 
     /// The table entries of `outpoints`, in the same order (`None` when the

@@ -7,11 +7,13 @@
 //! in the block of the active chain that holds it; a transaction only in
 //! stale blocks is 404, like a transaction Esplora dropped from its mempool.
 //!
-//! Outspends come from the UTXO table's consumption records. An entry that
-//! was consumed on the active chain at least `PURGE_DEPTH` (100) blocks deep
-//! is purged from the table: the output is then reported `spent: true`
-//! without the spender (`txid`, `vin`, `status` absent), which Esplora's
-//! shape allows; the archive will supply the spender later.
+//! Outspends come from the spend index (`spend_by_outpoint_block`, written
+//! at connect; the row of a block on the active chain wins), then from the
+//! UTXO table's records. For a datadir created before the spend index
+//! (store format 1.0), an entry consumed at least `PURGE_DEPTH` (100) blocks
+//! deep is purged from the table and has no spend row: the output is then
+//! reported `spent: true` without the spender (`txid`, `vin`, `status`
+//! absent), which Esplora's shape allows.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -371,6 +373,16 @@ fn outspends_of(cs: &Chainstate, tx: &Transaction, vouts: &[u32]) -> ApiResult<V
             vin: None,
             status: None,
         };
+        let op = bitcoin::OutPoint { txid, vout: *vout };
+        if let Some((block, spend)) = cs.active_spender(&op).map_err(ApiError::internal)? {
+            out.push(SpendingValue {
+                spent: true,
+                txid: Some(spend.txid.to_string()),
+                vin: Some(spend.vin),
+                status: index.get(block).map(TxStatus::confirmed_in),
+            });
+            continue;
+        }
         let v = match entry {
             Some(entry) => match entry.status_in(&view) {
                 ViewStatus::Spent(c) => SpendingValue {
