@@ -19,6 +19,7 @@ use kakehi::http::AppState;
 
 struct Server {
     addr: SocketAddr,
+    state: AppState,
     _dir: tempfile::TempDir,
 }
 
@@ -33,6 +34,18 @@ fn server() -> &'static Server {
         let state = AppState {
             chain: Arc::new(chain),
         };
+        let addr = spawn_server(state.clone(), config());
+        Server {
+            addr,
+            state,
+            _dir: dir,
+        }
+    })
+}
+
+/// Serves `state` with `config` on 127.0.0.1:<ephemeral> from its own runtime.
+fn spawn_server(state: AppState, config: kakehi::http::HttpConfig) -> SocketAddr {
+    {
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         std_listener.set_nonblocking(true).expect("nonblocking");
         let addr = std_listener.local_addr().expect("addr");
@@ -44,13 +57,13 @@ fn server() -> &'static Server {
                 .expect("runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
-                kakehi::http::serve_listener(listener, state, config(), std::future::pending())
+                kakehi::http::serve_listener(listener, state, config, std::future::pending())
                     .await
                     .expect("serve");
             });
         });
-        Server { addr, _dir: dir }
-    })
+        addr
+    }
 }
 
 /// The served limits: defaults, small enough to test, and CORS for one origin.
@@ -654,4 +667,53 @@ fn openapi_document_lists_exactly_the_routes_and_each_is_routed() {
             "{method} {filled}"
         );
     }
+}
+
+#[test]
+fn load_is_shed_and_slow_requests_time_out_with_json_503() {
+    use std::io::{Read, Write};
+    // One request at a time, 1 s per request.
+    let addr = spawn_server(
+        server().state.clone(),
+        kakehi::http::HttpConfig {
+            max_concurrent_requests: 1,
+            request_timeout: std::time::Duration::from_secs(1),
+            ..Default::default()
+        },
+    );
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // A POST whose body never completes holds the only slot...
+    let mut slow = std::net::TcpStream::connect(addr).unwrap();
+    slow.write_all(b"POST /tx HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0100")
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // ...so another request is shed at once.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /blocks/tip/height HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    assert!(buf.starts_with("HTTP/1.1 503"), "{buf}");
+    assert!(
+        buf.contains("\"code\":503") && buf.contains("overloaded"),
+        "{buf}"
+    );
+    // The slow one is abandoned after the request timeout with a JSON 503.
+    slow.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = slow.read(&mut buf).unwrap();
+    let resp = String::from_utf8_lossy(&buf[..n]);
+    assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
+    assert!(resp.contains("abandoned"), "{resp}");
+    drop(slow);
+    // Then the slot is free again.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /blocks/tip/height HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    assert!(buf.starts_with("HTTP/1.1 200"), "{buf}");
+    assert!(buf.ends_with("1500"), "{buf}");
 }
