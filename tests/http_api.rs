@@ -717,3 +717,88 @@ fn load_is_shed_and_slow_requests_time_out_with_json_503() {
     assert!(buf.starts_with("HTTP/1.1 200"), "{buf}");
     assert!(buf.ends_with("1500"), "{buf}");
 }
+
+/// Load measurement (not a pass/fail check): keep-alive clients on loopback
+/// against a filter, header, outspend and proof route; prints requests/s and
+/// p50/p99 latency per route. Run with
+/// `KAKEHI_HTTP_BENCH_SECS=5 cargo test --test http_api -- --ignored bench --nocapture`
+/// (add `--release` for numbers comparable with BENCHMARKS.md).
+#[test]
+#[ignore = "load measurement; run by hand"]
+fn bench_routes_on_loopback() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let secs: u64 = std::env::var("KAKEHI_HTTP_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let clients: usize = std::env::var("KAKEHI_HTTP_BENCH_CLIENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    let blocks = &chain().blocks;
+    let busy = &blocks[1199];
+    let txid = busy.txdata[1].compute_txid();
+    let routes = [
+        format!("/rest/blockfilter/basic/{}.bin", busy.block_hash()),
+        format!("/rest/headers/{}.bin?count=100", blocks[999].block_hash()),
+        format!("/tx/{txid}/outspends"),
+        format!("/tx/{txid}/merkle-proof"),
+        "/health".to_string(),
+    ];
+    let addr = server().addr;
+    for route in &routes {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        let handles: Vec<_> = (0..clients)
+            .map(|_| {
+                let route = route.clone();
+                std::thread::spawn(move || {
+                    let stream = std::net::TcpStream::connect(addr).unwrap();
+                    stream.set_nodelay(true).unwrap();
+                    let mut w = stream.try_clone().unwrap();
+                    let mut r = BufReader::new(stream);
+                    let req = format!("GET {route} HTTP/1.1\r\nHost: x\r\n\r\n");
+                    let mut lat = Vec::new();
+                    while std::time::Instant::now() < deadline {
+                        let t = std::time::Instant::now();
+                        w.write_all(req.as_bytes()).unwrap();
+                        let mut len = 0usize;
+                        let mut line = String::new();
+                        let mut status = String::new();
+                        loop {
+                            line.clear();
+                            r.read_line(&mut line).unwrap();
+                            if status.is_empty() {
+                                status = line.clone();
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            if let Some(v) =
+                                line.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                len = v.trim().parse().unwrap();
+                            }
+                        }
+                        let mut body = vec![0u8; len];
+                        r.read_exact(&mut body).unwrap();
+                        assert!(status.contains(" 200 "), "{status}");
+                        lat.push(t.elapsed());
+                    }
+                    lat
+                })
+            })
+            .collect();
+        let mut lat: Vec<std::time::Duration> = handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        lat.sort();
+        let n = lat.len();
+        println!(
+            "{route}: {clients} clients, {:.0} req/s, p50 {:?}, p99 {:?}",
+            n as f64 / secs as f64,
+            lat[n / 2],
+            lat[n * 99 / 100]
+        );
+    }
+}
