@@ -746,6 +746,37 @@ fn bench_routes_on_loopback() {
         "/health".to_string(),
     ];
     let addr = server().addr;
+    // Optional slow-client attack during the whole run: KAKEHI_HTTP_BENCH_SLOW
+    // connections that send a partial request head and are reopened when
+    // the server drops them (header-read timeout, 1 s in `config()`).
+    let slow: usize = std::env::var("KAKEHI_HTTP_BENCH_SLOW")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attacker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut conns: Vec<std::net::TcpStream> = Vec::new();
+            let mut opened = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                conns.retain(|c| {
+                    let mut b = [0u8; 1];
+                    c.set_nonblocking(true).ok();
+                    !matches!((&*c).read(&mut b), Ok(0))
+                });
+                while conns.len() < slow {
+                    if let Ok(mut c) = std::net::TcpStream::connect(addr) {
+                        let _ = c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n");
+                        conns.push(c);
+                        opened += 1;
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            opened
+        })
+    };
     for route in &routes {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
         let handles: Vec<_> = (0..clients)
@@ -801,4 +832,7 @@ fn bench_routes_on_loopback() {
             lat[n * 99 / 100]
         );
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let opened = attacker.join().unwrap();
+    println!("slow-client connections opened during the run: {opened} (target {slow} open)");
 }
