@@ -836,3 +836,34 @@ fn bench_routes_on_loopback() {
     let opened = attacker.join().unwrap();
     println!("slow-client connections opened during the run: {opened} (target {slow} open)");
 }
+
+#[test]
+fn per_ip_rate_limit_answers_json_429_after_the_burst() {
+    use std::io::{Read, Write};
+    let addr = spawn_server(
+        server().state.clone(),
+        kakehi::http::HttpConfig {
+            rate_limit_per_ip: Some(kakehi::http::RateLimit {
+                per_second: 0.5,
+                burst: 3,
+            }),
+            ..Default::default()
+        },
+    );
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let status = || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /blocks/tip/height HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).unwrap();
+        buf
+    };
+    for _ in 0..3 {
+        assert!(status().starts_with("HTTP/1.1 200"));
+    }
+    let r = status();
+    assert!(r.starts_with("HTTP/1.1 429"), "{r}");
+    assert!(r.contains("\"code\":429"), "{r}");
+    assert!(r.to_ascii_lowercase().contains("retry-after: 1"), "{r}");
+}

@@ -24,7 +24,7 @@ mod light;
 pub mod metrics;
 mod server;
 
-pub use server::{serve_listener, serve_with, HttpConfig};
+pub use server::{serve_listener, serve_with, HttpConfig, RateLimit};
 
 /// Largest `count` of `/rest/blockfilterheaders` (Core's `MAX_REST_HEADERS_RESULTS`).
 pub const MAX_FILTER_HEADERS: u32 = 2000;
@@ -437,6 +437,7 @@ pub fn router_with(state: AppState, config: &HttpConfig) -> Router {
             config.max_concurrent_requests.max(1),
         )),
         config: Arc::new(config.clone()),
+        buckets: Arc::default(),
     };
     routes(&mut Vec::new())
         .fallback(fallback)

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
+use tower::ServiceExt as _;
 
 use super::{router_with, ApiError, AppState};
 
@@ -41,6 +42,52 @@ pub struct HttpConfig {
     /// Origins allowed to read responses from browsers (CORS): empty for
     /// no CORS headers, `"*"` for any origin. Default empty.
     pub cors_allowed_origins: Vec<String>,
+    /// Optional per-client-IP rate limit (429 beyond). Default none.
+    pub rate_limit_per_ip: Option<RateLimit>,
+}
+
+/// A token bucket per client IP address.
+#[derive(Clone, Copy, Debug)]
+pub struct RateLimit {
+    /// Sustained requests per second per IP.
+    pub per_second: f64,
+    /// Requests an idle IP may send at once.
+    pub burst: u32,
+}
+
+/// Most client IPs tracked by the rate limiter; beyond, full buckets are
+/// dropped (an IP with a full bucket loses nothing by being forgotten).
+const MAX_TRACKED_IPS: usize = 65_536;
+
+/// Per-IP token buckets: tokens and the time they were counted.
+#[derive(Default)]
+pub(super) struct Buckets {
+    map: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (f64, std::time::Instant)>>,
+}
+
+impl Buckets {
+    /// Takes a token for `ip`; false when its bucket is empty.
+    fn take(&self, ip: std::net::IpAddr, limit: RateLimit) -> bool {
+        let now = std::time::Instant::now();
+        let mut map = self
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let burst = f64::from(limit.burst.max(1));
+        let refill = |(tokens, at): (f64, std::time::Instant)| {
+            (tokens + now.duration_since(at).as_secs_f64() * limit.per_second).min(burst)
+        };
+        if map.len() >= MAX_TRACKED_IPS {
+            map.retain(|_, v| refill(*v) < burst);
+            if map.len() >= MAX_TRACKED_IPS {
+                map.clear();
+            }
+        }
+        let tokens = map.get(&ip).map_or(burst, |v| refill(*v));
+        let ok = tokens >= 1.0;
+        map.insert(ip, (if ok { tokens - 1.0 } else { tokens }, now));
+        ok
+    }
 }
 
 impl Default for HttpConfig {
@@ -52,6 +99,7 @@ impl Default for HttpConfig {
             max_concurrent_requests: 256,
             max_connections: 1024,
             cors_allowed_origins: Vec::new(),
+            rate_limit_per_ip: None,
         }
     }
 }
@@ -61,11 +109,34 @@ impl Default for HttpConfig {
 pub(super) struct Limits {
     pub(super) permits: Arc<Semaphore>,
     pub(super) config: Arc<HttpConfig>,
+    pub(super) buckets: Arc<Buckets>,
 }
 
-/// Middleware: body size by `Content-Length` (bodies without one are
-/// bounded by `DefaultBodyLimit` in the extractor), load shedding, timeout.
+/// Middleware: per-IP rate limit, body size by `Content-Length` (bodies
+/// without one are bounded by `DefaultBodyLimit` in the extractor), load
+/// shedding, timeout.
 pub(super) async fn limits(State(l): State<Limits>, req: Request, next: Next) -> Response {
+    if let Some(limit) = l.config.rate_limit_per_ip {
+        let peer = req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip());
+        if let Some(ip) = peer {
+            if !l.buckets.take(ip, limit) {
+                let mut r = ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "rate limited: over {} requests/s from {ip}",
+                        limit.per_second
+                    ),
+                )
+                .into_response();
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return r;
+            }
+        }
+    }
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -201,7 +272,14 @@ pub async fn serve_listener(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let svc = TowerToHyperService::new(app.clone());
+        // The client's address for the rate limiter (axum's `ConnectInfo`).
+        let svc = TowerToHyperService::new(app.clone().map_request(
+            move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                req
+            },
+        ));
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
             .timer(TokioTimer::new())
