@@ -671,6 +671,35 @@ mod tests {
     }
 
     #[test]
+    fn spend_row_exact_bytes_and_prefix_order() {
+        let txid = Txid::from_byte_array([0xab; 32]);
+        let key = OutPointBlockKey {
+            outpoint: OutPoint {
+                txid,
+                vout: 0x0102_0304,
+            },
+            block: BlockId(0x0a0b_0c0d),
+        };
+        let k = key.encode();
+        assert_eq!(k.len(), 40);
+        assert_eq!(&k[..32], &[0xab; 32]);
+        assert_eq!(&k[32..], &[1, 2, 3, 4, 0x0a, 0x0b, 0x0c, 0x0d]);
+        assert_eq!(OutPointBlockKey::decode(&k), Some(key));
+        assert_eq!(OutPointBlockKey::decode(&k[..39]), None);
+        // The 36-byte prefix of an outpoint selects exactly its rows.
+        assert_eq!(outpoint_prefix(&key.outpoint), k[..36].to_vec());
+        let rec = SpendRecord {
+            txid: Txid::from_byte_array([7; 32]),
+            vin: 9,
+        };
+        let v = rec.encode();
+        assert_eq!(v.len(), 36);
+        assert_eq!(&v[32..], &[0, 0, 0, 9]);
+        assert_eq!(SpendRecord::decode(&v), Some(rec));
+        assert_eq!(SpendRecord::decode(&v[..35]), None);
+    }
+
+    #[test]
     fn format_mismatch_refuses_to_open() {
         let dir = tempfile::tempdir().unwrap();
         {
