@@ -867,3 +867,64 @@ fn per_ip_rate_limit_answers_json_429_after_the_burst() {
     assert!(r.contains("\"code\":429"), "{r}");
     assert!(r.to_ascii_lowercase().contains("retry-after: 1"), "{r}");
 }
+
+/// Every block of blocks.dat (best and stale), in file order.
+fn all_blocks() -> Vec<bitcoin::Block> {
+    let raw = std::fs::read(data("regtest-a/blocks.dat")).unwrap();
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos + 8 <= raw.len() {
+        let len = u32::from_le_bytes(raw[pos + 4..pos + 8].try_into().unwrap()) as usize;
+        out.push(bitcoin::consensus::deserialize(&raw[pos + 8..pos + 8 + len]).unwrap());
+        pos += 8 + len;
+    }
+    out
+}
+
+#[test]
+fn stale_blocks_are_served_and_their_transactions_resolve_to_the_active_chain_only() {
+    let c = client();
+    let meta = json("regtest-a/chain.json");
+    let blocks = all_blocks();
+    let on_best: Vec<bool> = meta["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["on_best_chain"].as_bool().unwrap())
+        .collect();
+    let best_txids: std::collections::HashSet<Txid> =
+        chain().txids.iter().flatten().copied().collect();
+    let (mut stale_only, mut reincluded) = (0, 0);
+    for (b, best) in blocks.iter().zip(&on_best) {
+        if *best {
+            continue;
+        }
+        let hash = b.block_hash();
+        let txids: Vec<Txid> = b.txdata.iter().map(|t| t.compute_txid()).collect();
+        assert_eq!(c.get_block_txids(&hash).unwrap(), txids);
+        assert!(!c.get_block_status(&hash).unwrap().in_best_chain);
+        for txid in &txids[1..] {
+            let status = c.get_tx_status(txid);
+            if best_txids.contains(txid) {
+                // Re-included on the active chain: the active block answers.
+                let st = status.unwrap();
+                assert!(st.confirmed);
+                let h = st.block_height.unwrap();
+                assert_ne!(st.block_hash, Some(hash));
+                assert!(chain().txids[h as usize - 1].contains(txid));
+                reincluded += 1;
+            } else {
+                assert_eq!(
+                    c.get_tx_info(txid).unwrap(),
+                    None,
+                    "{txid} is only in stale blocks"
+                );
+                stale_only += 1;
+            }
+        }
+    }
+    assert!(
+        stale_only > 0 && reincluded > 0,
+        "{stale_only} {reincluded}"
+    );
+}
