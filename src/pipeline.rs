@@ -967,6 +967,9 @@ impl Chainstate {
         for (pos, tx) in block.txdata.iter().enumerate() {
             batch.put_tx(tx.compute_txid(), id, pos as u32);
         }
+        for s in &spent {
+            batch.put_spend(s.outpoint, id, s.txid, s.vin);
+        }
         batch.put_meta("flat_filters", &flat_pos_bytes(self.filters.position()));
         batch.put_meta("flat_spent", &flat_pos_bytes(self.spent.position()));
         batch.put_meta(META_SOZU_LAST, &id.0.to_be_bytes());
@@ -1294,5 +1297,55 @@ impl Chainstate {
     /// [`PipelineError`] when a store fails.
     pub fn activate_stored_blocks(&mut self) -> Result<(), PipelineError> {
         self.activate_best_chain()
+
+/// Read methods for the HTTP API (httpapi helper): the transaction index and
+/// the UTXO table's records, through `&self` so readers share the read lock.
+impl Chainstate {
+    /// Every stored block (active or stale) that contains `txid`, with the
+    /// transaction's position in it (`tx_position_by_txid_block`).
+    ///
+    /// # Errors
+    /// sled failure or corruption.
+    pub fn tx_blocks(&self, txid: &bitcoin::Txid) -> Result<Vec<(BlockId, u32)>, PipelineError> {
+        Ok(self.store.tx_blocks(txid)?)
+    }
+
+    /// The spender of `outpoint` on the active chain, if a block of the
+    /// active chain spends it (`spend_by_outpoint_block`).
+    ///
+    /// # Errors
+    /// sled failure or corruption.
+    pub fn active_spender(
+        &self,
+        outpoint: &OutPoint,
+    ) -> Result<Option<(BlockId, crate::store::SpendRecord)>, PipelineError> {
+        Ok(self
+            .store
+            .spenders(outpoint)?
+            .into_iter()
+            .find(|(b, _)| self.index.is_active(*b)))
+    }
+
+    /// The table entries of `outpoints`, in the same order (`None` when the
+    /// table holds none: never created, an unspendable output, or purged
+    /// after being consumed at least [`crate::sozu::PURGE_DEPTH`] blocks
+    /// deep). Interpret each entry with
+    /// `Entry::status_in(&self.index().view(tip))`.
+    ///
+    /// Takes the table's mutex (held by the writer only while it writes a
+    /// block, and the writer holds the chain state's write lock then, so a
+    /// reader under the read lock never waits on it in practice).
+    ///
+    /// # Errors
+    /// UTXO-table failure.
+    pub fn lookup_outpoints(
+        &self,
+        outpoints: &[OutPoint],
+    ) -> Result<Vec<Option<crate::sozu::Entry>>, PipelineError> {
+        let mut t = self
+            .table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(t.get_batch(outpoints)?)
     }
 }

@@ -10,13 +10,21 @@ use std::sync::{Arc, RwLock};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use bitcoin::consensus::encode::{serialize, serialize_hex};
 use bitcoin::hashes::Hash;
 use bitcoin::BlockHash;
 
 use crate::pipeline::Chainstate;
+
+mod core_rest;
+pub mod esplora;
+mod light;
+pub mod metrics;
+mod server;
+
+pub use server::{serve_listener, serve_with, HttpConfig, RateLimit};
 
 /// Largest `count` of `/rest/blockfilterheaders` (Core's `MAX_REST_HEADERS_RESULTS`).
 pub const MAX_FILTER_HEADERS: u32 = 2000;
@@ -302,41 +310,161 @@ async fn fallback() -> ApiError {
     ApiError::not_found("no such route")
 }
 
-/// The router with every route.
-pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/blocks/tip/height", get(tip_height))
-        .route("/blocks/tip/hash", get(tip_hash))
-        .route("/block-height/{height}", get(block_at_height))
-        .route("/block/{hash}/header", get(block_header))
-        .route("/chain/tips", get(chain_tips))
-        .route("/utxo/stats", get(utxo_stats))
-        .route("/health", get(health))
-        .route("/rest/blockfilter/basic/{file}", get(rest_blockfilter))
-        .route(
-            "/rest/blockfilterheaders/basic/{file}",
-            get(rest_filterheaders),
-        )
-        .route(
-            "/rest/blockfilterheaders/basic/{count}/{file}",
-            get(rest_filterheaders_legacy),
-        )
-        .fallback(fallback)
-        .with_state(state)
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this route",
+    )
 }
 
-/// Serves the API on `addr` until `shutdown` resolves.
+/// The OpenAPI 3 document of this API (`docs/openapi.json`).
+pub const OPENAPI_JSON: &str = include_str!("../../docs/openapi.json");
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
+}
+
+/// Every route as (method, path template), in the router's order; the
+/// OpenAPI document must list exactly these (tested).
+pub fn route_list() -> Vec<(&'static str, &'static str)> {
+    let mut list = Vec::new();
+    let _ = routes(&mut list);
+    list
+}
+
+fn routes(list: &mut Vec<(&'static str, &'static str)>) -> Router<AppState> {
+    let mut r = Router::new();
+    let mut add = |r: Router<AppState>,
+                   m: &'static str,
+                   p: &'static str,
+                   h: axum::routing::MethodRouter<AppState>| {
+        list.push((m, p));
+        r.route(p, h)
+    };
+    r = add(r, "get", "/blocks/tip/height", get(tip_height));
+    r = add(r, "get", "/blocks/tip/hash", get(tip_hash));
+    r = add(r, "get", "/block-height/{height}", get(block_at_height));
+    r = add(r, "get", "/block/{hash}/header", get(block_header));
+    r = add(r, "get", "/blocks", get(esplora::blocks_tip));
+    r = add(
+        r,
+        "get",
+        "/blocks/{start_height}",
+        get(esplora::blocks_from_height),
+    );
+    r = add(r, "get", "/block/{hash}", get(esplora::block));
+    r = add(r, "get", "/block/{hash}/status", get(esplora::block_status));
+    r = add(r, "get", "/block/{hash}/txids", get(esplora::block_txids));
+    r = add(
+        r,
+        "get",
+        "/block/{hash}/txid/{index}",
+        get(esplora::block_txid_at),
+    );
+    r = add(r, "get", "/block/{hash}/raw", get(esplora::block_raw));
+    r = add(r, "post", "/tx", post(esplora::post_tx));
+    r = add(r, "get", "/tx/{txid}", get(esplora::tx));
+    r = add(r, "get", "/tx/{txid}/hex", get(esplora::tx_hex));
+    r = add(r, "get", "/tx/{txid}/raw", get(esplora::tx_raw));
+    r = add(r, "get", "/tx/{txid}/status", get(esplora::tx_status));
+    r = add(
+        r,
+        "get",
+        "/tx/{txid}/merkle-proof",
+        get(esplora::tx_merkle_proof),
+    );
+    r = add(
+        r,
+        "get",
+        "/tx/{txid}/merkleblock-proof",
+        get(esplora::tx_merkleblock_proof),
+    );
+    r = add(
+        r,
+        "get",
+        "/tx/{txid}/outspend/{vout}",
+        get(esplora::tx_outspend),
+    );
+    r = add(r, "get", "/tx/{txid}/outspends", get(esplora::tx_outspends));
+    r = add(r, "get", "/chain/tips", get(chain_tips));
+    r = add(r, "get", "/utxo/stats", get(utxo_stats));
+    r = add(r, "get", "/health", get(health));
+    r = add(
+        r,
+        "get",
+        "/rest/blockfilter/basic/{file}",
+        get(rest_blockfilter),
+    );
+    r = add(
+        r,
+        "get",
+        "/rest/blockfilterheaders/basic/{file}",
+        get(rest_filterheaders),
+    );
+    r = add(
+        r,
+        "get",
+        "/rest/blockfilterheaders/basic/{count}/{file}",
+        get(rest_filterheaders_legacy),
+    );
+    r = add(r, "get", "/rest/chaininfo.json", get(core_rest::chaininfo));
+    r = add(r, "get", "/rest/block/{file}", get(core_rest::block));
+    r = add(r, "get", "/rest/headers/{file}", get(core_rest::headers));
+    r = add(
+        r,
+        "get",
+        "/rest/headers/{count}/{file}",
+        get(core_rest::headers_legacy),
+    );
+    r = add(r, "get", "/filters/basic", get(light::basic));
+    r = add(r, "get", "/filters/checkpoints", get(light::checkpoints));
+    r = add(r, "get", "/metrics", get(metrics::metrics));
+    r = add(r, "get", "/openapi.json", get(openapi));
+    r
+}
+
+/// The router with every route and the default [`HttpConfig`] limits.
+pub fn router(state: AppState) -> Router {
+    router_with(state, &HttpConfig::default())
+}
+
+/// The router with every route and `config`'s limits (the connection-level
+/// ones, header-read timeout and connection cap, are [`serve_with`]'s).
+pub fn router_with(state: AppState, config: &HttpConfig) -> Router {
+    let metrics = Arc::new(metrics::HttpMetrics::default());
+    let limits = server::Limits {
+        permits: Arc::new(tokio::sync::Semaphore::new(
+            config.max_concurrent_requests.max(1),
+        )),
+        config: Arc::new(config.clone()),
+        buckets: Arc::default(),
+    };
+    routes(&mut Vec::new())
+        .fallback(fallback)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+        .layer(axum::extract::DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            limits.clone(),
+            server::limits,
+        ))
+        .layer(axum::middleware::from_fn_with_state(limits, server::cors))
+        .layer(axum::Extension(metrics.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            metrics,
+            metrics::track,
+        ))
+}
+
+/// Serves the API on `addr` with the default [`HttpConfig`] until
+/// `shutdown` resolves (see [`serve_with`]).
 ///
 /// # Errors
-/// Binding or serving fails.
+/// Binding fails.
 pub async fn serve(
     addr: SocketAddr,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "HTTP API listening");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(addr, state, HttpConfig::default(), shutdown).await
 }

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use bitcoin::block::Header;
 use bitcoin::consensus::{deserialize, serialize};
 use bitcoin::hashes::Hash;
-use bitcoin::{BlockHash, Txid};
+use bitcoin::{BlockHash, OutPoint, Txid};
 
 pub use flatfile::{FileLoc, FlatFileError, FlatFiles, FlatPos};
 
@@ -30,7 +30,11 @@ use crate::sozu::BlockId;
 
 /// Format version of the index database: (major, minor). A major mismatch
 /// refuses to open; a minor upgrade runs in place.
-pub const FORMAT_VERSION: (u16, u16) = (1, 0);
+///
+/// 1.1 added `spend_by_outpoint_block`; a 1.0 datadir opens, and the blocks
+/// it connected before have no rows there (the HTTP API then reports such
+/// outputs spent without the spender once the UTXO table purged them).
+pub const FORMAT_VERSION: (u16, u16) = (1, 1);
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +125,70 @@ impl Codec for TxBlockKey {
         Some(TxBlockKey {
             txid: Txid::from_byte_array(b[..32].try_into().ok()?),
             block: BlockId(u32::decode(&b[32..])?),
+        })
+    }
+}
+
+/// Key of `spend_by_outpoint_block`: the spent outpoint (txid 32 ‖ vout
+/// u32 BE) then the spending block's id (u32 BE), 40 bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct OutPointBlockKey {
+    /// The spent outpoint.
+    pub outpoint: OutPoint,
+    /// A block that spends it.
+    pub block: BlockId,
+}
+
+impl Codec for OutPointBlockKey {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = outpoint_prefix(&self.outpoint);
+        v.extend_from_slice(&self.block.0.to_be_bytes());
+        v
+    }
+    fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != 40 {
+            return None;
+        }
+        Some(OutPointBlockKey {
+            outpoint: OutPoint {
+                txid: Txid::from_byte_array(b[..32].try_into().ok()?),
+                vout: u32::decode(&b[32..36])?,
+            },
+            block: BlockId(u32::decode(&b[36..])?),
+        })
+    }
+}
+
+/// The 36-byte key prefix of an outpoint in `spend_by_outpoint_block`.
+fn outpoint_prefix(o: &OutPoint) -> Vec<u8> {
+    let mut v = o.txid.as_byte_array().to_vec();
+    v.extend_from_slice(&o.vout.to_be_bytes());
+    v
+}
+
+/// Value of `spend_by_outpoint_block`: the spending transaction's txid (32)
+/// ‖ the input index u32 BE, 36 bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SpendRecord {
+    /// The spending transaction.
+    pub txid: Txid,
+    /// Its input that spends the outpoint.
+    pub vin: u32,
+}
+
+impl Codec for SpendRecord {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = self.txid.as_byte_array().to_vec();
+        v.extend_from_slice(&self.vin.to_be_bytes());
+        v
+    }
+    fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != 36 {
+            return None;
+        }
+        Some(SpendRecord {
+            txid: Txid::from_byte_array(b[..32].try_into().ok()?),
+            vin: u32::decode(&b[32..])?,
         })
     }
 }
@@ -364,6 +432,10 @@ pub struct Trees {
     pub block_id_by_height: TypedTree<u32, BlockId>,
     /// Position of a transaction in each block that contains it.
     pub tx_position_by_txid_block: TypedTree<TxBlockKey, u32>,
+    /// The spender of an outpoint in each connected block that spends it
+    /// (active or stale; readers pick the active one). Since format 1.1:
+    /// a datadir created by 1.0 lacks the rows of the blocks it connected.
+    pub spend_by_outpoint_block: TypedTree<OutPointBlockKey, SpendRecord>,
 }
 
 /// A set of changes committed atomically ([`Store::commit`]); `#[must_use]`
@@ -376,6 +448,7 @@ pub struct WriteBatch {
     by_hash: sled::Batch,
     by_height: sled::Batch,
     txs: sled::Batch,
+    spends: sled::Batch,
 }
 
 impl WriteBatch {
@@ -402,6 +475,13 @@ impl WriteBatch {
     pub fn put_tx(&mut self, txid: Txid, block: BlockId, position: u32) {
         self.txs
             .insert(TxBlockKey { txid, block }.encode(), position.encode());
+    }
+    /// Records that `block` spends `outpoint` by input `vin` of `txid`.
+    pub fn put_spend(&mut self, outpoint: OutPoint, block: BlockId, txid: Txid, vin: u32) {
+        self.spends.insert(
+            OutPointBlockKey { outpoint, block }.encode(),
+            SpendRecord { txid, vin }.encode(),
+        );
     }
 }
 
@@ -435,6 +515,7 @@ impl Store {
             block_id_by_hash: TypedTree::open(&db, "block_id_by_hash")?,
             block_id_by_height: TypedTree::open(&db, "block_id_by_height")?,
             tx_position_by_txid_block: TypedTree::open(&db, "tx_position_by_txid_block")?,
+            spend_by_outpoint_block: TypedTree::open(&db, "spend_by_outpoint_block")?,
         };
         let store = Store { db, trees };
         match store.trees.meta_by_name.get(&META_FORMAT.to_string())? {
@@ -488,13 +569,15 @@ impl Store {
             &t.block_id_by_hash.tree,
             &t.block_id_by_height.tree,
             &t.tx_position_by_txid_block.tree,
+            &t.spend_by_outpoint_block.tree,
         )
-            .transaction(|(meta, blocks, by_hash, by_height, txs)| {
+            .transaction(|(meta, blocks, by_hash, by_height, txs, spends)| {
                 meta.apply_batch(&batch.meta)?;
                 blocks.apply_batch(&batch.blocks)?;
                 by_hash.apply_batch(&batch.by_hash)?;
                 by_height.apply_batch(&batch.by_height)?;
                 txs.apply_batch(&batch.txs)?;
+                spends.apply_batch(&batch.spends)?;
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
             .map_err(|e| match e {
@@ -519,6 +602,20 @@ impl Store {
             .scan_prefix(txid.as_byte_array())?
             .into_iter()
             .map(|(k, pos)| (k.block, pos))
+            .collect())
+    }
+
+    /// Every connected block that spends `outpoint`, with the spender.
+    ///
+    /// # Errors
+    /// sled failure or corruption.
+    pub fn spenders(&self, outpoint: &OutPoint) -> Result<Vec<(BlockId, SpendRecord)>, StoreError> {
+        Ok(self
+            .trees
+            .spend_by_outpoint_block
+            .scan_prefix(&outpoint_prefix(outpoint))?
+            .into_iter()
+            .map(|(k, v)| (k.block, v))
             .collect())
     }
 
@@ -571,6 +668,35 @@ mod tests {
         assert_eq!(&bytes[80..84], &7u32.to_be_bytes());
         assert_eq!(BlockRecord::decode(&bytes), Some(rec));
         assert_eq!(BlockRecord::decode(&bytes[..bytes.len() - 1]), None);
+    }
+
+    #[test]
+    fn spend_row_exact_bytes_and_prefix_order() {
+        let txid = Txid::from_byte_array([0xab; 32]);
+        let key = OutPointBlockKey {
+            outpoint: OutPoint {
+                txid,
+                vout: 0x0102_0304,
+            },
+            block: BlockId(0x0a0b_0c0d),
+        };
+        let k = key.encode();
+        assert_eq!(k.len(), 40);
+        assert_eq!(&k[..32], &[0xab; 32]);
+        assert_eq!(&k[32..], &[1, 2, 3, 4, 0x0a, 0x0b, 0x0c, 0x0d]);
+        assert_eq!(OutPointBlockKey::decode(&k), Some(key));
+        assert_eq!(OutPointBlockKey::decode(&k[..39]), None);
+        // The 36-byte prefix of an outpoint selects exactly its rows.
+        assert_eq!(outpoint_prefix(&key.outpoint), k[..36].to_vec());
+        let rec = SpendRecord {
+            txid: Txid::from_byte_array([7; 32]),
+            vin: 9,
+        };
+        let v = rec.encode();
+        assert_eq!(v.len(), 36);
+        assert_eq!(&v[32..], &[0, 0, 0, 9]);
+        assert_eq!(SpendRecord::decode(&v), Some(rec));
+        assert_eq!(SpendRecord::decode(&v[..35]), None);
     }
 
     #[test]

@@ -1,0 +1,192 @@
+//! Bitcoin Core's REST interface (`src/rest.cpp`, `doc/REST-interface.md`):
+//! `/rest/chaininfo.json`, `/rest/block/<hash>.<bin|hex|json>` and
+//! `/rest/headers/<hash>.<bin|hex|json>?count=N` (and the older
+//! `/rest/headers/<count>/<hash>.<ext>`). The filter routes live in the
+//! parent module.
+
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bitcoin::consensus::encode::serialize;
+use bitcoin::hashes::Hash;
+
+use super::{bin_or_hex, parse_hash, read, split_format, ApiError, ApiResult, AppState, Format};
+use crate::chain::index::IndexEntry;
+use crate::pipeline::Chainstate;
+
+/// Largest `count` of `/rest/headers` (Core's `MAX_REST_HEADERS_RESULTS`).
+pub const MAX_REST_HEADERS: u32 = 2000;
+
+/// Core's `getblockheader` JSON of `e` (`blockheaderToJSON`).
+fn header_json(cs: &Chainstate, e: &IndexEntry) -> serde_json::Value {
+    let index = cs.index();
+    let active = index.is_active(e.id);
+    let confirmations: i64 = if active {
+        i64::from(index.tip_height()) - i64::from(e.height) + 1
+    } else {
+        -1
+    };
+    let h = &e.header;
+    let mut v = serde_json::json!({
+        "hash": e.hash.to_string(),
+        "confirmations": confirmations,
+        "height": e.height,
+        "version": h.version.to_consensus(),
+        "versionHex": format!("{:08x}", h.version.to_consensus()),
+        "merkleroot": h.merkle_root.to_string(),
+        "time": h.time,
+        "mediantime": index.median_time_past(e.id),
+        "nonce": h.nonce,
+        "bits": format!("{:08x}", h.bits.to_consensus()),
+        "difficulty": h.difficulty_float(),
+        "chainwork": super::hex(&e.chainwork.to_be_bytes()),
+    });
+    if e.height > 0 {
+        v["previousblockhash"] = h.prev_blockhash.to_string().into();
+    }
+    if active {
+        if let Some(n) = index.active_at(e.height + 1) {
+            v["nextblockhash"] = n.hash.to_string().into();
+        }
+    }
+    v
+}
+
+/// `GET /rest/chaininfo.json`: the fields of Core's `getblockchaininfo`
+/// that kakehi knows (no `size_on_disk`, `verificationprogress` is 1 at the
+/// best known header).
+pub(super) async fn chaininfo(State(s): State<AppState>) -> ApiResult<Response> {
+    read(&s, |cs| {
+        let index = cs.index();
+        let tip = index.tip();
+        let headers = index.entries().iter().map(|e| e.height).max().unwrap_or(0);
+        Ok(Json(serde_json::json!({
+            "chain": cs.params().network.to_core_arg(),
+            "blocks": tip.height,
+            "headers": headers,
+            "bestblockhash": tip.hash.to_string(),
+            "difficulty": tip.header.difficulty_float(),
+            "time": tip.header.time,
+            "mediantime": index.median_time_past(tip.id),
+            "verificationprogress": if headers == tip.height { 1.0 } else { f64::from(tip.height) / f64::from(headers.max(1)) },
+            "initialblockdownload": headers > tip.height,
+            "chainwork": super::hex(&tip.chainwork.to_be_bytes()),
+            "pruned": false,
+            "warnings": [],
+        }))
+        .into_response())
+    })
+    .await
+}
+
+/// `GET /rest/block/<hash>.<ext>`: the serialized block, or Core's block
+/// JSON with `tx` as the list of txids (Core's `notxdetails` form; the
+/// decoded transactions are not rendered).
+pub(super) async fn block(
+    State(s): State<AppState>,
+    Path(file): Path<String>,
+) -> ApiResult<Response> {
+    let (hash, format) = split_format(&file)?;
+    let hash = parse_hash(hash)?;
+    read(&s, move |cs| {
+        let e = cs
+            .index()
+            .by_hash(&hash)
+            .ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
+        let raw = if e.height == 0 && hash == cs.params().genesis_hash() {
+            serialize(&cs.params().genesis_block())
+        } else {
+            cs.read_block_raw(e.id)
+                .map_err(ApiError::internal)?
+                .ok_or_else(|| ApiError::not_found(format!("block {hash} data not stored")))?
+        };
+        if format != Format::Json {
+            return Ok(bin_or_hex(raw, format));
+        }
+        let block: bitcoin::Block =
+            bitcoin::consensus::deserialize(&raw).map_err(ApiError::internal)?;
+        let mut v = header_json(cs, e);
+        v["size"] = raw.len().into();
+        v["strippedsize"] = block
+            .txdata
+            .iter()
+            .map(|t| t.base_size())
+            .sum::<usize>()
+            .saturating_add(80 + bitcoin::VarInt(block.txdata.len() as u64).size())
+            .into();
+        v["weight"] = block.weight().to_wu().into();
+        v["nTx"] = block.txdata.len().into();
+        v["tx"] = block
+            .txdata
+            .iter()
+            .map(|t| t.compute_txid().to_string())
+            .collect::<Vec<_>>()
+            .into();
+        Ok(Json(v).into_response())
+    })
+    .await
+}
+
+#[derive(serde::Deserialize)]
+pub(super) struct CountQuery {
+    count: Option<String>,
+}
+
+/// `GET /rest/headers/<hash>.<ext>?count=N` (N defaults to 5, at most
+/// [`MAX_REST_HEADERS`]): up to N headers of the active chain from `hash`
+/// (only `hash` itself if it is not on the active chain).
+pub(super) async fn headers(
+    State(s): State<AppState>,
+    Path(file): Path<String>,
+    Query(q): Query<CountQuery>,
+) -> ApiResult<Response> {
+    headers_common(s, file, q.count.unwrap_or_else(|| "5".into())).await
+}
+
+/// `GET /rest/headers/<count>/<hash>.<ext>` (Core's older form).
+pub(super) async fn headers_legacy(
+    State(s): State<AppState>,
+    Path((count, file)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    headers_common(s, file, count).await
+}
+
+async fn headers_common(s: AppState, file: String, count: String) -> ApiResult<Response> {
+    let (hash, format) = split_format(&file)?;
+    let hash = parse_hash(hash)?;
+    let count: u32 = count
+        .parse()
+        .ok()
+        .filter(|c| (1..=MAX_REST_HEADERS).contains(c))
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "count must be 1..={MAX_REST_HEADERS}, got {count:?}"
+            ))
+        })?;
+    read(&s, move |cs| {
+        let index = cs.index();
+        let start = index
+            .by_hash(&hash)
+            .ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
+        let mut entries = vec![start];
+        if index.is_active(start.id) {
+            for h in start.height + 1..start.height.saturating_add(count) {
+                match index.active_at(h) {
+                    Some(e) => entries.push(e),
+                    None => break,
+                }
+            }
+        }
+        if format == Format::Json {
+            let v: Vec<serde_json::Value> = entries.iter().map(|e| header_json(cs, e)).collect();
+            return Ok(Json(v).into_response());
+        }
+        let mut bytes = Vec::with_capacity(entries.len() * 80);
+        for e in &entries {
+            bytes.extend_from_slice(&serialize(&e.header));
+        }
+        let _ = hash.as_byte_array();
+        Ok(bin_or_hex(bytes, format))
+    })
+    .await
+}

@@ -1,0 +1,748 @@
+//! The Esplora-compatible routes: same paths and JSON shapes as Blockstream's
+//! Esplora (`Blockstream/esplora` `API.md`, served by `Blockstream/electrs`
+//! `src/rest.rs`), so BDK's `esplora-client` works unchanged.
+//!
+//! Only the confirmed part of the API exists (kakehi has no mempool): a
+//! transaction is found through the txid index (`tx_position_by_txid_block`)
+//! in the block of the active chain that holds it; a transaction only in
+//! stale blocks is 404, like a transaction Esplora dropped from its mempool.
+//!
+//! Outspends come from the spend index (`spend_by_outpoint_block`, written
+//! at connect; the row of a block on the active chain wins), then from the
+//! UTXO table's records. For a datadir created before the spend index
+//! (store format 1.0), an entry consumed at least `PURGE_DEPTH` (100) blocks
+//! deep is purged from the table and has no spend row: the output is then
+//! reported `spent: true` without the spender (`txid`, `vin`, `status`
+//! absent), which Esplora's shape allows.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bitcoin::consensus::encode::{deserialize, serialize, serialize_hex};
+use bitcoin::hashes::Hash;
+use bitcoin::merkle_tree::MerkleBlock;
+use bitcoin::{Address, Block, Network, Script, Transaction, Txid};
+use serde::Serialize;
+
+use super::{hex, parse_hash, read, text, ApiError, ApiResult, AppState};
+use crate::chain::index::IndexEntry;
+use crate::pipeline::Chainstate;
+use crate::sozu::ViewStatus;
+
+/// Blocks per page of `/blocks[/:start_height]` (Esplora's `BLOCK_LIMIT`).
+pub const BLOCKS_PER_PAGE: u32 = 10;
+
+/// Largest transaction `POST /tx` accepts, bytes of hex (Core's
+/// `MAX_STANDARD_TX_WEIGHT` / 4 = 100,000 bytes, twice for hex).
+pub const MAX_TX_HEX: usize = 200_000;
+
+/// Esplora's block summary (`BlockValue` in electrs `rest.rs`).
+#[derive(Serialize)]
+struct BlockValue {
+    id: String,
+    height: u32,
+    version: i32,
+    timestamp: u32,
+    tx_count: usize,
+    size: usize,
+    weight: u64,
+    merkle_root: String,
+    previousblockhash: Option<String>,
+    mediantime: u32,
+    nonce: u32,
+    bits: u32,
+    difficulty: f64,
+}
+
+/// Esplora's confirmation status of a transaction.
+#[derive(Serialize, Clone)]
+struct TxStatus {
+    confirmed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    block_height: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    block_hash: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    block_time: Option<u32>,
+}
+
+impl TxStatus {
+    fn confirmed_in(e: &IndexEntry) -> Self {
+        TxStatus {
+            confirmed: true,
+            block_height: Some(e.height),
+            block_hash: Some(e.hash.to_string()),
+            block_time: Some(e.header.time),
+        }
+    }
+}
+
+/// Esplora's output (`TxOutValue`).
+#[derive(Serialize)]
+struct TxOutValue {
+    scriptpubkey: String,
+    scriptpubkey_asm: String,
+    scriptpubkey_type: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scriptpubkey_address: Option<String>,
+    value: u64,
+}
+
+/// Esplora's input (`TxInValue`).
+#[derive(Serialize)]
+struct TxInValue {
+    txid: String,
+    vout: u32,
+    prevout: Option<TxOutValue>,
+    scriptsig: String,
+    scriptsig_asm: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    witness: Option<Vec<String>>,
+    is_coinbase: bool,
+    sequence: u32,
+}
+
+/// Esplora's transaction (`TransactionValue`).
+#[derive(Serialize)]
+struct TransactionValue {
+    txid: String,
+    version: i32,
+    locktime: u32,
+    vin: Vec<TxInValue>,
+    vout: Vec<TxOutValue>,
+    size: usize,
+    weight: u64,
+    fee: u64,
+    status: TxStatus,
+}
+
+/// Esplora's spending status of an output.
+#[derive(Serialize)]
+struct SpendingValue {
+    spent: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    txid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vin: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<TxStatus>,
+}
+
+/// Esplora's script type names (electrs `rest.rs`).
+#[allow(deprecated)] // electrs names `provably_unspendable` scripts too
+fn script_type(s: &Script) -> &'static str {
+    if s.is_empty() {
+        "empty"
+    } else if s.is_op_return() {
+        "op_return"
+    } else if s.is_p2pk() {
+        "p2pk"
+    } else if s.is_p2pkh() {
+        "p2pkh"
+    } else if s.is_p2sh() {
+        "p2sh"
+    } else if s.is_p2wpkh() {
+        "v0_p2wpkh"
+    } else if s.is_p2wsh() {
+        "v0_p2wsh"
+    } else if s.is_p2tr() {
+        "v1_p2tr"
+    } else if s.is_provably_unspendable() {
+        "provably_unspendable"
+    } else {
+        "unknown"
+    }
+}
+
+fn txout_value(s: &Script, value: u64, network: Network) -> TxOutValue {
+    TxOutValue {
+        scriptpubkey: hex(s.as_bytes()),
+        scriptpubkey_asm: s.to_asm_string(),
+        scriptpubkey_type: script_type(s),
+        scriptpubkey_address: Address::from_script(s, network).ok().map(|a| a.to_string()),
+        value,
+    }
+}
+
+fn not_found_block(hash: &bitcoin::BlockHash) -> ApiError {
+    ApiError::not_found(format!("block {hash} not found"))
+}
+
+fn parse_txid(s: &str) -> ApiResult<Txid> {
+    if s.len() != 64 {
+        return Err(ApiError::bad_request(format!(
+            "invalid txid {s:?}: expected 64 hex characters"
+        )));
+    }
+    s.parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid txid {s:?}")))
+}
+
+fn parse_u32(what: &str, s: &str) -> ApiResult<u32> {
+    s.parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid {what} {s:?}")))
+}
+
+/// The serialized block `e` (the genesis block from the parameters, as it
+/// is not stored), 404 if its data is not stored (a header only).
+fn load_block_raw(cs: &Chainstate, e: &IndexEntry) -> ApiResult<Vec<u8>> {
+    if e.height == 0 && e.hash == cs.params().genesis_hash() {
+        return Ok(serialize(&cs.params().genesis_block()));
+    }
+    cs.read_block_raw(e.id)
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| ApiError::not_found(format!("block {} data not stored", e.hash)))
+}
+
+/// The block `e`, decoded (see [`load_block_raw`]).
+fn load_block(cs: &Chainstate, e: &IndexEntry) -> ApiResult<Block> {
+    deserialize(&load_block_raw(cs, e)?).map_err(ApiError::internal)
+}
+
+fn entry_by_hash<'a>(cs: &'a Chainstate, hash: &str) -> ApiResult<&'a IndexEntry> {
+    let hash = parse_hash(hash)?;
+    cs.index()
+        .by_hash(&hash)
+        .ok_or_else(|| not_found_block(&hash))
+}
+
+fn block_value(cs: &Chainstate, e: &IndexEntry) -> ApiResult<BlockValue> {
+    let raw = load_block_raw(cs, e)?;
+    let block: Block = deserialize(&raw).map_err(ApiError::internal)?;
+    let h = &e.header;
+    Ok(BlockValue {
+        id: e.hash.to_string(),
+        height: e.height,
+        version: h.version.to_consensus(),
+        timestamp: h.time,
+        tx_count: block.txdata.len(),
+        size: raw.len(),
+        weight: block.weight().to_wu(),
+        merkle_root: h.merkle_root.to_string(),
+        previousblockhash: (e.height > 0).then(|| h.prev_blockhash.to_string()),
+        mediantime: cs.index().median_time_past(e.id),
+        nonce: h.nonce,
+        bits: h.bits.to_consensus(),
+        difficulty: h.difficulty_float(),
+    })
+}
+
+/// The active-chain block holding `txid` and the transaction's position.
+fn locate_tx<'a>(cs: &'a Chainstate, txid: &Txid) -> ApiResult<(&'a IndexEntry, u32)> {
+    let blocks = cs.tx_blocks(txid).map_err(ApiError::internal)?;
+    for (id, pos) in blocks {
+        if cs.index().is_active(id) {
+            if let Some(e) = cs.index().get(id) {
+                return Ok((e, pos));
+            }
+        }
+    }
+    Err(ApiError::not_found(format!(
+        "transaction {txid} not found on the active chain"
+    )))
+}
+
+/// The block holding `txid` on the active chain, the transaction and its position.
+fn load_tx<'a>(cs: &'a Chainstate, txid: &Txid) -> ApiResult<(&'a IndexEntry, Block, usize)> {
+    let (e, pos) = locate_tx(cs, txid)?;
+    let block = load_block(cs, e)?;
+    let pos = pos as usize;
+    match block.txdata.get(pos) {
+        Some(tx) if tx.compute_txid() == *txid => Ok((e, block, pos)),
+        _ => Err(ApiError::internal(format!(
+            "txid index points {txid} at position {pos} of block {}, which holds another",
+            e.hash
+        ))),
+    }
+}
+
+fn tx_value(cs: &Chainstate, e: &IndexEntry, tx: &Transaction) -> ApiResult<TransactionValue> {
+    let network = cs.params().network;
+    let txid = tx.compute_txid();
+    // Prevouts: the block's spent outputs, in block order; ours are those
+    // whose spending txid is this transaction's.
+    let mut prevouts: Vec<Option<TxOutValue>> = tx.input.iter().map(|_| None).collect();
+    let mut in_sum = 0u64;
+    if !tx.is_coinbase() {
+        let spent = cs
+            .spent_outputs(e.id)
+            .map_err(ApiError::internal)?
+            .ok_or_else(|| {
+                ApiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    format!("spent outputs of block {} not indexed", e.hash),
+                )
+            })?;
+        for s in spent.iter().filter(|s| s.txid == txid) {
+            if let Some(slot) = prevouts.get_mut(s.vin as usize) {
+                in_sum = in_sum.saturating_add(s.coin.value);
+                *slot = Some(txout_value(
+                    Script::from_bytes(&s.coin.script_pubkey),
+                    s.coin.value,
+                    network,
+                ));
+            }
+        }
+    }
+    let out_sum: u64 = tx.output.iter().map(|o| o.value.to_sat()).sum();
+    let vin = tx
+        .input
+        .iter()
+        .zip(prevouts)
+        .map(|(i, prevout)| TxInValue {
+            txid: i.previous_output.txid.to_string(),
+            vout: i.previous_output.vout,
+            prevout,
+            scriptsig: hex(i.script_sig.as_bytes()),
+            scriptsig_asm: i.script_sig.to_asm_string(),
+            witness: (!i.witness.is_empty()).then(|| i.witness.iter().map(hex).collect()),
+            is_coinbase: tx.is_coinbase(),
+            sequence: i.sequence.0,
+        })
+        .collect();
+    let vout = tx
+        .output
+        .iter()
+        .map(|o| txout_value(&o.script_pubkey, o.value.to_sat(), network))
+        .collect();
+    Ok(TransactionValue {
+        txid: txid.to_string(),
+        version: tx.version.0,
+        locktime: tx.lock_time.to_consensus_u32(),
+        vin,
+        vout,
+        size: tx.total_size(),
+        weight: tx.weight().to_wu(),
+        fee: if tx.is_coinbase() {
+            0
+        } else {
+            in_sum.saturating_sub(out_sum)
+        },
+        status: TxStatus::confirmed_in(e),
+    })
+}
+
+/// The Merkle branch of leaf `pos` among `leaves`, bottom to top
+/// (Esplora's `merkle`), with Bitcoin's duplicate-last-node rule.
+pub fn merkle_branch(leaves: &[Txid], mut pos: usize) -> Vec<Txid> {
+    let mut level: Vec<[u8; 32]> = leaves.iter().map(|t| t.to_byte_array()).collect();
+    let mut branch = Vec::new();
+    while level.len() > 1 {
+        let sibling = if pos ^ 1 < level.len() { pos ^ 1 } else { pos };
+        branch.push(Txid::from_byte_array(level[sibling]));
+        level = level
+            .chunks(2)
+            .map(|c| {
+                let mut buf = [0u8; 64];
+                buf[..32].copy_from_slice(&c[0]);
+                buf[32..].copy_from_slice(c.get(1).unwrap_or(&c[0]));
+                bitcoin::hashes::sha256d::Hash::hash(&buf).to_byte_array()
+            })
+            .collect();
+        pos /= 2;
+    }
+    branch
+}
+
+/// Whether an output never enters the UTXO table (OP_RETURN or a script
+/// over 10,000 bytes): Esplora reports those unspent forever.
+fn unspendable(s: &Script) -> bool {
+    s.is_op_return() || s.len() > 10_000
+}
+
+fn outspends_of(cs: &Chainstate, tx: &Transaction, vouts: &[u32]) -> ApiResult<Vec<SpendingValue>> {
+    let txid = tx.compute_txid();
+    let ops: Vec<bitcoin::OutPoint> = vouts
+        .iter()
+        .map(|&vout| bitcoin::OutPoint { txid, vout })
+        .collect();
+    let entries = cs.lookup_outpoints(&ops).map_err(ApiError::internal)?;
+    let index = cs.index();
+    let view = index.view(index.tip().id);
+    let mut out = Vec::with_capacity(vouts.len());
+    for (vout, entry) in vouts.iter().zip(entries) {
+        let script = tx
+            .output
+            .get(*vout as usize)
+            .map(|o| o.script_pubkey.as_script());
+        let unspent = SpendingValue {
+            spent: false,
+            txid: None,
+            vin: None,
+            status: None,
+        };
+        let op = bitcoin::OutPoint { txid, vout: *vout };
+        if let Some((block, spend)) = cs.active_spender(&op).map_err(ApiError::internal)? {
+            out.push(SpendingValue {
+                spent: true,
+                txid: Some(spend.txid.to_string()),
+                vin: Some(spend.vin),
+                status: index.get(block).map(TxStatus::confirmed_in),
+            });
+            continue;
+        }
+        let v = match entry {
+            Some(entry) => match entry.status_in(&view) {
+                ViewStatus::Spent(c) => SpendingValue {
+                    spent: true,
+                    txid: Some(c.txid.to_string()),
+                    vin: Some(c.vin),
+                    status: index.get(c.block).map(TxStatus::confirmed_in),
+                },
+                // Absent under the view cannot happen for a transaction of
+                // the active chain; report it unspent like Esplora would for
+                // an output it does not track.
+                ViewStatus::Unspent | ViewStatus::Absent => unspent,
+            },
+            None if script.is_some_and(unspendable) => unspent,
+            // Not in the table although created on the active chain: unspent
+            // entries are never purged, so it was consumed at least 100
+            // blocks deep and purged; the spender is not known here.
+            None => SpendingValue {
+                spent: true,
+                txid: None,
+                vin: None,
+                status: None,
+            },
+        };
+        out.push(v);
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- handlers
+
+pub(super) async fn blocks_tip(State(s): State<AppState>) -> ApiResult<Response> {
+    blocks_from(s, None).await
+}
+
+pub(super) async fn blocks_from_height(
+    State(s): State<AppState>,
+    Path(start): Path<String>,
+) -> ApiResult<Response> {
+    let start = parse_u32("height", &start)?;
+    blocks_from(s, Some(start)).await
+}
+
+async fn blocks_from(s: AppState, start: Option<u32>) -> ApiResult<Response> {
+    read(&s, move |cs| {
+        let tip = cs.index().tip_height();
+        let start = match start {
+            Some(h) if h > tip => {
+                return Err(ApiError::not_found(format!(
+                    "height {h} is above the tip ({tip})"
+                )))
+            }
+            Some(h) => h,
+            None => tip,
+        };
+        let mut out = Vec::new();
+        for h in (start.saturating_sub(BLOCKS_PER_PAGE - 1)..=start).rev() {
+            if let Some(e) = cs.index().active_at(h) {
+                out.push(block_value(cs, e)?);
+            }
+        }
+        Ok(Json(out).into_response())
+    })
+    .await
+}
+
+pub(super) async fn block(
+    State(s): State<AppState>,
+    Path(hash): Path<String>,
+) -> ApiResult<Response> {
+    read(&s, move |cs| {
+        let e = entry_by_hash(cs, &hash)?;
+        Ok(Json(block_value(cs, e)?).into_response())
+    })
+    .await
+}
+
+pub(super) async fn block_status(
+    State(s): State<AppState>,
+    Path(hash): Path<String>,
+) -> ApiResult<Response> {
+    read(&s, move |cs| {
+        let e = entry_by_hash(cs, &hash)?;
+        let index = cs.index();
+        let in_best = index.is_active(e.id);
+        let mut v = serde_json::json!({ "in_best_chain": in_best });
+        if in_best {
+            v["height"] = e.height.into();
+            v["next_best"] = match index.active_at(e.height + 1) {
+                Some(n) => n.hash.to_string().into(),
+                None => serde_json::Value::Null,
+            };
+        }
+        Ok(Json(v).into_response())
+    })
+    .await
+}
+
+pub(super) async fn block_txids(
+    State(s): State<AppState>,
+    Path(hash): Path<String>,
+) -> ApiResult<Response> {
+    read(&s, move |cs| {
+        let e = entry_by_hash(cs, &hash)?;
+        let block = load_block(cs, e)?;
+        let ids: Vec<String> = block
+            .txdata
+            .iter()
+            .map(|t| t.compute_txid().to_string())
+            .collect();
+        Ok(Json(ids).into_response())
+    })
+    .await
+}
+
+pub(super) async fn block_txid_at(
+    State(s): State<AppState>,
+    Path((hash, index)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let i = parse_u32("transaction index", &index)?;
+    read(&s, move |cs| {
+        let e = entry_by_hash(cs, &hash)?;
+        let block = load_block(cs, e)?;
+        block
+            .txdata
+            .get(i as usize)
+            .map(|t| text(t.compute_txid().to_string()))
+            .ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "block {} has {} transactions, no index {i}",
+                    e.hash,
+                    block.txdata.len()
+                ))
+            })
+    })
+    .await
+}
+
+pub(super) async fn block_raw(
+    State(s): State<AppState>,
+    Path(hash): Path<String>,
+) -> ApiResult<Response> {
+    read(&s, move |cs| {
+        let e = entry_by_hash(cs, &hash)?;
+        let raw = load_block_raw(cs, e)?;
+        Ok(([(header::CONTENT_TYPE, "application/octet-stream")], raw).into_response())
+    })
+    .await
+}
+
+pub(super) async fn tx(State(s): State<AppState>, Path(txid): Path<String>) -> ApiResult<Response> {
+    let txid = parse_txid(&txid)?;
+    read(&s, move |cs| {
+        let (e, block, pos) = load_tx(cs, &txid)?;
+        Ok(Json(tx_value(cs, e, &block.txdata[pos])?).into_response())
+    })
+    .await
+}
+
+pub(super) async fn tx_hex(
+    State(s): State<AppState>,
+    Path(txid): Path<String>,
+) -> ApiResult<Response> {
+    let txid = parse_txid(&txid)?;
+    read(&s, move |cs| {
+        let (_, block, pos) = load_tx(cs, &txid)?;
+        Ok(text(serialize_hex(&block.txdata[pos])))
+    })
+    .await
+}
+
+pub(super) async fn tx_raw(
+    State(s): State<AppState>,
+    Path(txid): Path<String>,
+) -> ApiResult<Response> {
+    let txid = parse_txid(&txid)?;
+    read(&s, move |cs| {
+        let (_, block, pos) = load_tx(cs, &txid)?;
+        Ok((
+            [(header::CONTENT_TYPE, "application/octet-stream")],
+            serialize(&block.txdata[pos]),
+        )
+            .into_response())
+    })
+    .await
+}
+
+pub(super) async fn tx_status(
+    State(s): State<AppState>,
+    Path(txid): Path<String>,
+) -> ApiResult<Response> {
+    let txid = parse_txid(&txid)?;
+    read(&s, move |cs| {
+        let (e, _) = locate_tx(cs, &txid)?;
+        Ok(Json(TxStatus::confirmed_in(e)).into_response())
+    })
+    .await
+}
+
+pub(super) async fn tx_merkle_proof(
+    State(s): State<AppState>,
+    Path(txid): Path<String>,
+) -> ApiResult<Response> {
+    let txid = parse_txid(&txid)?;
+    read(&s, move |cs| {
+        let (e, block, pos) = load_tx(cs, &txid)?;
+        let leaves: Vec<Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
+        let merkle: Vec<String> = merkle_branch(&leaves, pos)
+            .iter()
+            .map(|h| h.to_string())
+            .collect();
+        Ok(Json(serde_json::json!({
+            "block_height": e.height,
+            "merkle": merkle,
+            "pos": pos,
+        }))
+        .into_response())
+    })
+    .await
+}
+
+pub(super) async fn tx_merkleblock_proof(
+    State(s): State<AppState>,
+    Path(txid): Path<String>,
+) -> ApiResult<Response> {
+    let txid = parse_txid(&txid)?;
+    read(&s, move |cs| {
+        let (_, block, _) = load_tx(cs, &txid)?;
+        let mb = MerkleBlock::from_block_with_predicate(&block, |t| *t == txid);
+        Ok(text(serialize_hex(&mb)))
+    })
+    .await
+}
+
+pub(super) async fn tx_outspend(
+    State(s): State<AppState>,
+    Path((txid, vout)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let txid = parse_txid(&txid)?;
+    let vout = parse_u32("output index", &vout)?;
+    read(&s, move |cs| {
+        let (_, block, pos) = load_tx(cs, &txid)?;
+        let tx = &block.txdata[pos];
+        if vout as usize >= tx.output.len() {
+            return Err(ApiError::not_found(format!(
+                "transaction {txid} has {} outputs, no output {vout}",
+                tx.output.len()
+            )));
+        }
+        let mut v = outspends_of(cs, tx, &[vout])?;
+        match v.pop() {
+            Some(one) => Ok(Json(one).into_response()),
+            None => Err(ApiError::internal("outspend lookup returned nothing")),
+        }
+    })
+    .await
+}
+
+pub(super) async fn tx_outspends(
+    State(s): State<AppState>,
+    Path(txid): Path<String>,
+) -> ApiResult<Response> {
+    let txid = parse_txid(&txid)?;
+    read(&s, move |cs| {
+        let (_, block, pos) = load_tx(cs, &txid)?;
+        let tx = &block.txdata[pos];
+        let vouts: Vec<u32> = (0..tx.output.len() as u32).collect();
+        Ok(Json(outspends_of(cs, tx, &vouts)?).into_response())
+    })
+    .await
+}
+
+/// Hands a decoded transaction to the P2P layer for relay.
+///
+/// Not wired yet: always answers 503. The lead connects this to
+/// `P2pHandle::relay_transaction` (and returns the txid on success, as
+/// Esplora's `POST /tx` does in plain text).
+///
+/// # Errors
+/// 503 while no relay is connected.
+pub fn relay_transaction(_state: &AppState, tx: &Transaction) -> ApiResult<Txid> {
+    Err(ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "transaction {} is valid hex but cannot be broadcast: transaction relay to peers \
+             is not connected in this node",
+            tx.compute_txid()
+        ),
+    ))
+}
+
+pub(super) async fn post_tx(
+    State(s): State<AppState>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> ApiResult<Response> {
+    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+    if body.len() > MAX_TX_HEX {
+        return Err(ApiError::new(
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            format!("transaction hex over {MAX_TX_HEX} bytes"),
+        ));
+    }
+    let hex_str = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::bad_request("body must be the transaction in hex"))?
+        .trim();
+    let bytes = decode_hex(hex_str)
+        .ok_or_else(|| ApiError::bad_request("body must be the transaction in hex"))?;
+    let tx: Transaction = deserialize(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("transaction does not decode: {e}")))?;
+    let txid = relay_transaction(&s, &tx)?;
+    Ok(text(txid.to_string()))
+}
+
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merkle_branch_folds_to_the_root_for_odd_and_even_sizes() {
+        for n in 1..=9usize {
+            let leaves: Vec<Txid> = (0..n)
+                .map(|i| Txid::from_byte_array([i as u8 + 1; 32]))
+                .collect();
+            let root = bitcoin::merkle_tree::calculate_root(leaves.iter().map(|t| t.to_raw_hash()))
+                .unwrap_or_else(|| leaves[0].to_raw_hash());
+            for pos in 0..n {
+                let mut h = leaves[pos].to_byte_array();
+                let mut p = pos;
+                for s in merkle_branch(&leaves, pos) {
+                    let mut buf = [0u8; 64];
+                    if p % 2 == 0 {
+                        buf[..32].copy_from_slice(&h);
+                        buf[32..].copy_from_slice(s.as_byte_array());
+                    } else {
+                        buf[..32].copy_from_slice(s.as_byte_array());
+                        buf[32..].copy_from_slice(&h);
+                    }
+                    h = bitcoin::hashes::sha256d::Hash::hash(&buf).to_byte_array();
+                    p /= 2;
+                }
+                assert_eq!(h, root.to_byte_array(), "n={n} pos={pos}");
+            }
+        }
+    }
+
+    #[test]
+    fn decode_hex_rejects_odd_and_non_hex() {
+        assert_eq!(decode_hex("00ff"), Some(vec![0, 255]));
+        assert_eq!(decode_hex("0"), None);
+        assert_eq!(decode_hex("zz"), None);
+        assert_eq!(decode_hex("é0"), None);
+    }
+}

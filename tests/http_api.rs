@@ -1,0 +1,930 @@
+//! The HTTP API against `testnet-data/regtest-a` (a chain made and validated
+//! by bcoin 2.2.0): BDK's `esplora-client` calls every Esplora-compatible
+//! endpoint and must get what the chain data says; the Core-compatible
+//! filter routes must return `filters.json` exactly; bad input must get a
+//! JSON 4xx, never a 5xx.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use bitcoin::hashes::Hash;
+use bitcoin::{BlockHash, Network, Txid};
+use common::feed::{spent_lines, Chain};
+use common::{data, json, TestNode};
+use esplora_client::BlockingClient;
+use kakehi::http::AppState;
+
+struct Server {
+    addr: SocketAddr,
+    state: AppState,
+    _dir: tempfile::TempDir,
+}
+
+/// One node imported from regtest-a and served on 127.0.0.1:<ephemeral>.
+fn server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let node = TestNode::new(Network::Regtest);
+        let summary = node.import(&[data("regtest-a/blocks.dat")]);
+        assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
+        let TestNode { dir, chain, .. } = node;
+        let state = AppState {
+            chain: Arc::new(chain),
+        };
+        let addr = spawn_server(state.clone(), config());
+        Server {
+            addr,
+            state,
+            _dir: dir,
+        }
+    })
+}
+
+/// Serves `state` with `config` on 127.0.0.1:<ephemeral> from its own runtime.
+fn spawn_server(state: AppState, config: kakehi::http::HttpConfig) -> SocketAddr {
+    {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        std_listener.set_nonblocking(true).expect("nonblocking");
+        let addr = std_listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+                kakehi::http::serve_listener(listener, state, config, std::future::pending())
+                    .await
+                    .expect("serve");
+            });
+        });
+        addr
+    }
+}
+
+/// The served limits: defaults, small enough to test, and CORS for one origin.
+fn config() -> kakehi::http::HttpConfig {
+    kakehi::http::HttpConfig {
+        header_read_timeout: std::time::Duration::from_secs(1),
+        cors_allowed_origins: vec!["https://wallet.example".into()],
+        ..Default::default()
+    }
+}
+
+fn chain() -> &'static Chain {
+    static CHAIN: OnceLock<Chain> = OnceLock::new();
+    CHAIN.get_or_init(Chain::load)
+}
+
+fn client() -> BlockingClient {
+    esplora_client::Builder::new(&format!("http://{}", server().addr)).build_blocking()
+}
+
+/// Raw GET: (status, content type, body).
+fn get(path: &str) -> (u16, String, Vec<u8>) {
+    request("GET", path, &[])
+}
+
+fn request(method: &str, path: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    let (st, head, body) = request_h(method, path, "", body);
+    let ctype = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    (st, ctype, body)
+}
+
+/// Raw request with extra header lines (`"Name: value\r\n"`): (status, head, body).
+fn request_h(method: &str, path: &str, extra: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(server().addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    let _ = s.write_all(body);
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("response head");
+    let head = String::from_utf8_lossy(&buf[..split]).to_string();
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .expect("status")
+        .parse()
+        .expect("status");
+    let mut body = buf[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    (status, head, body)
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(nl) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap().trim(), 16).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[nl + 2..nl + 2 + n]);
+        b = &b[nl + 2 + n + 2..];
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Sample heights spread over the chain (coinbase-only and busy blocks).
+const SAMPLE_HEIGHTS: [u32; 8] = [1, 100, 101, 432, 777, 1200, 1499, 1500];
+
+#[test]
+fn tip_blocks_and_block_summaries_match_chain_json() {
+    let c = client();
+    let meta = json("regtest-a/chain.json");
+    assert_eq!(
+        u64::from(c.get_height().unwrap()),
+        meta["tip_height"].as_u64().unwrap()
+    );
+    assert_eq!(
+        c.get_tip_hash().unwrap().to_string(),
+        meta["tip_hash"].as_str().unwrap()
+    );
+    let best: HashMap<u64, &serde_json::Value> = meta["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["on_best_chain"].as_bool() == Some(true))
+        .map(|b| (b["height"].as_u64().unwrap(), b))
+        .collect();
+    for h in SAMPLE_HEIGHTS {
+        let m = best[&u64::from(h)];
+        let hash: BlockHash = m["hash"].as_str().unwrap().parse().unwrap();
+        assert_eq!(c.get_block_hash(h).unwrap(), hash);
+        let info = c.get_block_info(&hash).unwrap();
+        assert_eq!(info.id, hash);
+        assert_eq!(u64::from(info.height), u64::from(h));
+        assert_eq!(info.tx_count, m["tx_count"].as_u64().unwrap());
+        assert_eq!(info.size as u64, m["size"].as_u64().unwrap());
+        assert_eq!(info.weight.to_wu(), m["weight"].as_u64().unwrap());
+        assert_eq!(info.timestamp, m["time"].as_u64().unwrap());
+        assert_eq!(
+            info.previousblockhash.unwrap().to_string(),
+            m["prev_hash"].as_str().unwrap()
+        );
+        let block = &chain().blocks[h as usize - 1];
+        assert_eq!(info.merkle_root, block.header.merkle_root);
+        assert_eq!(info.bits, block.header.bits);
+        assert_eq!(info.nonce, block.header.nonce);
+        assert_eq!(c.get_header_by_hash(&hash).unwrap(), block.header);
+        let st = c.get_block_status(&hash).unwrap();
+        assert!(st.in_best_chain);
+        assert_eq!(st.height, Some(h));
+        let next = best
+            .get(&(u64::from(h) + 1))
+            .map(|n| n["hash"].as_str().unwrap().to_string());
+        assert_eq!(st.next_best.map(|n| n.to_string()), next);
+        // Whole block and txids.
+        assert_eq!(c.get_block_by_hash(&hash).unwrap().as_ref(), Some(block));
+        let txids: Vec<Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
+        assert_eq!(c.get_block_txids(&hash).unwrap(), txids);
+        let last = txids.len() - 1;
+        assert_eq!(
+            c.get_txid_at_block_index(&hash, last).unwrap(),
+            Some(txids[last])
+        );
+        assert_eq!(c.get_txid_at_block_index(&hash, last + 1).unwrap(), None);
+    }
+    // Pages of 10, newest first.
+    let page = c.get_block_infos(None).unwrap();
+    assert_eq!(page.len(), 10);
+    assert_eq!(page[0].height, 1500);
+    assert_eq!(page[9].height, 1491);
+    let page = c.get_block_infos(Some(5)).unwrap();
+    let heights: Vec<u32> = page.iter().map(|b| b.height).collect();
+    assert_eq!(heights, vec![5, 4, 3, 2, 1, 0]);
+    assert_eq!(page[5].previousblockhash, None);
+    // A stale block: known, not in the best chain.
+    let stale = meta["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["on_best_chain"].as_bool() == Some(false))
+        .unwrap();
+    let st = c
+        .get_block_status(&stale["hash"].as_str().unwrap().parse().unwrap())
+        .unwrap();
+    assert!(!st.in_best_chain);
+    assert_eq!(st.height, None);
+}
+
+#[test]
+fn transactions_statuses_and_merkle_proofs_match_blocks_dat() {
+    let c = client();
+    for h in SAMPLE_HEIGHTS {
+        let block = &chain().blocks[h as usize - 1];
+        let hash = block.block_hash();
+        // First, second and last transactions of the block.
+        let n = block.txdata.len();
+        for pos in [0, 1.min(n - 1), n - 1] {
+            let tx = &block.txdata[pos];
+            let txid = tx.compute_txid();
+            assert_eq!(c.get_tx(&txid).unwrap().as_ref(), Some(tx));
+            let info = c.get_tx_info(&txid).unwrap().expect("tx info");
+            assert_eq!(info.txid, txid);
+            assert_eq!(info.to_tx(), *tx);
+            assert_eq!(info.weight, tx.weight());
+            assert_eq!(info.size, tx.total_size());
+            assert!(info.status.confirmed);
+            assert_eq!(info.status.block_height, Some(h));
+            assert_eq!(info.status.block_hash, Some(hash));
+            assert_eq!(info.status.block_time, Some(u64::from(block.header.time)));
+            // Fee = prevouts - outputs; prevouts match the spent outputs' creators.
+            let out_sum: u64 = tx.output.iter().map(|o| o.value.to_sat()).sum();
+            if tx.is_coinbase() {
+                assert!(info.vin[0].is_coinbase && info.vin[0].prevout.is_none());
+            } else {
+                let mut in_sum = 0;
+                for vin in &info.vin {
+                    let p = vin.prevout.as_ref().expect("prevout");
+                    let creator = c.get_tx(&vin.txid).unwrap().expect("creating tx");
+                    let o = &creator.output[vin.vout as usize];
+                    assert_eq!(p.value, o.value);
+                    assert_eq!(p.scriptpubkey, o.script_pubkey);
+                    in_sum += p.value.to_sat();
+                }
+                assert_eq!(info.fee.to_sat(), in_sum - out_sum);
+            }
+            assert_eq!(c.get_tx_status(&txid).unwrap(), info.status);
+            // Merkle proof folds to the header's merkle root.
+            let proof = c.get_merkle_proof(&txid).unwrap().expect("proof");
+            assert_eq!(proof.block_height, h);
+            assert_eq!(proof.pos, pos);
+            let mut acc = txid.to_byte_array();
+            let mut p = pos;
+            for s in &proof.merkle {
+                let mut buf = [0u8; 64];
+                let (l, r) = if p % 2 == 0 {
+                    (acc, s.to_byte_array())
+                } else {
+                    (s.to_byte_array(), acc)
+                };
+                buf[..32].copy_from_slice(&l);
+                buf[32..].copy_from_slice(&r);
+                acc = bitcoin::hashes::sha256d::Hash::hash(&buf).to_byte_array();
+                p /= 2;
+            }
+            assert_eq!(
+                acc,
+                block.header.merkle_root.to_byte_array(),
+                "height {h} pos {pos}"
+            );
+            let mb = c.get_merkle_block(&txid).unwrap().expect("merkleblock");
+            assert_eq!(mb.header, block.header);
+            let mut matches = Vec::new();
+            let mut idx = Vec::new();
+            assert_eq!(
+                mb.txn.extract_matches(&mut matches, &mut idx).unwrap(),
+                block.header.merkle_root
+            );
+            assert_eq!(matches, vec![txid]);
+            assert_eq!(idx, vec![pos as u32]);
+            // The hex form is the raw form.
+            let (st, _, body) = get(&format!("/tx/{txid}/hex"));
+            assert_eq!(st, 200);
+            assert_eq!(
+                String::from_utf8(body).unwrap(),
+                hex(&bitcoin::consensus::serialize(tx))
+            );
+        }
+    }
+    // Unknown txid: 404 (None to the client).
+    let unknown = Txid::from_byte_array([7; 32]);
+    assert_eq!(c.get_tx_info(&unknown).unwrap(), None);
+    assert_eq!(c.get_merkle_proof(&unknown).unwrap(), None);
+}
+
+#[test]
+fn outspends_match_spent_txt_for_a_sample() {
+    let c = client();
+    let spent = spent_lines();
+    let tip = 1500;
+    let mut checked_with_spender = 0;
+    // Every 37th spent output (spends at every depth, including those the
+    // UTXO table purged): the spender from spent.txt.
+    for (op, by, vin, height) in spent.iter().step_by(37) {
+        let st = c
+            .get_output_status(&op.txid, u64::from(op.vout))
+            .unwrap()
+            .expect("status");
+        assert!(st.spent, "{op} is spent at {height}");
+        assert_eq!(st.txid, Some(*by), "{op}");
+        assert_eq!(st.vin, Some(u64::from(*vin)), "{op}");
+        let status = st.status.expect("spender status");
+        assert_eq!(status.block_height, Some(*height), "{op}");
+        assert_eq!(
+            status.block_hash,
+            Some(chain().blocks[*height as usize - 1].block_hash())
+        );
+        checked_with_spender += 1;
+    }
+    assert!(spent.iter().step_by(37).any(|s| s.3 + 100 <= tip));
+    assert!(spent.iter().step_by(37).any(|s| s.3 + 100 > tip));
+    assert!(checked_with_spender >= 2000, "{checked_with_spender}");
+    // Unspent outputs (utxos.txt) are reported unspent, in bulk via /outspends.
+    let utxos = common::feed::utxo_lines();
+    for (op, _) in utxos.iter().step_by(500) {
+        let all = c.get_tx_outspends(&op.txid).unwrap();
+        assert!(!all[op.vout as usize].spent, "{op} is unspent");
+    }
+}
+
+#[test]
+fn core_filter_routes_return_filters_json_in_all_formats() {
+    let filters = json("regtest-a/filters.json");
+    for f in filters.as_array().unwrap().iter().step_by(50) {
+        let hash = f["hash"].as_str().unwrap();
+        let filter = f["basic_filter"].as_str().unwrap();
+        let fh = f["filter_header"].as_str().unwrap();
+        let (st, _, body) = get(&format!("/rest/blockfilter/basic/{hash}.json"));
+        assert_eq!(st, 200);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["filter"].as_str().unwrap(), filter);
+        let (st, _, bin) = get(&format!("/rest/blockfilter/basic/{hash}.bin"));
+        assert_eq!(st, 200);
+        let h: BlockHash = hash.parse().unwrap();
+        assert_eq!(bin[0], 0);
+        assert_eq!(&bin[1..33], h.as_byte_array());
+        let (_, _, hx) = get(&format!("/rest/blockfilter/basic/{hash}.hex"));
+        assert_eq!(String::from_utf8(hx).unwrap(), format!("{}\n", hex(&bin)));
+        let (st, _, body) = get(&format!(
+            "/rest/blockfilterheaders/basic/{hash}.json?count=1"
+        ));
+        assert_eq!(st, 200);
+        let v: Vec<String> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v, vec![fh.to_string()]);
+        let (_, _, bin) = get(&format!("/rest/blockfilterheaders/basic/1/{hash}.bin"));
+        let fh_hash: bitcoin::bip158::FilterHeader = fh.parse().unwrap();
+        assert_eq!(bin, fh_hash.as_byte_array().to_vec());
+    }
+}
+
+#[test]
+fn bad_input_gets_json_4xx_never_5xx() {
+    let genesis = "0f9188f13cb7b2c71f2a335e3a4fc328bf5beb436012afca590b1a11466e2206";
+    let zeros = "0".repeat(64);
+    let cases: Vec<(String, u16)> = vec![
+        ("/block/xyz".into(), 400),
+        (format!("/block/{}", "g".repeat(64)), 400),
+        (format!("/block/{zeros}"), 404),
+        (format!("/block/{zeros}/status"), 404),
+        (format!("/block/{genesis}/txid/1"), 404),
+        (format!("/block/{genesis}/txid/-1"), 400),
+        (format!("/block/{genesis}/txid/99999999999"), 400),
+        ("/blocks/1501".into(), 404),
+        ("/blocks/abc".into(), 400),
+        ("/block-height/4294967296".into(), 400),
+        ("/block-height/1501".into(), 404),
+        ("/tx/abc".into(), 400),
+        (format!("/tx/{zeros}"), 404),
+        (format!("/tx/{zeros}/outspend/0"), 404),
+        (format!("/tx/{zeros}/outspend/x"), 400),
+        (format!("/tx/{zeros}/merkle-proof"), 404),
+        (format!("/rest/blockfilter/basic/{genesis}.xml"), 400),
+        (format!("/rest/blockfilter/basic/{genesis}"), 400),
+        (
+            format!("/rest/blockfilterheaders/basic/{genesis}.json?count=0"),
+            400,
+        ),
+        (
+            format!("/rest/blockfilterheaders/basic/{genesis}.json?count=2001"),
+            400,
+        ),
+        (
+            format!("/rest/blockfilterheaders/basic/x/{genesis}.json"),
+            400,
+        ),
+        ("/nope".into(), 404),
+    ];
+    for (path, want) in cases {
+        let (st, ctype, body) = get(&path);
+        assert_eq!(st, want, "{path}: {}", String::from_utf8_lossy(&body));
+        assert!(ctype.starts_with("application/json"), "{path}: {ctype}");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["code"].as_u64(), Some(u64::from(want)), "{path}");
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    // An out-of-range vout on a real transaction.
+    let txid = chain().blocks[200].txdata[0].compute_txid();
+    let (st, _, _) = get(&format!("/tx/{txid}/outspend/1000"));
+    assert_eq!(st, 404);
+}
+
+#[test]
+fn post_tx_decodes_then_says_relay_is_unavailable() {
+    let tx = &chain().blocks[300].txdata[1];
+    let hexed = hex(&bitcoin::consensus::serialize(tx));
+    let (st, _, body) = request("POST", "/tx", hexed.as_bytes());
+    assert_eq!(st, 503, "{}", String::from_utf8_lossy(&body));
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(v["message"].as_str().unwrap().contains("relay"));
+    let (st, _, _) = request("POST", "/tx", b"zz");
+    assert_eq!(st, 400);
+    let (st, _, _) = request("POST", "/tx", b"0100");
+    assert_eq!(st, 400);
+}
+
+#[test]
+fn core_rest_headers_blocks_and_chaininfo_match_the_chain() {
+    let blocks = &chain().blocks;
+    let h100 = blocks[99].block_hash();
+    let (st, _, bin) = get(&format!("/rest/headers/{h100}.bin?count=7"));
+    assert_eq!(st, 200);
+    let want: Vec<u8> = blocks[99..106]
+        .iter()
+        .flat_map(|b| bitcoin::consensus::serialize(&b.header))
+        .collect();
+    assert_eq!(bin, want);
+    let (_, _, hx) = get(&format!("/rest/headers/7/{h100}.hex"));
+    assert_eq!(String::from_utf8(hx).unwrap(), format!("{}\n", hex(&want)));
+    let (_, _, js) = get(&format!("/rest/headers/{h100}.json?count=2"));
+    let v: serde_json::Value = serde_json::from_slice(&js).unwrap();
+    assert_eq!(v[0]["hash"].as_str().unwrap(), h100.to_string());
+    assert_eq!(v[0]["height"].as_u64(), Some(100));
+    assert_eq!(v[0]["confirmations"].as_i64(), Some(1401));
+    assert_eq!(
+        v[0]["nextblockhash"].as_str().unwrap(),
+        blocks[100].block_hash().to_string()
+    );
+    assert_eq!(
+        v[1]["previousblockhash"].as_str().unwrap(),
+        h100.to_string()
+    );
+    // Count past the tip stops at the tip.
+    let tip = blocks[1499].block_hash();
+    let (_, _, bin) = get(&format!(
+        "/rest/headers/{}.bin?count=2000",
+        blocks[1495].block_hash()
+    ));
+    assert_eq!(bin.len(), 5 * 80);
+    let b = &blocks[776];
+    let (_, _, raw) = get(&format!("/rest/block/{}.bin", b.block_hash()));
+    assert_eq!(raw, bitcoin::consensus::serialize(b));
+    let (_, _, js) = get(&format!("/rest/block/{}.json", b.block_hash()));
+    let v: serde_json::Value = serde_json::from_slice(&js).unwrap();
+    assert_eq!(v["nTx"].as_u64(), Some(b.txdata.len() as u64));
+    assert_eq!(
+        v["tx"][0].as_str().unwrap(),
+        b.txdata[0].compute_txid().to_string()
+    );
+    assert_eq!(v["weight"].as_u64(), Some(b.weight().to_wu()));
+    let (st, _, js) = get("/rest/chaininfo.json");
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&js).unwrap();
+    assert_eq!(v["chain"], "regtest");
+    assert_eq!(v["blocks"].as_u64(), Some(1500));
+    assert_eq!(v["bestblockhash"].as_str().unwrap(), tip.to_string());
+}
+
+#[test]
+fn filter_batches_and_checkpoints_match_filters_json() {
+    let filters = json("regtest-a/filters.json");
+    let filters = filters.as_array().unwrap();
+    let (st, _, body) = get("/filters/basic?start_height=0&count=1000");
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let got = v["filters"].as_array().unwrap();
+    assert_eq!(got.len(), 1000);
+    for (g, f) in got.iter().zip(filters) {
+        assert_eq!(g["height"], f["height"]);
+        assert_eq!(g["hash"], f["hash"]);
+        assert_eq!(g["filter"], f["basic_filter"]);
+        assert_eq!(g["filter_header"], f["filter_header"]);
+    }
+    // The rest, clipped at the tip.
+    let (_, _, body) = get("/filters/basic?start_height=1000");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let got = v["filters"].as_array().unwrap();
+    assert_eq!(got.len(), 501);
+    assert_eq!(got[500]["filter_header"], filters[1500]["filter_header"]);
+    for bad in [
+        "?start_height=0&count=1001",
+        "?start_height=0&count=0",
+        "?count=5",
+        "?start_height=-1",
+    ] {
+        let (st, _, _) = get(&format!("/filters/basic{bad}"));
+        assert_eq!(st, 400, "{bad}");
+    }
+    assert_eq!(get("/filters/basic?start_height=1501").0, 404);
+    let (_, _, body) = get("/filters/checkpoints");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let cps = v["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), 1);
+    assert_eq!(cps[0]["filter_header"], filters[1000]["filter_header"]);
+}
+
+#[test]
+fn metrics_report_the_tip_and_per_route_requests() {
+    let _ = get("/blocks/tip/height");
+    let (st, ctype, body) = get("/metrics");
+    assert_eq!(st, 200);
+    assert!(ctype.starts_with("text/plain"));
+    let text = String::from_utf8(body).unwrap();
+    assert!(text.contains("\nkakehi_tip_height 1500\n"), "{text}");
+    let reorgs = json("regtest-a/chain.json")["reorgs"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(text.contains(&format!("\nkakehi_reorgs_total {reorgs}\n")));
+    assert!(text.contains("kakehi_http_requests_total{route=\"/blocks/tip/height\",code=\"200\"}"));
+    assert!(text.contains(
+        "kakehi_http_request_duration_seconds_bucket{route=\"/blocks/tip/height\",le=\"+Inf\"}"
+    ));
+}
+
+#[test]
+fn limits_body_size_method_cors_and_slow_headers() {
+    use std::io::{Read, Write};
+    // Body over the limit: 413 JSON, by Content-Length and by a chunked body.
+    let big = vec![b'0'; 300 * 1024];
+    let (st, ctype, _) = request("POST", "/tx", &big);
+    assert_eq!(st, 413);
+    assert!(ctype.starts_with("application/json"));
+    // Wrong method: 405 JSON.
+    let (st, ctype, _) = request("POST", "/blocks", b"");
+    assert_eq!(st, 405);
+    assert!(ctype.starts_with("application/json"));
+    // CORS for the configured origin only.
+    let (_, head, _) = request_h(
+        "GET",
+        "/blocks/tip/hash",
+        "Origin: https://wallet.example\r\n",
+        b"",
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("access-control-allow-origin: https://wallet.example"),
+        "{head}"
+    );
+    let (_, head, _) = request_h(
+        "GET",
+        "/blocks/tip/hash",
+        "Origin: https://evil.example\r\n",
+        b"",
+    );
+    assert!(!head
+        .to_ascii_lowercase()
+        .contains("access-control-allow-origin"));
+    let (st, head, _) = request_h(
+        "OPTIONS",
+        "/filters/basic",
+        "Origin: https://wallet.example\r\nAccess-Control-Request-Method: GET\r\n",
+        b"",
+    );
+    assert_eq!(st, 204);
+    assert!(head
+        .to_ascii_lowercase()
+        .contains("access-control-allow-methods"));
+    // Slow clients: 20 connections that never finish their request head are
+    // closed after the header-read timeout (1 s here), and /health answers meanwhile.
+    let started = std::time::Instant::now();
+    let mut slow: Vec<std::net::TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(server().addr).unwrap();
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .unwrap();
+            s
+        })
+        .collect();
+    let (st, _, _) = get("/health");
+    assert_eq!(st, 200);
+    for s in &mut slow {
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        // Closed (possibly after a 408), never answered 200.
+        assert!(!String::from_utf8_lossy(&buf).contains(" 200 "));
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(5),
+        "slow clients held for {waited:?}"
+    );
+}
+
+#[test]
+fn openapi_document_lists_exactly_the_routes_and_each_is_routed() {
+    let (st, _, body) = get("/openapi.json");
+    assert_eq!(st, 200);
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let mut documented: Vec<(String, String)> = Vec::new();
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for method in ops.as_object().unwrap().keys() {
+            documented.push((method.clone(), path.clone()));
+        }
+    }
+    let mut routed: Vec<(String, String)> = kakehi::http::route_list()
+        .into_iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    documented.sort();
+    routed.sort();
+    assert_eq!(documented, routed);
+    // Each documented path, its parameters filled with junk, reaches a
+    // handler (a handler's error, never the fallback's "no such route").
+    for (method, path) in &documented {
+        let filled: String = path
+            .split('/')
+            .map(|seg| if seg.starts_with('{') { "junk" } else { seg })
+            .collect::<Vec<_>>()
+            .join("/");
+        let (st, _, body) = request(&method.to_uppercase(), &filled, b"");
+        assert!(st < 500 || st == 503, "{method} {filled}: {st}");
+        assert!(
+            !String::from_utf8_lossy(&body).contains("no such route"),
+            "{method} {filled}"
+        );
+    }
+}
+
+#[test]
+fn load_is_shed_and_slow_requests_time_out_with_json_503() {
+    use std::io::{Read, Write};
+    // One request at a time, 1 s per request.
+    let addr = spawn_server(
+        server().state.clone(),
+        kakehi::http::HttpConfig {
+            max_concurrent_requests: 1,
+            request_timeout: std::time::Duration::from_secs(1),
+            ..Default::default()
+        },
+    );
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // A POST whose body never completes holds the only slot...
+    let mut slow = std::net::TcpStream::connect(addr).unwrap();
+    slow.write_all(b"POST /tx HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0100")
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // ...so another request is shed at once.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /blocks/tip/height HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    assert!(buf.starts_with("HTTP/1.1 503"), "{buf}");
+    assert!(
+        buf.contains("\"code\":503") && buf.contains("overloaded"),
+        "{buf}"
+    );
+    // The slow one is abandoned after the request timeout with a JSON 503.
+    slow.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = slow.read(&mut buf).unwrap();
+    let resp = String::from_utf8_lossy(&buf[..n]);
+    assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
+    assert!(resp.contains("abandoned"), "{resp}");
+    drop(slow);
+    // Then the slot is free again.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /blocks/tip/height HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    assert!(buf.starts_with("HTTP/1.1 200"), "{buf}");
+    assert!(buf.ends_with("1500"), "{buf}");
+}
+
+/// Load measurement (not a pass/fail check): keep-alive clients on loopback
+/// against a filter, header, outspend and proof route; prints requests/s and
+/// p50/p99 latency per route. Run with
+/// `KAKEHI_HTTP_BENCH_SECS=5 cargo test --test http_api -- --ignored bench --nocapture`
+/// (add `--release` for numbers comparable with BENCHMARKS.md).
+#[test]
+#[ignore = "load measurement; run by hand"]
+fn bench_routes_on_loopback() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let secs: u64 = std::env::var("KAKEHI_HTTP_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let clients: usize = std::env::var("KAKEHI_HTTP_BENCH_CLIENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    let blocks = &chain().blocks;
+    let busy = &blocks[1199];
+    let txid = busy.txdata[1].compute_txid();
+    let routes = [
+        format!("/rest/blockfilter/basic/{}.bin", busy.block_hash()),
+        format!("/rest/headers/{}.bin?count=100", blocks[999].block_hash()),
+        format!("/tx/{txid}/outspends"),
+        format!("/tx/{txid}/merkle-proof"),
+        "/health".to_string(),
+    ];
+    let addr = server().addr;
+    // Optional slow-client attack during the whole run: KAKEHI_HTTP_BENCH_SLOW
+    // connections that send a partial request head and are reopened when
+    // the server drops them (header-read timeout, 1 s in `config()`).
+    let slow: usize = std::env::var("KAKEHI_HTTP_BENCH_SLOW")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attacker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut conns: Vec<std::net::TcpStream> = Vec::new();
+            let mut opened = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                conns.retain(|c| {
+                    let mut b = [0u8; 1];
+                    c.set_nonblocking(true).ok();
+                    !matches!((&*c).read(&mut b), Ok(0))
+                });
+                while conns.len() < slow {
+                    if let Ok(mut c) = std::net::TcpStream::connect(addr) {
+                        let _ = c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n");
+                        conns.push(c);
+                        opened += 1;
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            opened
+        })
+    };
+    for route in &routes {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        let handles: Vec<_> = (0..clients)
+            .map(|_| {
+                let route = route.clone();
+                std::thread::spawn(move || {
+                    let stream = std::net::TcpStream::connect(addr).unwrap();
+                    stream.set_nodelay(true).unwrap();
+                    let mut w = stream.try_clone().unwrap();
+                    let mut r = BufReader::new(stream);
+                    let req = format!("GET {route} HTTP/1.1\r\nHost: x\r\n\r\n");
+                    let mut lat = Vec::new();
+                    while std::time::Instant::now() < deadline {
+                        let t = std::time::Instant::now();
+                        w.write_all(req.as_bytes()).unwrap();
+                        let mut len = 0usize;
+                        let mut line = String::new();
+                        let mut status = String::new();
+                        loop {
+                            line.clear();
+                            r.read_line(&mut line).unwrap();
+                            if status.is_empty() {
+                                status = line.clone();
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            if let Some(v) =
+                                line.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                len = v.trim().parse().unwrap();
+                            }
+                        }
+                        let mut body = vec![0u8; len];
+                        r.read_exact(&mut body).unwrap();
+                        assert!(status.contains(" 200 "), "{status}");
+                        lat.push(t.elapsed());
+                    }
+                    lat
+                })
+            })
+            .collect();
+        let mut lat: Vec<std::time::Duration> = handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        lat.sort();
+        let n = lat.len();
+        println!(
+            "{route}: {clients} clients, {:.0} req/s, p50 {:?}, p99 {:?}",
+            n as f64 / secs as f64,
+            lat[n / 2],
+            lat[n * 99 / 100]
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let opened = attacker.join().unwrap();
+    println!("slow-client connections opened during the run: {opened} (target {slow} open)");
+}
+
+#[test]
+fn per_ip_rate_limit_answers_json_429_after_the_burst() {
+    use std::io::{Read, Write};
+    let addr = spawn_server(
+        server().state.clone(),
+        kakehi::http::HttpConfig {
+            rate_limit_per_ip: Some(kakehi::http::RateLimit {
+                per_second: 0.5,
+                burst: 3,
+            }),
+            ..Default::default()
+        },
+    );
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let status = || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /blocks/tip/height HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).unwrap();
+        buf
+    };
+    for _ in 0..3 {
+        assert!(status().starts_with("HTTP/1.1 200"));
+    }
+    let r = status();
+    assert!(r.starts_with("HTTP/1.1 429"), "{r}");
+    assert!(r.contains("\"code\":429"), "{r}");
+    assert!(r.to_ascii_lowercase().contains("retry-after: 1"), "{r}");
+}
+
+/// Every block of blocks.dat (best and stale), in file order.
+fn all_blocks() -> Vec<bitcoin::Block> {
+    let raw = std::fs::read(data("regtest-a/blocks.dat")).unwrap();
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos + 8 <= raw.len() {
+        let len = u32::from_le_bytes(raw[pos + 4..pos + 8].try_into().unwrap()) as usize;
+        out.push(bitcoin::consensus::deserialize(&raw[pos + 8..pos + 8 + len]).unwrap());
+        pos += 8 + len;
+    }
+    out
+}
+
+#[test]
+fn stale_blocks_are_served_and_their_transactions_resolve_to_the_active_chain_only() {
+    let c = client();
+    let meta = json("regtest-a/chain.json");
+    let blocks = all_blocks();
+    let on_best: Vec<bool> = meta["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["on_best_chain"].as_bool().unwrap())
+        .collect();
+    let best_txids: std::collections::HashSet<Txid> =
+        chain().txids.iter().flatten().copied().collect();
+    let (mut stale_only, mut reincluded) = (0, 0);
+    for (b, best) in blocks.iter().zip(&on_best) {
+        if *best {
+            continue;
+        }
+        let hash = b.block_hash();
+        let txids: Vec<Txid> = b.txdata.iter().map(|t| t.compute_txid()).collect();
+        assert_eq!(c.get_block_txids(&hash).unwrap(), txids);
+        assert!(!c.get_block_status(&hash).unwrap().in_best_chain);
+        for txid in &txids[1..] {
+            let status = c.get_tx_status(txid);
+            if best_txids.contains(txid) {
+                // Re-included on the active chain: the active block answers.
+                let st = status.unwrap();
+                assert!(st.confirmed);
+                let h = st.block_height.unwrap();
+                assert_ne!(st.block_hash, Some(hash));
+                assert!(chain().txids[h as usize - 1].contains(txid));
+                reincluded += 1;
+            } else {
+                assert_eq!(
+                    c.get_tx_info(txid).unwrap(),
+                    None,
+                    "{txid} is only in stale blocks"
+                );
+                stale_only += 1;
+            }
+        }
+    }
+    assert!(
+        stale_only > 0 && reincluded > 0,
+        "{stale_only} {reincluded}"
+    );
+}
