@@ -1238,6 +1238,8 @@ impl Chainstate {
                 .then(|| MerkleBlock::from_header_txids_with_predicate(header, ids, |t| t == txid))
         };
         Ok(self.archive.prove_with(outpoints, &txoutproof)?)
+    }
+}
 
 /// Header storage for the P2P layer (`src/p2p/node_backend.rs`): headers
 /// accepted without block data.
@@ -1297,6 +1299,8 @@ impl Chainstate {
     /// [`PipelineError`] when a store fails.
     pub fn activate_stored_blocks(&mut self) -> Result<(), PipelineError> {
         self.activate_best_chain()
+    }
+}
 
 /// Read methods for the HTTP API (httpapi helper): the transaction index and
 /// the UTXO table's records, through `&self` so readers share the read lock.

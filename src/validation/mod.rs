@@ -57,7 +57,7 @@ use bitcoin::hashes::Hash;
 use bitcoin::{Block, BlockHash, Network, OutPoint, Script, Transaction, TxMerkleNode, Txid};
 
 use crate::chain::params::{
-    ChainParams, COINBASE_MATURITY, MAX_BLOCK_SIGOPS_COST, MAX_BLOCK_WEIGHT, MAX_MONEY,
+    ChainParams, MAX_BLOCK_SIGOPS_COST, MAX_BLOCK_WEIGHT, MAX_MONEY,
 };
 use crate::sozu::Coin;
 use sigops::WITNESS_SCALE_FACTOR;
