@@ -17,7 +17,10 @@ use kakehi::node::{open_chainstate, DataDir};
 fn main() {
     let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testnet-data/regtest-a/blocks.dat");
     let params = ChainParams::new(Network::Regtest);
-    let runs: usize = std::env::var("KAKEHI_BENCH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let runs: usize = std::env::var("KAKEHI_BENCH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
     let records = read_file(&file, &params).expect("read");
     let blocks = records.len() as f64;
     let txs: usize = records.iter().map(|r| r.block.txdata.len()).sum();
@@ -35,12 +38,29 @@ fn main() {
         let datadir = DataDir::open(dir.path()).expect("datadir");
         let chain = RwLock::new(open_chainstate(params.clone(), &datadir).expect("open"));
         let t = Instant::now();
-        let s = import_files(&chain, std::slice::from_ref(&file), &AtomicBool::new(false), false).expect("import");
+        let s = import_files(
+            &chain,
+            std::slice::from_ref(&file),
+            &AtomicBool::new(false),
+            false,
+        )
+        .expect("import");
         best_import = best_import.min(t.elapsed().as_secs_f64());
         assert_eq!(s.tip_height, 1500);
     }
-    println!("regtest-a: {blocks} blocks, {txs} transactions (coinbases included), best of {runs} runs");
-    println!("import (full pipeline, one commit per block): {:.2} s, {:.0} blocks/s, {:.0} tx/s", best_import, blocks / best_import, txs as f64 / best_import);
-    println!("decode only (baseline): {:.3} s, {:.0} blocks/s", best_decode, blocks / best_decode);
+    println!(
+        "regtest-a: {blocks} blocks, {txs} transactions (coinbases included), best of {runs} runs"
+    );
+    println!(
+        "import (full pipeline, one commit per block): {:.2} s, {:.0} blocks/s, {:.0} tx/s",
+        best_import,
+        blocks / best_import,
+        txs as f64 / best_import
+    );
+    println!(
+        "decode only (baseline): {:.3} s, {:.0} blocks/s",
+        best_decode,
+        blocks / best_decode
+    );
     println!("vs decode-only: {:.3}x", best_decode / best_import);
 }

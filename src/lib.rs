@@ -12,10 +12,6 @@ pub mod chain;
 pub mod config;
 pub mod filters;
 pub mod http;
-/// Archive routes (`src/http/archive.rs`); to be declared `pub mod archive;`
-/// in `src/http/mod.rs` when merged.
-#[path = "http/archive.rs"]
-pub mod http_archive;
 pub mod import;
 pub mod node;
 pub mod p2p;

@@ -117,6 +117,33 @@ enum Command {
     /// Configuration commands.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Archival proof commands (docs/archive.md).
+    #[command(subcommand)]
+    Proof(ProofCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum ProofCommand {
+    /// Verify a proof (the JSON the HTTP proof routes return, as is, or its
+    /// binary form) with no database, against an epoch root or the archive
+    /// commitment (64 hex characters each). Prints one SPENT or ABSENT line
+    /// per outpoint; exits 1 with the reason if any byte was tampered with.
+    Verify {
+        /// Epoch Merkle root the proof must lead to.
+        #[arg(
+            long,
+            value_name = "HEX",
+            conflicts_with = "commitment",
+            required_unless_present = "commitment"
+        )]
+        root: Option<String>,
+        /// Archive commitment (GET /archive/commitment) the proof must lead to.
+        #[arg(long, value_name = "HEX")]
+        commitment: Option<String>,
+        /// The proof file.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -194,6 +221,28 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Command::Proof(ProofCommand::Verify {
+        root,
+        commitment,
+        file,
+    }) = &cli.command
+    {
+        // Needs no datadir and no configuration: a pure check.
+        return match kakehi::archive::cli::verify_command(
+            root.as_deref(),
+            commitment.as_deref(),
+            file,
+        ) {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Command::Config(ConfigCommand::Show) = cli.command {
         return match config.to_toml() {
             Ok(text) => {
@@ -325,7 +374,8 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Config(ConfigCommand::Show) => Ok(ExitCode::SUCCESS),
+        // Handled in main() before the datadir is opened.
+        Command::Config(ConfigCommand::Show) | Command::Proof(_) => Ok(ExitCode::SUCCESS),
     }
 }
 
@@ -352,31 +402,26 @@ fn run_node(
         }
     }
 
-    // ---- P2P START GOES HERE -------------------------------------------
-    // The P2P layer (src/p2p) is wired by the lead. Its inputs are resolved:
-    // `config.p2p.listen` (Option<SocketAddr>, inbound), `config.p2p.connect`
-    // (Vec<PeerAddress>, exclusive peers; `PeerAddress::resolve` gives the
-    // socket addresses), `config.p2p.addnode` (Vec<PeerAddress>, extra peers), `chain` (the one writer, shared),
-    // `stop` (shutdown flag: the sync must check it between blocks) and
-    // `runtime` (spawn the P2P tasks on it before the HTTP server below).
-    if config.p2p.listen.is_some()
-        || !config.p2p.connect.is_empty()
-        || !config.p2p.addnode.is_empty()
-    {
-        let join = |v: &[PeerAddress]| {
-            v.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        tracing::warn!(
-            listen = ?config.p2p.listen,
-            connect = %join(&config.p2p.connect),
-            addnode = %join(&config.p2p.addnode),
-            "P2P options are set but this build does not start the P2P layer yet"
-        );
-    }
-    // ---------------------------------------------------------------------
+    // P2P: inbound only with --listen; outbound to --connect peers only
+    // (no DNS seeds then), else --addnode peers plus the network's DNS seeds.
+    let resolve = |v: &[PeerAddress]| -> anyhow::Result<Vec<std::net::SocketAddr>> {
+        let mut out = Vec::new();
+        for p in v {
+            out.extend(p.resolve().with_context(|| format!("resolving peer {p}"))?);
+        }
+        Ok(out)
+    };
+    let mut p2p_config = kakehi::p2p::P2pConfig::default();
+    p2p_config.listen = config.p2p.listen;
+    p2p_config.connect = resolve(&config.p2p.connect)?;
+    p2p_config.addnode = resolve(&config.p2p.addnode)?;
+    p2p_config.dns_seeds = config.p2p.connect.is_empty();
+    p2p_config.addr_file = Some(config.datadir.join("peers.json"));
+    let (p2p_stop_tx, p2p_stop_rx) = tokio::sync::watch::channel(false);
+    let (_p2p, p2p_task) = {
+        let _guard = runtime.enter();
+        kakehi::p2p::start_p2p(chain.clone(), p2p_config, p2p_stop_rx)
+    };
 
     let addr = config.http.address;
     let state = kakehi::http::AppState { chain };
@@ -391,6 +436,12 @@ fn run_node(
             kakehi::http::serve(addr, state, shutdown).await
         })
         .with_context(|| format!("HTTP API on {addr}"))?;
+    let _ = p2p_stop_tx.send(true);
+    match runtime.block_on(p2p_task) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("P2P layer: {e}"),
+        Err(e) => tracing::error!("P2P task: {e}"),
+    }
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -669,7 +669,11 @@ impl Chainstate {
             if e.is_mutation() {
                 // A mutated block (CVE-2012-2459 and friends) says nothing
                 // about the header: another body may be valid. The header
-                // stays headers-only.
+                // stays headers-only, and is stored as such so ids on disk
+                // stay dense.
+                let mut batch = WriteBatch::default();
+                self.put_record(&mut batch, id);
+                self.store.commit(batch)?;
                 return Ok(self.reject(reason, detail));
             }
             let changed = self.index.mark_invalid(id);

@@ -80,6 +80,21 @@ fn invalid_blocks_are_rejected_with_the_reference_reason_and_the_tip_stays() {
         "{outcome:?}"
     );
     assert_eq!(tip(&node).0, 1501);
+    // Everything above (including the mutated block's header, kept
+    // headers-only) reopens from disk to the same state.
+    let expected = tip(&node);
+    let TestNode {
+        dir: _dir,
+        datadir,
+        chain,
+    } = node;
+    drop(chain);
+    let reopened = kakehi::node::open_chainstate(ChainParams::new(Network::Regtest), &datadir)
+        .expect("reopen");
+    assert_eq!(
+        (reopened.index().tip().height, reopened.index().tip().hash),
+        expected
+    );
 }
 
 #[test]

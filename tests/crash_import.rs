@@ -15,7 +15,10 @@ use kakehi::node::{open_chainstate, DataDir};
 
 fn kakehi(datadir: &std::path::Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kakehi"));
-    c.arg("--network").arg("regtest").arg("--datadir").arg(datadir);
+    c.arg("--network")
+        .arg("regtest")
+        .arg("--datadir")
+        .arg(datadir);
     c.env("RUST_LOG", "warn");
     c
 }
@@ -34,8 +37,16 @@ impl Rng {
 
 #[test]
 fn kill_9_during_import_then_resume_reaches_the_reference_state() {
-    let kills: usize = if std::env::var_os("KAKEHI_LONG").is_some() { 200 } else { 20 };
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let kills: usize = if std::env::var_os("KAKEHI_LONG").is_some() {
+        200
+    } else {
+        20
+    };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
     eprintln!("crash test seed {seed}");
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().unwrap();
@@ -44,7 +55,12 @@ fn kill_9_during_import_then_resume_reaches_the_reference_state() {
     // Calibrate: how long does a full import take here?
     let calib = tempfile::tempdir().unwrap();
     let t = Instant::now();
-    let ok = kakehi(calib.path()).arg("import").arg(&blocks).stdout(Stdio::null()).status().unwrap();
+    let ok = kakehi(calib.path())
+        .arg("import")
+        .arg(&blocks)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
     assert!(ok.success());
     let full = t.elapsed();
     drop(calib);
@@ -72,24 +88,51 @@ fn kill_9_during_import_then_resume_reaches_the_reference_state() {
             }
         }
     }
-    assert!(killed_mid_import >= kills / 2, "only {killed_mid_import} of {kills} kills landed mid-import");
+    assert!(
+        killed_mid_import >= kills / 2,
+        "only {killed_mid_import} of {kills} kills landed mid-import"
+    );
 
     // Resume to the end.
-    let out = kakehi(dir.path()).arg("import").arg(&blocks).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = kakehi(dir.path())
+        .arg("import")
+        .arg(&blocks)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let dump = kakehi(dir.path()).arg("dump-utxos").output().unwrap();
     assert!(dump.status.success());
-    assert!(dump.stdout == std::fs::read(data("regtest-a/utxos.txt")).unwrap(), "UTXO dump differs after {killed_mid_import} kills (seed {seed})");
+    assert!(
+        dump.stdout == std::fs::read(data("regtest-a/utxos.txt")).unwrap(),
+        "UTXO dump differs after {killed_mid_import} kills (seed {seed})"
+    );
 
     let datadir = DataDir::open(dir.path()).unwrap();
     let cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).unwrap();
     let chain = json("regtest-a/chain.json");
-    assert_eq!(cs.index().tip().hash.to_string(), chain["tip_hash"].as_str().unwrap());
+    assert_eq!(
+        cs.index().tip().hash.to_string(),
+        chain["tip_hash"].as_str().unwrap()
+    );
     let reference = json("regtest-a/utxo.json");
-    assert_eq!(cs.utxo_stats().txouts, reference["txouts"].as_u64().unwrap());
+    assert_eq!(
+        cs.utxo_stats().txouts,
+        reference["txouts"].as_u64().unwrap()
+    );
     for f in json("regtest-a/filters.json").as_array().unwrap() {
         let hash: BlockHash = f["hash"].as_str().unwrap().parse().unwrap();
-        let (_, header) = cs.filter(cs.index().id_of(&hash).unwrap()).unwrap().unwrap();
-        assert_eq!(header.to_string(), f["filter_header"].as_str().unwrap(), "seed {seed}");
+        let (_, header) = cs
+            .filter(cs.index().id_of(&hash).unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            header.to_string(),
+            f["filter_header"].as_str().unwrap(),
+            "seed {seed}"
+        );
     }
 }

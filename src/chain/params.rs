@@ -111,8 +111,14 @@ impl ChainParams {
                 ),
                 archive_epoch_length: 2016,
                 bip30_exceptions: &[
-                    (91_842, "00000000000a4d0a398161ffc163c503763b1f4360639393e0e4c8e300e0caec"),
-                    (91_880, "00000000000743f190a18c5577a3c2d2a1f610ae9601ac046a38084ccb7cd721"),
+                    (
+                        91_842,
+                        "00000000000a4d0a398161ffc163c503763b1f4360639393e0e4c8e300e0caec",
+                    ),
+                    (
+                        91_880,
+                        "00000000000743f190a18c5577a3c2d2a1f610ae9601ac046a38084ccb7cd721",
+                    ),
                 ],
             },
             Network::Testnet => ChainParams {
@@ -153,7 +159,10 @@ impl ChainParams {
                 enforce_bip94: true,
                 p2p_port: 48333,
                 http_port: 3004,
-                dns_seeds: &["seed.testnet4.bitcoin.sprovoost.nl", "seed.testnet4.wiz.biz"],
+                dns_seeds: &[
+                    "seed.testnet4.bitcoin.sprovoost.nl",
+                    "seed.testnet4.wiz.biz",
+                ],
                 minimum_chain_work: hex32(
                     "0000000000000000000000000000000000000000000001d6dce8651b6094e4c1",
                 ),
@@ -173,7 +182,10 @@ impl ChainParams {
                 enforce_bip94: false,
                 p2p_port: 38333,
                 http_port: 3003,
-                dns_seeds: &["seed.signet.bitcoin.sprovoost.nl", "seed.signet.achownodes.xyz"],
+                dns_seeds: &[
+                    "seed.signet.bitcoin.sprovoost.nl",
+                    "seed.signet.achownodes.xyz",
+                ],
                 minimum_chain_work: hex32(
                     "00000000000000000000000000000000000000000000000000000b463ea0a4b8",
                 ),
@@ -236,7 +248,9 @@ impl ChainParams {
     /// Whether `hash` at `height` is one of BIP30's two exceptions.
     pub fn is_bip30_exception(&self, height: u32, hash: &BlockHash) -> bool {
         let shown = hash.to_string();
-        self.bip30_exceptions.iter().any(|(h, s)| *h == height && *s == shown)
+        self.bip30_exceptions
+            .iter()
+            .any(|(h, s)| *h == height && *s == shown)
     }
 
     /// The name kakehi uses for the network on the CLI and in paths

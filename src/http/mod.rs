@@ -18,6 +18,7 @@ use bitcoin::BlockHash;
 
 use crate::pipeline::Chainstate;
 
+pub mod archive;
 mod core_rest;
 pub mod esplora;
 mod light;
@@ -363,6 +364,9 @@ fn routes(list: &mut Vec<(&'static str, &'static str)>) -> Router<AppState> {
     );
     r = add(r, "get", "/block/{hash}/raw", get(esplora::block_raw));
     r = add(r, "post", "/tx", post(esplora::post_tx));
+    for (m, p, h) in archive::route_table() {
+        r = add(r, m, p, h);
+    }
     r = add(r, "get", "/tx/{txid}", get(esplora::tx));
     r = add(r, "get", "/tx/{txid}/hex", get(esplora::tx_hex));
     r = add(r, "get", "/tx/{txid}/raw", get(esplora::tx_raw));

@@ -10,9 +10,7 @@ use std::collections::BTreeMap;
 
 use bitcoin::OutPoint;
 
-use super::types::{
-    BlockOracle, BlockWrite, CommitTag, Entry, Production, ViewStatus,
-};
+use super::types::{BlockOracle, BlockWrite, CommitTag, Entry, Production, ViewStatus};
 use super::{SozuError, UtxoTable};
 
 /// The in-memory model: a sorted map and a committed snapshot.
@@ -57,13 +55,18 @@ impl UtxoTable for ModelTable {
         purged: &mut dyn FnMut(Entry),
     ) -> Result<(), SozuError> {
         for new in &write.created {
-            let production = Production { block: write.block, height: write.height };
+            let production = Production {
+                block: write.block,
+                height: write.height,
+            };
             match self.live.get_mut(&new.outpoint) {
                 Some(entry) => {
                     if entry.coin.value != new.coin.value
                         || entry.coin.script_pubkey != new.coin.script_pubkey
                     {
-                        return Err(SozuError::CoinMismatch { outpoint: new.outpoint });
+                        return Err(SozuError::CoinMismatch {
+                            outpoint: new.outpoint,
+                        });
                     }
                     entry.merge_records(&[production], &[]);
                 }
@@ -81,10 +84,9 @@ impl UtxoTable for ModelTable {
             }
         }
         for (outpoint, consumption) in &write.spent {
-            let entry = self
-                .live
-                .get_mut(outpoint)
-                .ok_or(SozuError::MissingEntry { outpoint: *outpoint })?;
+            let entry = self.live.get_mut(outpoint).ok_or(SozuError::MissingEntry {
+                outpoint: *outpoint,
+            })?;
             entry.merge_records(&[], &[*consumption]);
         }
         let dead: Vec<OutPoint> = self

@@ -33,7 +33,10 @@ pub fn key_outpoint(key: &OutPointKey) -> OutPoint {
     txid.copy_from_slice(&key[..32]);
     let mut vout = [0u8; 4];
     vout.copy_from_slice(&key[32..]);
-    OutPoint { txid: Txid::from_byte_array(txid), vout: u32::from_be_bytes(vout) }
+    OutPoint {
+        txid: Txid::from_byte_array(txid),
+        vout: u32::from_be_bytes(vout),
+    }
 }
 
 /// The immutable part of a transaction output as the table stores it.
@@ -123,12 +126,19 @@ impl Entry {
 
     /// The creation height on the branch `view` describes, if produced there.
     pub fn creation_height_in(&self, view: &dyn ChainView) -> Option<u32> {
-        self.produced.iter().find(|p| view.contains(p.block)).map(|p| p.height)
+        self.produced
+            .iter()
+            .find(|p| view.contains(p.block))
+            .map(|p| p.height)
     }
 
     /// Highest production height (the spill order and `max height` use it).
     pub fn max_production_height(&self) -> u32 {
-        self.produced.iter().map(|p| p.height).max().unwrap_or(self.coin.height)
+        self.produced
+            .iter()
+            .map(|p| p.height)
+            .max()
+            .unwrap_or(self.coin.height)
     }
 
     /// Merges `other`'s lifecycle records into `self` (set union, sorted).
@@ -161,8 +171,7 @@ impl Entry {
             .any(|c| oracle.best_height(c.block).is_some_and(deep));
         let dead = !self.produced.is_empty()
             && self.produced.iter().all(|p| {
-                oracle.best_height(p.block).is_none()
-                    && oracle.height(p.block).is_some_and(deep)
+                oracle.best_height(p.block).is_none() && oracle.height(p.block).is_some_and(deep)
             });
         permanently_consumed || dead
     }
@@ -171,7 +180,9 @@ impl Entry {
     /// seed's spill order, "consumed on all known chains": stale branches
     /// are about to die, so the best chain is the one that matters).
     pub fn is_consumed_on_best(&self, oracle: &dyn BlockOracle) -> bool {
-        self.consumed.iter().any(|c| oracle.best_height(c.block).is_some())
+        self.consumed
+            .iter()
+            .any(|c| oracle.best_height(c.block).is_some())
     }
 }
 

@@ -56,9 +56,7 @@ use bitcoin::blockdata::script::Builder;
 use bitcoin::hashes::Hash;
 use bitcoin::{Block, BlockHash, Network, OutPoint, Script, Transaction, TxMerkleNode, Txid};
 
-use crate::chain::params::{
-    ChainParams, MAX_BLOCK_SIGOPS_COST, MAX_BLOCK_WEIGHT, MAX_MONEY,
-};
+use crate::chain::params::{ChainParams, MAX_BLOCK_SIGOPS_COST, MAX_BLOCK_WEIGHT, MAX_MONEY};
 use crate::sozu::Coin;
 use sigops::WITNESS_SCALE_FACTOR;
 
