@@ -391,11 +391,10 @@ fn run_node(
         let stop2 = stop.clone();
         let chain2 = chain.clone();
         let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let summary = runtime
-            .block_on(tokio::task::spawn_blocking(move || {
-                kakehi::import::import_files(&chain2, &import, &stop2, progress)
-            }))
-            .context("import task")??;
+        let task = runtime.spawn_blocking(move || {
+            kakehi::import::import_files(&chain2, &import, &stop2, progress)
+        });
+        let summary = runtime.block_on(task).context("import task")??;
         print_summary(&summary);
         if summary.interrupted {
             return Ok(ExitCode::SUCCESS);

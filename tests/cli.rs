@@ -410,3 +410,64 @@ fn sigterm_during_import_stops_at_a_boundary_and_resumes() {
         "dump-utxos differs from regtest-a/utxos.txt"
     );
 }
+
+/// A plain HTTP/1.1 GET on loopback; returns the body.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+/// The README's main job: `run --import regtest-a/blocks.dat` imports the
+/// whole chain, serves HTTP with the reference tip, stops on SIGTERM, and a
+/// second start on the same datadir reuses it (every block already known).
+#[test]
+fn main_job_imports_serves_and_restarts_on_the_same_datadir() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let datadir = home.path().join("node");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let http = format!("127.0.0.1:{port}");
+    let blocks = data("regtest-a/blocks.dat");
+    let args = [
+        "run",
+        "--http",
+        http.as_str(),
+        "--import",
+        blocks.to_str().unwrap(),
+    ];
+    let tip = "4d03eb095dbd6156a7f4477ad4811d99b03399ad89ce528dd0048dd23b66e9bb";
+    for round in 0..2 {
+        let (mut node, mut stderr) = spawn(home.path(), &datadir, &args);
+        wait_for(&mut stderr, "HTTP API listening");
+        assert_eq!(
+            http_get(port, "/blocks/tip/height").trim(),
+            "1500",
+            "round {round}"
+        );
+        assert_eq!(http_get(port, "/blocks/tip/hash").trim(), tip);
+        sigterm(&node);
+        wait_for(&mut stderr, "stopped");
+        let out = node.wait_with_output().expect("wait");
+        assert!(out.status.success());
+        let summary = text(&out.stdout);
+        let expected = if round == 0 {
+            "1529 accepted"
+        } else {
+            "1529 already known"
+        };
+        assert!(summary.contains(expected), "round {round}: {summary}");
+    }
+}
