@@ -450,7 +450,7 @@ fn main_job_imports_serves_and_restarts_on_the_same_datadir() {
     ];
     let tip = "4d03eb095dbd6156a7f4477ad4811d99b03399ad89ce528dd0048dd23b66e9bb";
     for round in 0..2 {
-        let (mut node, mut stderr) = spawn(home.path(), &datadir, &args);
+        let (node, mut stderr) = spawn(home.path(), &datadir, &args);
         wait_for(&mut stderr, "HTTP API listening");
         assert_eq!(
             http_get(port, "/blocks/tip/height").trim(),
