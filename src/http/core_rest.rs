@@ -8,9 +8,11 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bitcoin::consensus::encode::serialize;
-use bitcoin::hashes::Hash;
 
-use super::{bin_or_hex, parse_hash, read, split_format, ApiError, ApiResult, AppState, Format};
+use super::{
+    active_run, bin_or_hex, parse_count, parse_hash, read, split_format, ApiError, ApiResult,
+    AppState, Format,
+};
 use crate::chain::index::IndexEntry;
 use crate::pipeline::Chainstate;
 
@@ -154,29 +156,10 @@ pub(super) async fn headers_legacy(
 async fn headers_common(s: AppState, file: String, count: String) -> ApiResult<Response> {
     let (hash, format) = split_format(&file)?;
     let hash = parse_hash(hash)?;
-    let count: u32 = count
-        .parse()
-        .ok()
-        .filter(|c| (1..=MAX_REST_HEADERS).contains(c))
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "count must be 1..={MAX_REST_HEADERS}, got {count:?}"
-            ))
-        })?;
+    let count = parse_count(&count, MAX_REST_HEADERS)?;
     read(&s, move |cs| {
         let index = cs.index();
-        let start = index
-            .by_hash(&hash)
-            .ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
-        let mut entries = vec![start];
-        if index.is_active(start.id) {
-            for h in start.height + 1..start.height.saturating_add(count) {
-                match index.active_at(h) {
-                    Some(e) => entries.push(e),
-                    None => break,
-                }
-            }
-        }
+        let entries = active_run(index, &hash, count)?;
         if format == Format::Json {
             let v: Vec<serde_json::Value> = entries.iter().map(|e| header_json(cs, e)).collect();
             return Ok(Json(v).into_response());
@@ -185,7 +168,6 @@ async fn headers_common(s: AppState, file: String, count: String) -> ApiResult<R
         for e in &entries {
             bytes.extend_from_slice(&serialize(&e.header));
         }
-        let _ = hash.as_byte_array();
         Ok(bin_or_hex(bytes, format))
     })
     .await

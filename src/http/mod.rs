@@ -239,6 +239,38 @@ struct CountQuery {
     count: Option<String>,
 }
 
+/// Parses a REST `count` (1..=`max`), or a 400 naming the range.
+pub(crate) fn parse_count(count: &str, max: u32) -> ApiResult<u32> {
+    count
+        .parse()
+        .ok()
+        .filter(|c| (1..=max).contains(c))
+        .ok_or_else(|| ApiError::bad_request(format!("count must be 1..={max}, got {count:?}")))
+}
+
+/// Core's REST walk for headers and filter headers: the block `hash`, then,
+/// if it is on the active chain, its successors there, `count` in all at
+/// most; 404 when the block is unknown.
+pub(crate) fn active_run<'a>(
+    index: &'a crate::chain::index::BlockIndex,
+    hash: &BlockHash,
+    count: u32,
+) -> ApiResult<Vec<&'a crate::chain::index::IndexEntry>> {
+    let start = index
+        .by_hash(hash)
+        .ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
+    let mut entries = vec![start];
+    if index.is_active(start.id) {
+        for h in start.height + 1..start.height.saturating_add(count) {
+            match index.active_at(h) {
+                Some(e) => entries.push(e),
+                None => break,
+            }
+        }
+    }
+    Ok(entries)
+}
+
 async fn rest_filterheaders(
     State(s): State<AppState>,
     Path(file): Path<String>,
@@ -258,30 +290,13 @@ async fn rest_filterheaders_legacy(
 async fn filterheaders(s: AppState, file: String, count: String) -> ApiResult<Response> {
     let (hash, format) = split_format(&file)?;
     let hash = parse_hash(hash)?;
-    let count: u32 = count
-        .parse()
-        .ok()
-        .filter(|c| (1..=MAX_FILTER_HEADERS).contains(c))
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "count must be 1..={MAX_FILTER_HEADERS}, got {count:?}"
-            ))
-        })?;
+    let count = parse_count(&count, MAX_FILTER_HEADERS)?;
     read(&s, move |cs| {
         let index = cs.index();
-        let start = index
-            .by_hash(&hash)
-            .ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
-        // Like Core: walk the active chain from the block (if it is on it).
-        let mut ids = vec![start.id];
-        if index.is_active(start.id) {
-            for h in start.height + 1..start.height + count {
-                match index.active_at(h) {
-                    Some(e) => ids.push(e.id),
-                    None => break,
-                }
-            }
-        }
+        let ids: Vec<_> = active_run(index, &hash, count)?
+            .iter()
+            .map(|e| e.id)
+            .collect();
         let mut headers = Vec::with_capacity(ids.len());
         for id in ids {
             match cs.filter(id).map_err(ApiError::internal)? {
