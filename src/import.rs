@@ -248,6 +248,7 @@ pub fn import_files(
             indicatif::ProgressBar::hidden()
         };
         let mut last_log = Instant::now();
+        let file_started = Instant::now();
         for (i, rec) in records.into_iter().enumerate() {
             if stop.load(Ordering::SeqCst) {
                 summary.interrupted = true;
@@ -274,12 +275,14 @@ pub fn import_files(
             }
             bar.inc(1);
             if last_log.elapsed().as_secs() >= 10 {
-                let rate = (i + 1) as f64 / started.elapsed().as_secs_f64().max(1e-9);
+                let rate = (i + 1) as f64 / file_started.elapsed().as_secs_f64().max(1e-9);
                 let height = chain.read().map(|c| c.index().tip_height()).unwrap_or(0);
+                let remaining = bar.length().unwrap_or(0).saturating_sub(bar.position());
                 tracing::info!(
                     height,
                     blocks_per_s = format!("{rate:.0}"),
-                    remaining = bar.length().unwrap_or(0).saturating_sub(bar.position()),
+                    remaining_blocks = remaining,
+                    eta_s = (remaining as f64 / rate.max(1e-9)).round() as u64,
                     "import progress"
                 );
                 last_log = Instant::now();

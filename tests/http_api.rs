@@ -928,3 +928,18 @@ fn stale_blocks_are_served_and_their_transactions_resolve_to_the_active_chain_on
         "{stale_only} {reincluded}"
     );
 }
+
+/// docs/http.md's route reference is checked against the OpenAPI document
+/// (which the test above checks against the router).
+#[test]
+fn http_doc_lists_every_openapi_path() {
+    let spec: serde_json::Value = serde_json::from_str(kakehi::http::OPENAPI_JSON).unwrap();
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/http.md")).unwrap();
+    for path in spec["paths"].as_object().unwrap().keys() {
+        assert!(
+            doc.contains(&format!("`{path}`")),
+            "docs/http.md does not list {path}"
+        );
+    }
+}
