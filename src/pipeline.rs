@@ -851,9 +851,9 @@ impl Chainstate {
                     .map(|a| self.index.median_time_past(a.id))
             },
         };
-        if let Err(e) = validation::check_block(block, &ctx) {
-            return Ok(Err(e));
-        }
+        // `check_block` already passed when the block was stored
+        // (`submit_block`), against the same parent: only the UTXO checks
+        // remain.
         let effects = match validation::connect_block(block, &ctx, &coins) {
             Ok(fx) => fx,
             Err(e) => return Ok(Err(e)),

@@ -1003,22 +1003,18 @@ impl Shard {
         let shard = self;
         let mut pages = Vec::new();
         let mut extents = Vec::new();
-        for addr in &shard.dirty_ram {
-            let b = shard.ram.get(addr).ok_or(SozuError::Poisoned)?;
-            let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
-                layer: addr.0,
-                page: addr.1,
-            })?;
-            pages.push(PageImage {
-                shard: shard.id,
-                layer: addr.0,
-                page: addr.1,
-                image,
-            });
-        }
         let mut dirty: Vec<(&Addr, &Bucket)> = shard.dirty.iter().collect();
         dirty.sort_by_key(|(a, _)| **a);
-        for (addr, b) in dirty {
+        // RAM-layer pages first, then disk pages in address order.
+        let ram = shard.dirty_ram.iter().map(|addr| {
+            shard
+                .ram
+                .get(addr)
+                .map(|b| (addr, b))
+                .ok_or(SozuError::Poisoned)
+        });
+        for item in ram.chain(dirty.into_iter().map(Ok)) {
+            let (addr, b) = item?;
             let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
                 layer: addr.0,
                 page: addr.1,
