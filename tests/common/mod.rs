@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod feed;
+pub mod python;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
