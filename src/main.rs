@@ -417,13 +417,16 @@ fn run_node(
     p2p_config.dns_seeds = config.p2p.connect.is_empty();
     p2p_config.addr_file = Some(config.datadir.join("peers.json"));
     let (p2p_stop_tx, p2p_stop_rx) = tokio::sync::watch::channel(false);
-    let (_p2p, p2p_task) = {
+    let (p2p, p2p_task) = {
         let _guard = runtime.enter();
         kakehi::p2p::start_p2p(chain.clone(), p2p_config, p2p_stop_rx)
     };
 
     let addr = config.http.address;
-    let state = kakehi::http::AppState { chain };
+    let state = kakehi::http::AppState {
+        chain,
+        p2p: Some(p2p),
+    };
     let stop2 = stop.clone();
     runtime
         .block_on(async move {

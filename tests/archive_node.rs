@@ -331,7 +331,7 @@ async fn http(
 async fn serve(chain: Arc<RwLock<Chainstate>>) -> std::net::SocketAddr {
     let app = axum::Router::new()
         .merge(archive_http::routes())
-        .with_state(AppState { chain });
+        .with_state(AppState { chain, p2p: None });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });

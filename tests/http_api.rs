@@ -33,6 +33,7 @@ fn server() -> &'static Server {
         let TestNode { dir, chain, .. } = node;
         let state = AppState {
             chain: Arc::new(chain),
+            p2p: None,
         };
         let addr = spawn_server(state.clone(), config());
         Server {

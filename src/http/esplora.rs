@@ -655,23 +655,52 @@ pub(super) async fn tx_outspends(
     .await
 }
 
-/// Hands a decoded transaction to the P2P layer for relay.
-///
-/// Not wired yet: always answers 503. The lead connects this to
-/// `P2pHandle::relay_transaction` (and returns the txid on success, as
-/// Esplora's `POST /tx` does in plain text).
+/// Hands a decoded transaction to the P2P layer for relay
+/// ([`crate::p2p::P2pHandle::relay_transaction`]: `inv` to peers that asked
+/// for transaction relay, `tx` on their `getdata`) and returns its txid, as
+/// Esplora's `POST /tx` does. Checked first, minimally (no mempool, no
+/// script or input checks): not a coinbase, at least one input and one
+/// output, not already confirmed on the active chain.
 ///
 /// # Errors
-/// 503 while no relay is connected.
-pub fn relay_transaction(_state: &AppState, tx: &Transaction) -> ApiResult<Txid> {
-    Err(ApiError::new(
-        axum::http::StatusCode::SERVICE_UNAVAILABLE,
-        format!(
-            "transaction {} is valid hex but cannot be broadcast: transaction relay to peers \
-             is not connected in this node",
-            tx.compute_txid()
-        ),
-    ))
+/// 400 for a coinbase, an empty input or output list, or a transaction
+/// already confirmed; 503 when P2P is not running in this node, its task
+/// stopped or its queue is full, or no peer is connected.
+pub async fn relay_transaction(state: &AppState, tx: Transaction) -> ApiResult<Txid> {
+    let txid = tx.compute_txid();
+    let unavailable = |m: String| ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, m);
+    if tx.is_coinbase() || tx.input.is_empty() || tx.output.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "transaction {txid} cannot be relayed: a coinbase, or no inputs or outputs"
+        )));
+    }
+    let Some(p2p) = state.p2p.clone() else {
+        return Err(unavailable(format!(
+            "transaction {txid} cannot be broadcast: no relay to peers, P2P is not running in this node"
+        )));
+    };
+    let confirmed = read(state, move |cs| {
+        let blocks = cs.tx_blocks(&txid).map_err(ApiError::internal)?;
+        Ok(blocks
+            .iter()
+            .find(|(id, _)| cs.index().is_active(*id))
+            .and_then(|(id, _)| cs.index().get(*id))
+            .map(|e| (e.height, e.hash)))
+    })
+    .await?;
+    if let Some((height, hash)) = confirmed {
+        return Err(ApiError::bad_request(format!(
+            "transaction {txid} is already in the block chain (block {hash}, height {height})"
+        )));
+    }
+    if p2p.peer_count() == 0 {
+        return Err(unavailable(format!(
+            "transaction {txid} not broadcast: no peer is connected"
+        )));
+    }
+    p2p.relay_transaction(tx)
+        .map_err(|e| unavailable(format!("transaction {txid} not broadcast: {e}")))?;
+    Ok(txid)
 }
 
 pub(super) async fn post_tx(
@@ -692,7 +721,7 @@ pub(super) async fn post_tx(
         .ok_or_else(|| ApiError::bad_request("body must be the transaction in hex"))?;
     let tx: Transaction = deserialize(&bytes)
         .map_err(|e| ApiError::bad_request(format!("transaction does not decode: {e}")))?;
-    let txid = relay_transaction(&s, &tx)?;
+    let txid = relay_transaction(&s, tx).await?;
     Ok(text(txid.to_string()))
 }
 

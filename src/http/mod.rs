@@ -35,6 +35,9 @@ pub const MAX_FILTER_HEADERS: u32 = 2000;
 pub struct AppState {
     /// The chain state (read side).
     pub chain: Arc<RwLock<Chainstate>>,
+    /// The running P2P layer, for `POST /tx` relay (`None`: no P2P; the
+    /// route then answers 503).
+    pub p2p: Option<crate::p2p::P2pHandle>,
 }
 
 /// An API error: status and message, rendered as `{"code","message"}`.

@@ -7,18 +7,24 @@
 //!   on the async executor: [`NodeBackend::params`], [`NodeBackend::tip`],
 //!   [`NodeBackend::best_header_tip`], [`NodeBackend::block_height`],
 //!   [`NodeBackend::locator`], [`NodeBackend::blocks_to_fetch`],
-//!   [`NodeBackend::filter_index_synced`];
+//!   [`NodeBackend::filter_index_synced`], [`NodeBackend::archive_ready`];
 //! - **blocking** methods (may read disk or validate) are always called
 //!   through [`tokio::task::spawn_blocking`]:
 //!   [`NodeBackend::headers_after`], [`NodeBackend::block_bytes`],
 //!   [`NodeBackend::accept_headers`], [`NodeBackend::submit_block`],
 //!   [`NodeBackend::cfilters`], [`NodeBackend::cfheaders`],
-//!   [`NodeBackend::cfcheckpt`].
+//!   [`NodeBackend::cfcheckpt`], [`NodeBackend::archive_epochs`],
+//!   [`NodeBackend::archive_proof`].
+//!
+//! [`NodeBackend::archive_ready`] is cheap; the three archive methods have
+//! defaults (no archive) so other backends need not implement them.
 
 use bitcoin::bip158::{FilterHash, FilterHeader};
 use bitcoin::block::Header;
 use bitcoin::{Block, BlockHash};
 
+use super::archive::{ArchEpochs, ArchiveQueryError};
+use crate::archive::ProofBatch;
 use crate::chain::ChainParams;
 
 /// A boxed error from the node, carried as the `source` of the variants below.
@@ -113,6 +119,39 @@ pub trait NodeBackend: Send + Sync + 'static {
     /// # Errors
     /// See [`FilterQueryError`].
     fn cfcheckpt(&self, stop: BlockHash) -> Result<Vec<FilterHeader>, FilterQueryError>;
+
+    /// Whether the archive of spent outputs is ready to serve
+    /// (`NODE_ARCHIVE_PROOFS` is advertised only then; see
+    /// [`super::archive`]). Cheap. Default: no archive.
+    fn archive_ready(&self) -> bool {
+        false
+    }
+
+    /// Up to `count` sealed epoch headers from `start`, with the sealed
+    /// count and the commitment (`archepochs`). Blocking.
+    ///
+    /// # Errors
+    /// [`ArchiveQueryError`]; the default has no archive.
+    fn archive_epochs(&self, start: u32, count: u16) -> Result<ArchEpochs, ArchiveQueryError> {
+        let _ = (start, count);
+        Err(ArchiveQueryError::NoArchive)
+    }
+
+    /// A proof about `outpoints` (1..=1,000, distinct): against the
+    /// commitment, or in sealed epoch `epoch` only; with txoutproofs on
+    /// existence proofs when `txoutproofs`. Blocking.
+    ///
+    /// # Errors
+    /// [`ArchiveQueryError`]; the default has no archive.
+    fn archive_proof(
+        &self,
+        outpoints: &[bitcoin::OutPoint],
+        epoch: Option<u32>,
+        txoutproofs: bool,
+    ) -> Result<ProofBatch, ArchiveQueryError> {
+        let _ = (outpoints, epoch, txoutproofs);
+        Err(ArchiveQueryError::NoArchive)
+    }
 }
 
 /// Result of [`NodeBackend::accept_headers`].

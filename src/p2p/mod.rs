@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod addrman;
+pub mod archive;
 pub mod backend;
 pub mod codec;
 mod net;

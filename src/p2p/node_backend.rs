@@ -27,6 +27,7 @@ use bitcoin::pow::{Target, Work};
 use bitcoin::{Block, BlockHash};
 use tokio::sync::watch;
 
+use super::archive::{ArchEpochs, ArchiveQueryError};
 use super::backend::{
     FilterQueryError, HeadersError, HeadersOutcome, NodeBackend, SubmitError, SubmitOutcome,
 };
@@ -96,6 +97,8 @@ struct View {
     /// active chain, ≤ 1,024 heights above the tip, in chain order.
     fetch: Vec<BlockHash>,
     synced: bool,
+    /// [`super::archive::node_ready`] at the last refresh.
+    archive_ready: bool,
 }
 
 impl Default for View {
@@ -111,6 +114,7 @@ impl Default for View {
             locator: Vec::new(),
             fetch: Vec::new(),
             synced: false,
+            archive_ready: false,
         }
     }
 }
@@ -182,6 +186,7 @@ impl View {
             None => true,
             Some((id, _)) => !index.get(*id).is_some_and(|e| e.status.has_data()),
         };
+        self.archive_ready = super::archive::node_ready(cs, best_height);
     }
 
     /// Rewrites `header_chain` to end at `best` (O(reorg depth)).
@@ -609,6 +614,31 @@ impl NodeBackend for NodeP2p {
             }
         }
         Ok(out)
+    }
+
+    fn archive_ready(&self) -> bool {
+        self.view().archive_ready
+    }
+
+    fn archive_epochs(&self, start: u32, count: u16) -> Result<ArchEpochs, ArchiveQueryError> {
+        let cs = self
+            .chain
+            .read()
+            .map_err(|e| ArchiveQueryError::Storage { source: storage(e) })?;
+        Ok(super::archive::node_epochs(&cs, start, count))
+    }
+
+    fn archive_proof(
+        &self,
+        outpoints: &[bitcoin::OutPoint],
+        epoch: Option<u32>,
+        txoutproofs: bool,
+    ) -> Result<crate::archive::ProofBatch, ArchiveQueryError> {
+        let cs = self
+            .chain
+            .read()
+            .map_err(|e| ArchiveQueryError::Storage { source: storage(e) })?;
+        super::archive::node_proof(&cs, outpoints, epoch, txoutproofs)
     }
 }
 

@@ -100,6 +100,9 @@ pub enum Misbehaviour {
         /// The type asked.
         filter_type: u8,
     },
+    /// A malformed or over-limit archive request (`docs/archive.md` §8).
+    #[error("archive message: {0}")]
+    Archive(#[source] super::archive::ArchiveMessageError),
     /// A filter request spanning too many blocks, or start above stop.
     #[error("{command}: start {start_height}, stop height {stop_height}, limit {max}")]
     FilterRange {
@@ -154,6 +157,13 @@ pub enum Disconnect {
     /// The node is shutting down.
     #[error("shutdown")]
     Shutdown,
+    /// A request for a service we did not advertise to this peer (an
+    /// archive request without `NODE_ARCHIVE_PROOFS`). Not discouraged.
+    #[error("{command} without the service advertised")]
+    NotAdvertised {
+        /// The command.
+        command: &'static str,
+    },
 }
 
 impl Disconnect {
@@ -357,6 +367,9 @@ impl Peer {
         let mut services = ServiceFlags::NETWORK | ServiceFlags::WITNESS;
         if self.net.backend.filter_index_synced() {
             services |= ServiceFlags::COMPACT_FILTERS;
+        }
+        if self.net.backend.archive_ready() {
+            services |= super::archive::archive_service();
         }
         self.our_services = services;
         let mut nonce = [0u8; 8];
@@ -761,6 +774,20 @@ impl Peer {
                     }
                 }
                 Ok(())
+            }
+            NetworkMessage::Unknown { command, payload } => {
+                let advertised = self.our_services.has(super::archive::archive_service());
+                let command = command.to_string();
+                match super::archive::on_message(self.backend(), advertised, &command, &payload)
+                    .await
+                {
+                    Ok(Some(reply)) => self.send(reply).await,
+                    Ok(None) => Ok(()),
+                    Err(super::archive::ArchiveMessageError::NotAdvertised { command }) => {
+                        Err(Disconnect::NotAdvertised { command })
+                    }
+                    Err(e) => Err(misbehaving(Misbehaviour::Archive(e))),
+                }
             }
             // No mempool, no compact blocks, no BIP37: ignored.
             _ => Ok(()),
