@@ -491,14 +491,75 @@ fn core_rest_headers_blocks_and_chaininfo_match_the_chain() {
     let b = &blocks[776];
     let (_, _, raw) = get(&format!("/rest/block/{}.bin", b.block_hash()));
     assert_eq!(raw, bitcoin::consensus::serialize(b));
+    let (_, _, js) = get(&format!("/rest/block/notxdetails/{}.json", b.block_hash()));
+    let v: serde_json::Value = serde_json::from_slice(&js).unwrap();
+    assert_eq!(v["nTx"].as_u64(), Some(b.txdata.len() as u64));
+    for (i, tx) in b.txdata.iter().enumerate() {
+        assert_eq!(v["tx"][i].as_str().unwrap(), tx.compute_txid().to_string());
+    }
+    assert_eq!(v["weight"].as_u64(), Some(b.weight().to_wu()));
+    // Full transactions (Core's `getblock 2` shape), fees from the prevouts
+    // found in the earlier blocks of blocks.dat.
     let (_, _, js) = get(&format!("/rest/block/{}.json", b.block_hash()));
     let v: serde_json::Value = serde_json::from_slice(&js).unwrap();
     assert_eq!(v["nTx"].as_u64(), Some(b.txdata.len() as u64));
-    assert_eq!(
-        v["tx"][0].as_str().unwrap(),
-        b.txdata[0].compute_txid().to_string()
-    );
-    assert_eq!(v["weight"].as_u64(), Some(b.weight().to_wu()));
+    let mut outputs: HashMap<bitcoin::OutPoint, u64> = HashMap::new();
+    for blk in &blocks[..=776] {
+        for tx in &blk.txdata {
+            for (n, o) in tx.output.iter().enumerate() {
+                outputs.insert(
+                    bitcoin::OutPoint::new(tx.compute_txid(), n as u32),
+                    o.value.to_sat(),
+                );
+            }
+        }
+    }
+    let btc = |sats: u64| sats as f64 / 1e8;
+    for (i, tx) in b.txdata.iter().enumerate() {
+        let t = &v["tx"][i];
+        assert_eq!(t["txid"], tx.compute_txid().to_string());
+        assert_eq!(t["hash"], tx.compute_wtxid().to_string());
+        assert_eq!(t["hex"], bitcoin::consensus::encode::serialize_hex(tx));
+        assert_eq!(t["size"].as_u64(), Some(tx.total_size() as u64));
+        assert_eq!(t["weight"].as_u64(), Some(tx.weight().to_wu()));
+        assert_eq!(t["vin"].as_array().unwrap().len(), tx.input.len());
+        for (n, o) in tx.output.iter().enumerate() {
+            let jo = &t["vout"][n];
+            assert_eq!(jo["n"].as_u64(), Some(n as u64));
+            assert_eq!(jo["value"].as_f64(), Some(btc(o.value.to_sat())));
+            assert_eq!(jo["scriptPubKey"]["hex"], hex(o.script_pubkey.as_bytes()));
+            let ty = jo["scriptPubKey"]["type"].as_str().unwrap();
+            if o.script_pubkey.is_p2wpkh() {
+                assert_eq!(ty, "witness_v0_keyhash");
+            }
+            if o.script_pubkey.is_p2pkh() {
+                assert_eq!(ty, "pubkeyhash");
+            }
+            let desc = jo["scriptPubKey"]["desc"].as_str().unwrap();
+            assert_eq!(desc.split_once('#').unwrap().1.len(), 8, "{desc}");
+        }
+        if i == 0 {
+            assert!(t["vin"][0]["coinbase"].is_string());
+            assert!(t.get("fee").is_none());
+            continue;
+        }
+        let total_in: u64 = tx
+            .input
+            .iter()
+            .map(|inp| outputs[&inp.previous_output])
+            .sum();
+        let total_out: u64 = tx.output.iter().map(|o| o.value.to_sat()).sum();
+        assert_eq!(
+            t["fee"].as_f64(),
+            Some(btc(total_in - total_out)),
+            "{}",
+            t["txid"]
+        );
+        assert_eq!(
+            t["vin"][0]["txid"],
+            tx.input[0].previous_output.txid.to_string()
+        );
+    }
     let (st, _, js) = get("/rest/chaininfo.json");
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_slice(&js).unwrap();

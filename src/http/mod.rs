@@ -20,12 +20,15 @@ use crate::pipeline::Chainstate;
 
 pub mod archive;
 mod core_rest;
+mod core_tx;
 pub mod esplora;
 mod light;
 pub mod metrics;
 mod server;
+mod status;
 
-pub use server::{serve_listener, serve_with, HttpConfig, RateLimit};
+pub use server::{serve_listener, serve_router, serve_with, HttpConfig, RateLimit};
+pub use status::STATUS_HTML;
 
 /// Largest `count` of `/rest/blockfilterheaders` (Core's `MAX_REST_HEADERS_RESULTS`).
 pub const MAX_FILTER_HEADERS: u32 = 2000;
@@ -428,6 +431,12 @@ fn routes(list: &mut Vec<(&'static str, &'static str)>) -> Router<AppState> {
     );
     r = add(r, "get", "/rest/chaininfo.json", get(core_rest::chaininfo));
     r = add(r, "get", "/rest/block/{file}", get(core_rest::block));
+    r = add(
+        r,
+        "get",
+        "/rest/block/notxdetails/{file}",
+        get(core_rest::block_notxdetails),
+    );
     r = add(r, "get", "/rest/headers/{file}", get(core_rest::headers));
     r = add(
         r,
@@ -439,6 +448,8 @@ fn routes(list: &mut Vec<(&'static str, &'static str)>) -> Router<AppState> {
     r = add(r, "get", "/filters/checkpoints", get(light::checkpoints));
     r = add(r, "get", "/metrics", get(metrics::metrics));
     r = add(r, "get", "/openapi.json", get(openapi));
+    r = add(r, "get", "/node/status", get(status::node_status));
+    r = add(r, "get", "/", get(status::page));
     r
 }
 
@@ -462,6 +473,7 @@ pub fn router_with(state: AppState, config: &HttpConfig) -> Router {
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn(server::json_errors))
         .layer(axum::extract::DefaultBodyLimit::max(config.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(
             limits.clone(),
