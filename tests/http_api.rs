@@ -376,6 +376,16 @@ fn core_filter_routes_return_filters_json_in_all_formats() {
         let h: BlockHash = hash.parse().unwrap();
         assert_eq!(bin[0], 0);
         assert_eq!(&bin[1..33], h.as_byte_array());
+        // (served from the filter cache after the .json fetch)
+        let want: Vec<u8> = bitcoin::consensus::encode::deserialize_hex::<Vec<u8>>(&format!(
+            "{}{filter}",
+            bitcoin::consensus::encode::serialize_hex(&bitcoin::VarInt(filter.len() as u64 / 2))
+        ))
+        .unwrap();
+        assert_eq!(
+            bitcoin::consensus::encode::serialize(&want),
+            bin[33..].to_vec()
+        );
         let (_, _, hx) = get(&format!("/rest/blockfilter/basic/{hash}.hex"));
         assert_eq!(String::from_utf8(hx).unwrap(), format!("{}\n", hex(&bin)));
         let (st, _, body) = get(&format!(
