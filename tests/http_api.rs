@@ -1014,3 +1014,24 @@ fn http_doc_lists_every_openapi_path() {
         );
     }
 }
+
+/// Without a P2P handle on the router, `/node/status` reports `peers: null`
+/// and `/metrics` has no peer gauge; the tip is chain.json's.
+#[test]
+fn node_status_without_p2p_reports_null_peers_and_the_tip() {
+    let (st, ctype, body) = get("/node/status");
+    assert_eq!(st, 200);
+    assert!(ctype.starts_with("application/json"), "{ctype}");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let c = json("regtest-a/chain.json");
+    assert_eq!(v["tip"]["height"], c["tip_height"]);
+    assert_eq!(v["tip"]["hash"], c["tip_hash"]);
+    assert_eq!(v["headers"]["hash"], c["tip_hash"]);
+    assert!(v["peers"].is_null(), "{v}");
+    let (_, _, m) = get("/metrics");
+    assert!(!String::from_utf8_lossy(&m).contains("kakehi_peers"));
+    let (st, ctype, page) = get("/");
+    assert_eq!(st, 200);
+    assert!(ctype.starts_with("text/html"), "{ctype}");
+    assert_eq!(page, kakehi::http::STATUS_HTML.as_bytes());
+}
