@@ -1357,3 +1357,21 @@ impl Chainstate {
         Ok(t.get_batch(outpoints)?)
     }
 }
+
+/// Added for the HTTP `/metrics` route (issue 6).
+impl Chainstate {
+    /// Statistics of the UTXO table ([`crate::sozu::SozuStats`]: entries and
+    /// fill per layer, bytes on disk, spills, purges), `None` when the table
+    /// keeps none. Scans every page of the table under its lock (blocks the
+    /// writer for the scan): callers cache the result.
+    ///
+    /// # Errors
+    /// UTXO-table storage failure or corruption.
+    pub fn table_stats(&self) -> Result<Option<crate::sozu::SozuStats>, PipelineError> {
+        let mut t = self
+            .table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(t.sozu_stats()?)
+    }
+}

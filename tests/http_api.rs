@@ -377,6 +377,16 @@ fn core_filter_routes_return_filters_json_in_all_formats() {
         let h: BlockHash = hash.parse().unwrap();
         assert_eq!(bin[0], 0);
         assert_eq!(&bin[1..33], h.as_byte_array());
+        // (served from the filter cache after the .json fetch)
+        let want: Vec<u8> = bitcoin::consensus::encode::deserialize_hex::<Vec<u8>>(&format!(
+            "{}{filter}",
+            bitcoin::consensus::encode::serialize_hex(&bitcoin::VarInt(filter.len() as u64 / 2))
+        ))
+        .unwrap();
+        assert_eq!(
+            bitcoin::consensus::encode::serialize(&want),
+            bin[33..].to_vec()
+        );
         let (_, _, hx) = get(&format!("/rest/blockfilter/basic/{hash}.hex"));
         assert_eq!(String::from_utf8(hx).unwrap(), format!("{}\n", hex(&bin)));
         let (st, _, body) = get(&format!(
@@ -492,14 +502,75 @@ fn core_rest_headers_blocks_and_chaininfo_match_the_chain() {
     let b = &blocks[776];
     let (_, _, raw) = get(&format!("/rest/block/{}.bin", b.block_hash()));
     assert_eq!(raw, bitcoin::consensus::serialize(b));
+    let (_, _, js) = get(&format!("/rest/block/notxdetails/{}.json", b.block_hash()));
+    let v: serde_json::Value = serde_json::from_slice(&js).unwrap();
+    assert_eq!(v["nTx"].as_u64(), Some(b.txdata.len() as u64));
+    for (i, tx) in b.txdata.iter().enumerate() {
+        assert_eq!(v["tx"][i].as_str().unwrap(), tx.compute_txid().to_string());
+    }
+    assert_eq!(v["weight"].as_u64(), Some(b.weight().to_wu()));
+    // Full transactions (Core's `getblock 2` shape), fees from the prevouts
+    // found in the earlier blocks of blocks.dat.
     let (_, _, js) = get(&format!("/rest/block/{}.json", b.block_hash()));
     let v: serde_json::Value = serde_json::from_slice(&js).unwrap();
     assert_eq!(v["nTx"].as_u64(), Some(b.txdata.len() as u64));
-    assert_eq!(
-        v["tx"][0].as_str().unwrap(),
-        b.txdata[0].compute_txid().to_string()
-    );
-    assert_eq!(v["weight"].as_u64(), Some(b.weight().to_wu()));
+    let mut outputs: HashMap<bitcoin::OutPoint, u64> = HashMap::new();
+    for blk in &blocks[..=776] {
+        for tx in &blk.txdata {
+            for (n, o) in tx.output.iter().enumerate() {
+                outputs.insert(
+                    bitcoin::OutPoint::new(tx.compute_txid(), n as u32),
+                    o.value.to_sat(),
+                );
+            }
+        }
+    }
+    let btc = |sats: u64| sats as f64 / 1e8;
+    for (i, tx) in b.txdata.iter().enumerate() {
+        let t = &v["tx"][i];
+        assert_eq!(t["txid"], tx.compute_txid().to_string());
+        assert_eq!(t["hash"], tx.compute_wtxid().to_string());
+        assert_eq!(t["hex"], bitcoin::consensus::encode::serialize_hex(tx));
+        assert_eq!(t["size"].as_u64(), Some(tx.total_size() as u64));
+        assert_eq!(t["weight"].as_u64(), Some(tx.weight().to_wu()));
+        assert_eq!(t["vin"].as_array().unwrap().len(), tx.input.len());
+        for (n, o) in tx.output.iter().enumerate() {
+            let jo = &t["vout"][n];
+            assert_eq!(jo["n"].as_u64(), Some(n as u64));
+            assert_eq!(jo["value"].as_f64(), Some(btc(o.value.to_sat())));
+            assert_eq!(jo["scriptPubKey"]["hex"], hex(o.script_pubkey.as_bytes()));
+            let ty = jo["scriptPubKey"]["type"].as_str().unwrap();
+            if o.script_pubkey.is_p2wpkh() {
+                assert_eq!(ty, "witness_v0_keyhash");
+            }
+            if o.script_pubkey.is_p2pkh() {
+                assert_eq!(ty, "pubkeyhash");
+            }
+            let desc = jo["scriptPubKey"]["desc"].as_str().unwrap();
+            assert_eq!(desc.split_once('#').unwrap().1.len(), 8, "{desc}");
+        }
+        if i == 0 {
+            assert!(t["vin"][0]["coinbase"].is_string());
+            assert!(t.get("fee").is_none());
+            continue;
+        }
+        let total_in: u64 = tx
+            .input
+            .iter()
+            .map(|inp| outputs[&inp.previous_output])
+            .sum();
+        let total_out: u64 = tx.output.iter().map(|o| o.value.to_sat()).sum();
+        assert_eq!(
+            t["fee"].as_f64(),
+            Some(btc(total_in - total_out)),
+            "{}",
+            t["txid"]
+        );
+        assert_eq!(
+            t["vin"][0]["txid"],
+            tx.input[0].previous_output.txid.to_string()
+        );
+    }
     let (st, _, js) = get("/rest/chaininfo.json");
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_slice(&js).unwrap();
@@ -943,4 +1014,25 @@ fn http_doc_lists_every_openapi_path() {
             "docs/http.md does not list {path}"
         );
     }
+}
+
+/// Without a P2P handle on the router, `/node/status` reports `peers: null`
+/// and `/metrics` has no peer gauge; the tip is chain.json's.
+#[test]
+fn node_status_without_p2p_reports_null_peers_and_the_tip() {
+    let (st, ctype, body) = get("/node/status");
+    assert_eq!(st, 200);
+    assert!(ctype.starts_with("application/json"), "{ctype}");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let c = json("regtest-a/chain.json");
+    assert_eq!(v["tip"]["height"], c["tip_height"]);
+    assert_eq!(v["tip"]["hash"], c["tip_hash"]);
+    assert_eq!(v["headers"]["hash"], c["tip_hash"]);
+    assert!(v["peers"].is_null(), "{v}");
+    let (_, _, m) = get("/metrics");
+    assert!(!String::from_utf8_lossy(&m).contains("kakehi_peers"));
+    let (st, ctype, page) = get("/");
+    assert_eq!(st, 200);
+    assert!(ctype.starts_with("text/html"), "{ctype}");
+    assert_eq!(page, kakehi::http::STATUS_HTML.as_bytes());
 }

@@ -82,12 +82,25 @@ pub(super) async fn chaininfo(State(s): State<AppState>) -> ApiResult<Response> 
 }
 
 /// `GET /rest/block/<hash>.<ext>`: the serialized block, or Core's block
-/// JSON with `tx` as the list of txids (Core's `notxdetails` form; the
-/// decoded transactions are not rendered).
+/// JSON with `tx` as full transaction objects (`getblock <hash> 2`, with
+/// `fee` from the block's stored spent outputs).
 pub(super) async fn block(
     State(s): State<AppState>,
     Path(file): Path<String>,
 ) -> ApiResult<Response> {
+    block_common(s, file, true).await
+}
+
+/// `GET /rest/block/notxdetails/<hash>.<ext>`: as [`block`], but the JSON
+/// `tx` is the list of txids (`getblock <hash> 1`).
+pub(super) async fn block_notxdetails(
+    State(s): State<AppState>,
+    Path(file): Path<String>,
+) -> ApiResult<Response> {
+    block_common(s, file, false).await
+}
+
+async fn block_common(s: AppState, file: String, tx_details: bool) -> ApiResult<Response> {
     let (hash, format) = split_format(&file)?;
     let hash = parse_hash(hash)?;
     read(&s, move |cs| {
@@ -118,12 +131,41 @@ pub(super) async fn block(
             .into();
         v["weight"] = block.weight().to_wu().into();
         v["nTx"] = block.txdata.len().into();
-        v["tx"] = block
-            .txdata
-            .iter()
-            .map(|t| t.compute_txid().to_string())
-            .collect::<Vec<_>>()
-            .into();
+        v["tx"] = if tx_details {
+            // Inputs' values per spending tx, from the block's spent outputs
+            // (Core's undo data; absent for a block never connected).
+            let mut input_totals: std::collections::HashMap<bitcoin::Txid, u64> =
+                std::collections::HashMap::new();
+            let spent = if e.height == 0 {
+                None
+            } else {
+                cs.spent_outputs(e.id).map_err(ApiError::internal)?
+            };
+            if let Some(spent) = &spent {
+                for so in spent {
+                    *input_totals.entry(so.txid).or_default() += so.coin.value;
+                }
+            }
+            let network = cs.params().network;
+            block
+                .txdata
+                .iter()
+                .map(|t| {
+                    let total = spent
+                        .as_ref()
+                        .map(|_| input_totals.get(&t.compute_txid()).copied().unwrap_or(0));
+                    super::core_tx::tx_json(t, network, total)
+                })
+                .collect::<Vec<_>>()
+                .into()
+        } else {
+            block
+                .txdata
+                .iter()
+                .map(|t| t.compute_txid().to_string())
+                .collect::<Vec<_>>()
+                .into()
+        };
         Ok(Json(v).into_response())
     })
     .await

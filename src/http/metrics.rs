@@ -1,11 +1,13 @@
 //! `/metrics`: Prometheus text exposition (format 0.0.4) of the chain
-//! state's counters and per-route HTTP request counts and latency
-//! histograms.
+//! state's counters, the peers (when the router carries a P2P handle, see
+//! [`super::serve_router`]), the Sozu UTXO table's statistics (refreshed at
+//! most every [`SOZU_STATS_MAX_AGE`]: they need a scan of every page), and
+//! per-route HTTP request counts and latency histograms.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header;
@@ -13,7 +15,13 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 
-use super::{read, ApiResult, AppState};
+use super::{read, ApiError, ApiResult, AppState};
+use crate::p2p::P2pHandle;
+use crate::sozu::SozuStats;
+
+/// Longest time a scrape reuses the Sozu table statistics of an earlier one
+/// (computing them scans every page of the table under its lock).
+pub const SOZU_STATS_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// Upper bounds of the latency histogram buckets, seconds.
 pub const LATENCY_BUCKETS: [f64; 12] = [
@@ -34,6 +42,8 @@ struct RouteStats {
 #[derive(Default)]
 pub struct HttpMetrics {
     routes: Mutex<BTreeMap<String, RouteStats>>,
+    /// The last Sozu statistics and when they were computed.
+    sozu: Mutex<Option<(Instant, Option<SozuStats>)>>,
 }
 
 impl HttpMetrics {
@@ -126,12 +136,128 @@ fn gauge(out: &mut String, name: &str, kind: &str, help: &str, v: u64) {
     );
 }
 
+fn render_sozu(out: &mut String, st: &SozuStats) {
+    out.push_str(
+        "# HELP kakehi_sozu_layer_entries Entries stored in a Sozu table layer (0 = RAM top).\n",
+    );
+    out.push_str("# TYPE kakehi_sozu_layer_entries gauge\n");
+    for (l, ls) in st.layers.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "kakehi_sozu_layer_entries{{layer=\"{l}\"}} {}",
+            ls.entries
+        );
+    }
+    out.push_str(
+        "# HELP kakehi_sozu_layer_buckets Allocated buckets (pages) of a Sozu table layer.\n",
+    );
+    out.push_str("# TYPE kakehi_sozu_layer_buckets gauge\n");
+    for (l, ls) in st.layers.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "kakehi_sozu_layer_buckets{{layer=\"{l}\"}} {}",
+            ls.buckets
+        );
+    }
+    out.push_str("# HELP kakehi_sozu_layer_fill_ratio Encoded entry bytes / page payload capacity of a layer, 0..1.\n");
+    out.push_str("# TYPE kakehi_sozu_layer_fill_ratio gauge\n");
+    for (l, ls) in st.layers.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "kakehi_sozu_layer_fill_ratio{{layer=\"{l}\"}} {}",
+            ls.fill
+        );
+    }
+    let rows: [(&str, &str, &str, u64); 10] = [
+        (
+            "kakehi_sozu_bytes_on_disk",
+            "gauge",
+            "Bytes of the Sozu table's files (pages, records, journal, header).",
+            st.bytes_on_disk,
+        ),
+        (
+            "kakehi_sozu_journal_file_bytes",
+            "gauge",
+            "Bytes of the Sozu table's journal file.",
+            st.journal_file_bytes,
+        ),
+        (
+            "kakehi_sozu_payload_bytes",
+            "gauge",
+            "Serialized size of the Sozu table's live entries, bytes.",
+            st.payload_bytes,
+        ),
+        (
+            "kakehi_sozu_spills_total",
+            "counter",
+            "Entries spilled to a lower Sozu layer since start-up.",
+            st.spills,
+        ),
+        (
+            "kakehi_sozu_purges_total",
+            "counter",
+            "Entries purged from the Sozu table since start-up.",
+            st.purges,
+        ),
+        (
+            "kakehi_sozu_children_allocated_total",
+            "counter",
+            "Sozu child groups allocated since start-up.",
+            st.children_allocated,
+        ),
+        (
+            "kakehi_sozu_commits_total",
+            "counter",
+            "Sozu table commits since start-up.",
+            st.commits,
+        ),
+        (
+            "kakehi_sozu_checkpoints_total",
+            "counter",
+            "Sozu table checkpoints since start-up.",
+            st.checkpoints,
+        ),
+        (
+            "kakehi_sozu_disk_page_reads_total",
+            "counter",
+            "Page reads from the Sozu disk layers since start-up.",
+            st.disk_page_reads,
+        ),
+        (
+            "kakehi_sozu_journal_written_bytes_total",
+            "counter",
+            "Bytes appended to the Sozu journal since start-up.",
+            st.journal_bytes,
+        ),
+    ];
+    for (name, kind, help, v) in rows {
+        gauge(out, name, kind, help, v);
+    }
+}
+
+fn render_peers(out: &mut String, p2p: &P2pHandle) {
+    let peers = p2p.peers();
+    let inbound = peers.iter().filter(|p| p.inbound).count();
+    out.push_str(
+        "# HELP kakehi_peers Connected P2P peers (handshake done or in progress) by direction.\n",
+    );
+    out.push_str("# TYPE kakehi_peers gauge\n");
+    let _ = writeln!(out, "kakehi_peers{{direction=\"inbound\"}} {inbound}");
+    let _ = writeln!(
+        out,
+        "kakehi_peers{{direction=\"outbound\"}} {}",
+        peers.len() - inbound
+    );
+}
+
 /// `GET /metrics`.
 pub(super) async fn metrics(
     State(s): State<AppState>,
     Extension(m): Extension<Arc<HttpMetrics>>,
+    p2p: Option<Extension<P2pHandle>>,
 ) -> ApiResult<Response> {
-    let mut out = read(&s, |cs| {
+    let m2 = m.clone();
+    let mut out = read(&s, move |cs| {
         let mut out = String::new();
         let st = cs.stats();
         let u = cs.utxo_stats();
@@ -184,9 +310,24 @@ pub(super) async fn metrics(
             "Value of the unspent outputs, sats.",
             u.total_amount_sats,
         );
+        let mut cache = m2
+            .sozu
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let fresh = matches!(&*cache, Some((at, _)) if at.elapsed() < SOZU_STATS_MAX_AGE);
+        if !fresh {
+            let st = cs.table_stats().map_err(ApiError::internal)?;
+            *cache = Some((Instant::now(), st));
+        }
+        if let Some((_, Some(st))) = &*cache {
+            render_sozu(&mut out, st);
+        }
         Ok(out)
     })
     .await?;
+    if let Some(Extension(p2p)) = p2p {
+        render_peers(&mut out, &p2p);
+    }
     m.render(&mut out);
     Ok((
         [(

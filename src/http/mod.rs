@@ -20,12 +20,15 @@ use crate::pipeline::Chainstate;
 
 pub mod archive;
 mod core_rest;
+mod core_tx;
 pub mod esplora;
 mod light;
 pub mod metrics;
 mod server;
+mod status;
 
-pub use server::{serve_listener, serve_with, HttpConfig, RateLimit};
+pub use server::{serve_listener, serve_router, serve_with, HttpConfig, RateLimit};
+pub use status::STATUS_HTML;
 
 /// Largest `count` of `/rest/blockfilterheaders` (Core's `MAX_REST_HEADERS_RESULTS`).
 pub const MAX_FILTER_HEADERS: u32 = 2000;
@@ -211,13 +214,85 @@ async fn health(State(s): State<AppState>) -> ApiResult<Response> {
     .await
 }
 
+/// Most bytes of basic filters kept by [`FilterCache`] (32 MiB).
+pub const FILTER_CACHE_BYTES: usize = 32 << 20;
+
+/// Basic filters recently served by `/rest/blockfilter`, by block hash,
+/// at most [`FILTER_CACHE_BYTES`] (oldest inserted evicted first). A
+/// block's BIP-158 filter is fixed by the block and the outputs it spends,
+/// so an entry never goes stale (reorgs included); a hit is answered without
+/// the chain state's lock or a blocking thread.
+#[derive(Default)]
+pub(crate) struct FilterCache {
+    inner: std::sync::Mutex<FilterCacheInner>,
+}
+
+#[derive(Default)]
+struct FilterCacheInner {
+    map: std::collections::HashMap<BlockHash, Arc<Vec<u8>>>,
+    order: std::collections::VecDeque<BlockHash>,
+    bytes: usize,
+}
+
+impl FilterCache {
+    fn get(&self, hash: &BlockHash) -> Option<Arc<Vec<u8>>> {
+        let c = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        c.map.get(hash).cloned()
+    }
+
+    fn insert(&self, hash: BlockHash, filter: Arc<Vec<u8>>) {
+        if filter.len() > FILTER_CACHE_BYTES {
+            return;
+        }
+        let mut c = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if c.map.contains_key(&hash) {
+            return;
+        }
+        while c.bytes + filter.len() > FILTER_CACHE_BYTES {
+            let Some(old) = c.order.pop_front() else {
+                break;
+            };
+            if let Some(f) = c.map.remove(&old) {
+                c.bytes -= f.len();
+            }
+        }
+        c.bytes += filter.len();
+        c.order.push_back(hash);
+        c.map.insert(hash, filter);
+    }
+}
+
+/// Renders a basic filter as Core's REST does.
+fn blockfilter_response(hash: &BlockHash, filter: &[u8], format: Format) -> Response {
+    if format == Format::Json {
+        return Json(serde_json::json!({ "filter": hex(filter) })).into_response();
+    }
+    // Core serializes a BlockFilter: type u8, block hash, CompactSize-prefixed filter.
+    let mut bytes = Vec::with_capacity(filter.len() + 42);
+    bytes.push(0u8);
+    bytes.extend_from_slice(hash.as_byte_array());
+    bytes.extend_from_slice(&serialize(&bitcoin::VarInt(filter.len() as u64)));
+    bytes.extend_from_slice(filter);
+    bin_or_hex(bytes, format)
+}
+
 async fn rest_blockfilter(
     State(s): State<AppState>,
+    axum::Extension(cache): axum::Extension<Arc<FilterCache>>,
     Path(file): Path<String>,
 ) -> ApiResult<Response> {
     let (hash, format) = split_format(&file)?;
     let hash = parse_hash(hash)?;
-    read(&s, move |cs| {
+    if let Some(filter) = cache.get(&hash) {
+        return Ok(blockfilter_response(&hash, &filter, format));
+    }
+    let filter = read(&s, move |cs| {
         let id = cs
             .index()
             .id_of(&hash)
@@ -225,16 +300,11 @@ async fn rest_blockfilter(
         let (filter, _) = cs.filter(id).map_err(ApiError::internal)?.ok_or_else(|| {
             ApiError::not_found(format!("no filter for block {hash} (not connected)"))
         })?;
-        if format == Format::Json {
-            return Ok(Json(serde_json::json!({ "filter": hex(&filter) })).into_response());
-        }
-        // Core serializes a BlockFilter: type u8, block hash, CompactSize-prefixed filter.
-        let mut bytes = vec![0u8];
-        bytes.extend_from_slice(hash.as_byte_array());
-        bytes.extend_from_slice(&serialize(&filter));
-        Ok(bin_or_hex(bytes, format))
+        Ok(Arc::new(filter))
     })
-    .await
+    .await?;
+    cache.insert(hash, filter.clone());
+    Ok(blockfilter_response(&hash, &filter, format))
 }
 
 #[derive(serde::Deserialize)]
@@ -431,6 +501,12 @@ fn routes(list: &mut Vec<(&'static str, &'static str)>) -> Router<AppState> {
     );
     r = add(r, "get", "/rest/chaininfo.json", get(core_rest::chaininfo));
     r = add(r, "get", "/rest/block/{file}", get(core_rest::block));
+    r = add(
+        r,
+        "get",
+        "/rest/block/notxdetails/{file}",
+        get(core_rest::block_notxdetails),
+    );
     r = add(r, "get", "/rest/headers/{file}", get(core_rest::headers));
     r = add(
         r,
@@ -442,6 +518,8 @@ fn routes(list: &mut Vec<(&'static str, &'static str)>) -> Router<AppState> {
     r = add(r, "get", "/filters/checkpoints", get(light::checkpoints));
     r = add(r, "get", "/metrics", get(metrics::metrics));
     r = add(r, "get", "/openapi.json", get(openapi));
+    r = add(r, "get", "/node/status", get(status::node_status));
+    r = add(r, "get", "/", get(status::page));
     r
 }
 
@@ -465,12 +543,14 @@ pub fn router_with(state: AppState, config: &HttpConfig) -> Router {
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn(server::json_errors))
         .layer(axum::extract::DefaultBodyLimit::max(config.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(
             limits.clone(),
             server::limits,
         ))
         .layer(axum::middleware::from_fn_with_state(limits, server::cors))
+        .layer(axum::Extension(Arc::new(FilterCache::default())))
         .layer(axum::Extension(metrics.clone()))
         .layer(axum::middleware::from_fn_with_state(
             metrics,

@@ -219,6 +219,38 @@ pub(super) async fn cors(State(l): State<Limits>, req: Request, next: Next) -> R
     resp
 }
 
+/// Largest error body (bytes) that [`json_errors`] carries over as the
+/// message; axum's rejection texts are far shorter.
+const MAX_REWRITTEN_ERROR: usize = 4096;
+
+/// Middleware: an error response that is not JSON (axum's own rejections of
+/// a path, query string or body, written as `text/plain`) becomes the API's
+/// `{"code","message"}` with the same status and the text as the message.
+pub(super) async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let message = match axum::body::to_bytes(body, MAX_REWRITTEN_ERROR).await {
+        Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).trim().to_string(),
+        _ => status.canonical_reason().unwrap_or("error").to_string(),
+    };
+    let mut out = ApiError::new(status, message).into_response();
+    for (k, v) in parts.headers.iter() {
+        if k != header::CONTENT_TYPE && k != header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
 /// Serves the API on `addr` with `config` until `shutdown` resolves.
 ///
 /// # Errors
@@ -247,7 +279,22 @@ pub async fn serve_listener(
     config: HttpConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router_with(state, &config);
+    serve_router(listener, router_with(state, &config), config, shutdown).await
+}
+
+/// Serves `app` (a [`router_with`] router, possibly with extra layers such
+/// as `axum::Extension(p2p_handle)` for the peer figures of `/node/status`
+/// and `/metrics`) on `listener` with `config`'s connection-level limits
+/// (header-read timeout, connection cap) until `shutdown` resolves.
+///
+/// # Errors
+/// As [`serve_listener`].
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    config: HttpConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let conns = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);

@@ -203,4 +203,14 @@ pub trait UtxoTable {
     /// # Errors
     /// Storage failure or corruption.
     fn for_each(&mut self, f: &mut dyn FnMut(&Entry)) -> Result<(), SozuError>;
+
+    /// Layer and maintenance statistics ([`SozuStats`]) for a table that
+    /// keeps them (the Sozu table: a scan of every page, so O(table size));
+    /// `None` for one that does not (the model). Used by `/metrics`.
+    ///
+    /// # Errors
+    /// Storage failure or corruption during the scan.
+    fn sozu_stats(&mut self) -> Result<Option<SozuStats>, SozuError> {
+        Ok(None)
+    }
 }

@@ -1569,6 +1569,10 @@ fn read_committed(
 }
 
 impl UtxoTable for SozuTable {
+    fn sozu_stats(&mut self) -> Result<Option<SozuStats>, SozuError> {
+        self.stats().map(Some)
+    }
+
     fn get_batch(&mut self, keys: &[OutPoint]) -> Result<Vec<Option<Entry>>, SozuError> {
         let q: Vec<(OutPoint, u32)> = keys.iter().map(|k| (*k, 0)).collect();
         self.get_batch_since(&q)

@@ -1,0 +1,109 @@
+//! The status page at `/` (plain HTML and JavaScript embedded in the
+//! binary, no build step: `src/http/status.html`) and the JSON it reads
+//! first, `GET /node/status`. The page otherwise uses only the API's own
+//! routes (`/blocks`, `/chain/tips`, `/archive/status/…`,
+//! `/tx/…/outspend/…`, `/proof/outpoint/…`).
+//!
+//! Peers: the handlers read an optional [`P2pHandle`] from the request's
+//! extensions. The router carries one when the node runs P2P in the same
+//! process (`router_with(..).layer(axum::Extension(handle))`, served with
+//! [`super::serve_router`]); without it `peers` is `null`.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+
+use super::{read, ApiResult, AppState};
+use crate::chain::index::{BlockIndex, IndexEntry};
+use crate::p2p::P2pHandle;
+
+/// The page's HTML (with its script and style inline).
+pub const STATUS_HTML: &str = include_str!("status.html");
+
+/// `GET /`: the status page.
+pub(super) async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        STATUS_HTML,
+    )
+        .into_response()
+}
+
+/// The most-work header not known to be invalid (Core's
+/// `pindexBestHeader`); ties go to the first seen.
+pub(crate) fn best_header(index: &BlockIndex) -> &IndexEntry {
+    let mut best = index.tip();
+    for e in index.entries() {
+        if !e.status.is_invalid() && e.chainwork > best.chainwork {
+            best = e;
+        }
+    }
+    best
+}
+
+/// Peer counts and list of a P2P handle, as `/node/status` shows them:
+/// `{"count", "inbound", "outbound", "list": [{"id", "addr", "inbound",
+/// "user_agent", "services", "start_height"}]}`.
+pub(crate) fn peers_json(p2p: &P2pHandle) -> serde_json::Value {
+    let peers = p2p.peers();
+    let inbound = peers.iter().filter(|p| p.inbound).count();
+    let list: Vec<serde_json::Value> = peers
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "id": p.id,
+                "addr": p.addr.to_string(),
+                "inbound": p.inbound,
+                "user_agent": p.user_agent,
+                "services": p.services,
+                "start_height": p.start_height,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "count": peers.len(),
+        "inbound": inbound,
+        "outbound": peers.len() - inbound,
+        "list": list,
+    })
+}
+
+/// `GET /node/status`: `{"network", "version", "tip": {"height", "hash",
+/// "time", "mediantime"}, "headers": {"height", "hash"}, "sync":
+/// "synced"|"syncing", "peers": null | {…}}`. `sync` is `syncing` while a
+/// valid-looking header chain has more work than the active tip (Core's
+/// `initialblockdownload` test on headers); times are Unix seconds.
+pub(super) async fn node_status(
+    State(s): State<AppState>,
+    p2p: Option<Extension<P2pHandle>>,
+) -> ApiResult<Response> {
+    let peers = p2p.map(|Extension(h)| peers_json(&h));
+    read(&s, move |cs| {
+        let index = cs.index();
+        let tip = index.tip();
+        let best = best_header(index);
+        let synced = best.chainwork <= tip.chainwork;
+        Ok(Json(serde_json::json!({
+            "network": cs.params().name(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "tip": {
+                "height": tip.height,
+                "hash": tip.hash.to_string(),
+                "time": tip.header.time,
+                "mediantime": index.median_time_past(tip.id),
+            },
+            "headers": {
+                "height": best.height,
+                "hash": best.hash.to_string(),
+            },
+            "sync": if synced { "synced" } else { "syncing" },
+            "peers": peers,
+        }))
+        .into_response())
+    })
+    .await
+}
