@@ -58,10 +58,12 @@ fn node() -> &'static Node {
                 let p2p_addr = p2p.local_addr().await.expect("p2p listening");
                 p2p_addr_tx.send(p2p_addr).expect("send p2p addr");
                 let config = HttpConfig::default();
-                let app = kakehi::http::router_with(AppState { chain }, &config)
-                    .layer(axum::Extension(p2p));
+                let state = AppState {
+                    chain,
+                    p2p: Some(p2p),
+                };
                 let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
-                kakehi::http::serve_router(listener, app, config, std::future::pending())
+                kakehi::http::serve_listener(listener, state, config, std::future::pending())
                     .await
                     .expect("serve");
             });

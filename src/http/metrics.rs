@@ -1,6 +1,5 @@
 //! `/metrics`: Prometheus text exposition (format 0.0.4) of the chain
-//! state's counters, the peers (when the router carries a P2P handle, see
-//! [`super::serve_router`]), the Sozu UTXO table's statistics (refreshed at
+//! state's counters, the peers (when P2P runs: [`AppState::p2p`]), the Sozu UTXO table's statistics (refreshed at
 //! most every [`SOZU_STATS_MAX_AGE`]: they need a scan of every page), and
 //! per-route HTTP request counts and latency histograms.
 
@@ -254,9 +253,9 @@ fn render_peers(out: &mut String, p2p: &P2pHandle) {
 pub(super) async fn metrics(
     State(s): State<AppState>,
     Extension(m): Extension<Arc<HttpMetrics>>,
-    p2p: Option<Extension<P2pHandle>>,
 ) -> ApiResult<Response> {
     let m2 = m.clone();
+    let p2p = s.p2p.clone();
     let mut out = read(&s, move |cs| {
         let mut out = String::new();
         let st = cs.stats();
@@ -325,8 +324,8 @@ pub(super) async fn metrics(
         Ok(out)
     })
     .await?;
-    if let Some(Extension(p2p)) = p2p {
-        render_peers(&mut out, &p2p);
+    if let Some(p2p) = &p2p {
+        render_peers(&mut out, p2p);
     }
     m.render(&mut out);
     Ok((

@@ -27,7 +27,7 @@ pub mod metrics;
 mod server;
 mod status;
 
-pub use server::{serve_listener, serve_router, serve_with, HttpConfig, RateLimit};
+pub use server::{serve_listener, serve_with, HttpConfig, RateLimit};
 pub use status::STATUS_HTML;
 
 /// Largest `count` of `/rest/blockfilterheaders` (Core's `MAX_REST_HEADERS_RESULTS`).

@@ -279,22 +279,7 @@ pub async fn serve_listener(
     config: HttpConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_router(listener, router_with(state, &config), config, shutdown).await
-}
-
-/// Serves `app` (a [`router_with`] router, possibly with extra layers such
-/// as `axum::Extension(p2p_handle)` for the peer figures of `/node/status`
-/// and `/metrics`) on `listener` with `config`'s connection-level limits
-/// (header-read timeout, connection cap) until `shutdown` resolves.
-///
-/// # Errors
-/// As [`serve_listener`].
-pub async fn serve_router(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    config: HttpConfig,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+    let app = router_with(state, &config);
     let conns = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);

@@ -4,15 +4,13 @@
 //! routes (`/blocks`, `/chain/tips`, `/archive/status/…`,
 //! `/tx/…/outspend/…`, `/proof/outpoint/…`).
 //!
-//! Peers: the handlers read an optional [`P2pHandle`] from the request's
-//! extensions. The router carries one when the node runs P2P in the same
-//! process (`router_with(..).layer(axum::Extension(handle))`, served with
-//! [`super::serve_router`]); without it `peers` is `null`.
+//! Peers come from [`AppState::p2p`], the handle of the P2P layer running in
+//! the same process; without one `peers` is `null`.
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 
 use super::{read, ApiResult, AppState};
 use crate::chain::index::{BlockIndex, IndexEntry};
@@ -77,11 +75,8 @@ pub(crate) fn peers_json(p2p: &P2pHandle) -> serde_json::Value {
 /// "synced"|"syncing", "peers": null | {…}}`. `sync` is `syncing` while a
 /// valid-looking header chain has more work than the active tip (Core's
 /// `initialblockdownload` test on headers); times are Unix seconds.
-pub(super) async fn node_status(
-    State(s): State<AppState>,
-    p2p: Option<Extension<P2pHandle>>,
-) -> ApiResult<Response> {
-    let peers = p2p.map(|Extension(h)| peers_json(&h));
+pub(super) async fn node_status(State(s): State<AppState>) -> ApiResult<Response> {
+    let peers = s.p2p.as_ref().map(peers_json);
     read(&s, move |cs| {
         let index = cs.index();
         let tip = index.tip();
