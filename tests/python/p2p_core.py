@@ -1,0 +1,586 @@
+#!/usr/bin/env python3
+"""Bitcoin Core's P2P test framework (verystable.core.p2p / .messages)
+against a running kakehi node on regtest.
+
+Run by tests/p2p_core.rs:
+
+    python p2p_core.py --port PORT --data testnet-data/regtest-a CHECK
+
+CHECK is one of
+  handshake  version/verack, service bits, protocol version, wtxidrelay,
+             sendaddrv2, sendheaders, feefilter, ping, unknown messages;
+  filters    getcfcheckpt / getcfheaders / getcfilters as Core's
+             test/functional/p2p_blockfilters.py checks them, against bcoin's
+             filters.json and stale_filters.json (not against kakehi), then
+             500 blocks mined here on top and sent over P2P so that a
+             getcfheaders range above 2,000 can be asked; over-limit and
+             start > stop requests disconnect;
+  malformed  bad magic, bad checksum, oversized payload, > 2,000 headers,
+             > 50,000 inv entries, 80 junk 4 MB messages: each disconnects
+             its sender while a second peer's pings keep being answered
+             within 2 s (measured).
+
+Exit status 0 when every check passes; an AssertionError (exit 1) names the
+failing check otherwise.
+"""
+
+import argparse
+import json
+import os
+import random
+import socket
+import struct
+import sys
+import threading
+import time
+
+from verystable.core.blocktools import create_block, create_coinbase
+from verystable.core.messages import (
+    CBlockHeader,
+    CInv,
+    FILTER_TYPE_BASIC,
+    MAGIC_BYTES,
+    MSG_BLOCK,
+    NODE_COMPACT_FILTERS,
+    NODE_NETWORK,
+    NODE_WITNESS,
+    hash256,
+    msg_feefilter,
+    msg_getcfcheckpt,
+    msg_getcfheaders,
+    msg_getcfilters,
+    msg_headers,
+    msg_inv,
+    msg_ping,
+    msg_sendheaders,
+    ser_uint256,
+    sha256,
+    uint256_from_str,
+)
+from verystable.core.p2p import NetworkThread, P2PDataStore, P2PInterface, p2p_lock
+
+REGTEST = MAGIC_BYTES["regtest"]
+# Core's limits (net.h, net_processing.cpp, blockfilterindex / BIP157).
+MAX_PROTOCOL_MESSAGE_LENGTH = 4_000_000
+MAX_HEADERS_RESULTS = 2_000
+MAX_INV_SZ = 50_000
+MAX_GETCFILTERS_SIZE = 1_000
+MAX_GETCFHEADERS_SIZE = 2_000
+CFCHECKPT_INTERVAL = 1_000
+# The well-behaved peer must get each pong within this (seconds).
+PING_DEADLINE = 2.0
+WAIT = 30  # seconds, upper bound of any single wait
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def h2i(display_hex):
+    """Display-order hash hex -> the framework's uint256 int."""
+    return int(display_hex, 16)
+
+
+def i2h(n):
+    return "%064x" % n
+
+
+def connect(port, cls=P2PInterface, **kwargs):
+    """An outbound (from us) connection that completed version/verack."""
+    p = cls(**kwargs)
+    p.p2p_connected_to_node = True
+    p.peer_connect(
+        dstaddr="127.0.0.1",
+        dstport=port,
+        net="regtest",
+        timeout_factor=1,
+        supports_v2_p2p=False,
+        send_version=True,
+    )()
+    p.wait_for_connect(timeout=WAIT)
+    p.wait_for_verack(timeout=WAIT)
+    p.sync_with_ping(timeout=WAIT)
+    return p
+
+
+def frame(command, payload, magic=REGTEST, checksum=None, length=None):
+    """Raw v1 message bytes, with optional wrong fields."""
+    if checksum is None:
+        checksum = sha256(sha256(payload))[:4]
+    if length is None:
+        length = len(payload)
+    return (
+        magic
+        + command.ljust(12, b"\x00")
+        + struct.pack("<I", length)
+        + checksum
+        + payload
+    )
+
+
+def compact_size(n):
+    if n < 0xFD:
+        return bytes([n])
+    if n <= 0xFFFF:
+        return b"\xfd" + struct.pack("<H", n)
+    return b"\xfe" + struct.pack("<I", n)
+
+
+def expect_disconnect(p, what, timeout=WAIT):
+    try:
+        p.wait_for_disconnect(timeout=timeout)
+    except AssertionError:
+        raise AssertionError(f"{what}: sender still connected after {timeout} s")
+    log(f"  ok: {what} -> disconnected")
+
+
+# --------------------------------------------------------------------------
+# a. handshake
+
+
+def check_handshake(port, data):
+    p = connect(port, support_addrv2=True)
+    with p2p_lock:
+        v = p.last_message["version"]
+        got = {k: p.message_count[k] for k in ("version", "verack", "wtxidrelay", "sendaddrv2")}
+    assert v.nVersion == 70016, f"protocol version {v.nVersion}, want 70016"
+    want = NODE_NETWORK | NODE_WITNESS | NODE_COMPACT_FILTERS
+    assert v.nServices & want == want, f"services {v.nServices:#x} lack {want:#x}"
+    assert v.nStartingHeight == data["tip_height"], (
+        f"start height {v.nStartingHeight}, want {data['tip_height']}"
+    )
+    assert got == {"version": 1, "verack": 1, "wtxidrelay": 1, "sendaddrv2": 1}, got
+    log(f"  ok: version {v.nVersion}, services {v.nServices:#x}, height {v.nStartingHeight}, "
+        f"user agent {v.strSubVer!r}; wtxidrelay + sendaddrv2 before verack")
+    # kakehi asks for header announcements (BIP130) after the handshake.
+    p.wait_until(lambda: p.message_count["sendheaders"] == 1, timeout=WAIT)
+    # Our own feature messages and an unknown one are accepted (still connected,
+    # pings answered).
+    p.send_and_ping(msg_sendheaders())
+    p.send_and_ping(msg_feefilter(1000))
+    p.send_raw_message(frame(b"kakehitest", b"\x01\x02\x03"))
+    p.sync_with_ping()
+    # Every ping answered with its own nonce.
+    for nonce in (0, 1, 2**64 - 1, random.getrandbits(64)):
+        p.send_message(msg_ping(nonce))
+        p.wait_until(lambda: p.last_message.get("pong") and p.last_message["pong"].nonce == nonce,
+                     timeout=WAIT)
+    assert p.is_connected
+    log("  ok: sendheaders, feefilter, unknown message accepted; pings answered by nonce")
+    # A second wtxidrelay after verack is a protocol violation in Core
+    # (disconnect); kakehi does the same.
+    from verystable.core.messages import msg_wtxidrelay
+    p.send_message(msg_wtxidrelay())
+    expect_disconnect(p, "wtxidrelay after verack")
+
+
+# --------------------------------------------------------------------------
+# b. filters, as test/functional/p2p_blockfilters.py
+
+
+class FilterClient(P2PDataStore):
+    def __init__(self):
+        super().__init__()
+        self.cfilters = []
+
+    def on_cfilter(self, message):
+        self.cfilters.append(message)
+
+    def pop_cfilters(self):
+        with p2p_lock:
+            out, self.cfilters = self.cfilters, []
+        return out
+
+
+def request_cfcheckpt(p, stop_hash):
+    with p2p_lock:
+        p.last_message.pop("cfcheckpt", None)
+    p.send_and_ping(msg_getcfcheckpt(filter_type=FILTER_TYPE_BASIC, stop_hash=stop_hash))
+    p.wait_until(lambda: "cfcheckpt" in p.last_message, timeout=WAIT)
+    with p2p_lock:
+        return p.last_message["cfcheckpt"]
+
+
+def request_cfheaders(p, start_height, stop_hash):
+    with p2p_lock:
+        p.last_message.pop("cfheaders", None)
+    p.send_and_ping(msg_getcfheaders(filter_type=FILTER_TYPE_BASIC, start_height=start_height,
+                                     stop_hash=stop_hash))
+    p.wait_until(lambda: "cfheaders" in p.last_message, timeout=WAIT)
+    with p2p_lock:
+        return p.last_message["cfheaders"]
+
+
+def request_cfilters(p, start_height, stop_hash, count):
+    p.pop_cfilters()
+    p.send_message(msg_getcfilters(filter_type=FILTER_TYPE_BASIC, start_height=start_height,
+                                   stop_hash=stop_hash))
+    p.wait_until(lambda: len(p.cfilters) >= count, timeout=WAIT)
+    p.sync_with_ping()
+    return p.pop_cfilters()
+
+
+def chain_headers(prev_header, filter_hashes):
+    """Filter headers from the previous header and the filter hashes (BIP157),
+    as uint256 ints."""
+    out = []
+    prev = ser_uint256(prev_header)
+    for fh in filter_hashes:
+        prev = hash256(ser_uint256(fh) + prev)
+        out.append(uint256_from_str(prev))
+    return out
+
+
+def check_range(p, entries, start, stop_entry, what):
+    """getcfheaders + getcfilters for heights start..stop against the reference
+    entries (dicts with hash, basic_filter, filter_header), where
+    entries[i] is the block at height start + i and stop_entry the last."""
+    stop_hash = h2i(stop_entry["hash"])
+    cfh = request_cfheaders(p, start, stop_hash)
+    assert cfh.filter_type == FILTER_TYPE_BASIC
+    assert cfh.stop_hash == stop_hash, f"{what}: cfheaders stop hash"
+    assert len(cfh.hashes) == len(entries), f"{what}: {len(cfh.hashes)} hashes, want {len(entries)}"
+    headers = chain_headers(cfh.prev_header, cfh.hashes)
+    for e, fh, hd in zip(entries, cfh.hashes, headers):
+        want_fh = uint256_from_str(hash256(bytes.fromhex(e["basic_filter"])))
+        assert fh == want_fh, f"{what}: filter hash at {e['hash']}"
+        assert hd == h2i(e["filter_header"]), f"{what}: filter header at {e['hash']}"
+    filters = []
+    for chunk in range(0, len(entries), MAX_GETCFILTERS_SIZE):
+        part = entries[chunk:chunk + MAX_GETCFILTERS_SIZE]
+        filters += request_cfilters(p, start + chunk, h2i(part[-1]["hash"]), len(part))
+    assert len(filters) == len(entries), f"{what}: {len(filters)} cfilters, want {len(entries)}"
+    for e, f, fh in zip(entries, filters, cfh.hashes):
+        assert f.filter_type == FILTER_TYPE_BASIC
+        assert f.block_hash == h2i(e["hash"]), f"{what}: cfilter order/block hash"
+        assert f.filter_data.hex() == e["basic_filter"], f"{what}: filter bytes of {e['hash']}"
+        # Core: the filter's hash matches the one in cfheaders.
+        assert uint256_from_str(hash256(f.filter_data)) == fh
+    return cfh, headers
+
+
+def check_filters(port, data):
+    filters = json.load(open(os.path.join(data, "filters.json")))
+    stale = json.load(open(os.path.join(data, "stale_filters.json")))
+    tip = filters[-1]
+    tip_height = tip["height"]
+    by_height = {f["height"]: f for f in filters}
+    p = connect(port, FilterClient)
+    with p2p_lock:
+        services = p.last_message["version"].nServices
+    assert services & NODE_COMPACT_FILTERS, "NODE_COMPACT_FILTERS not advertised"
+
+    # getcfcheckpt by the tip: every 1,000th filter header.
+    cp = request_cfcheckpt(p, h2i(tip["hash"]))
+    want = [h2i(by_height[h]["filter_header"])
+            for h in range(CFCHECKPT_INTERVAL, tip_height + 1, CFCHECKPT_INTERVAL)]
+    assert cp.filter_type == FILTER_TYPE_BASIC and cp.stop_hash == h2i(tip["hash"])
+    assert cp.headers == want, f"cfcheckpt headers {list(map(i2h, cp.headers))}"
+    log(f"  ok: cfcheckpt at tip {tip_height}: {len(cp.headers)} checkpoint(s) = filters.json")
+
+    # getcfheaders from 1 to the first checkpoint: the headers chain to it
+    # (Core: "Check that cfheaders chain to the checkpoint").
+    cfh, headers = check_range(p, filters[1:CFCHECKPT_INTERVAL + 1], 1,
+                               by_height[CFCHECKPT_INTERVAL], "1..1000")
+    assert cfh.prev_header == h2i(filters[0]["filter_header"]), "prev header = genesis header"
+    assert headers[-1] == cp.headers[0], "cfheaders do not chain to the checkpoint"
+    # ... and from the checkpoint to the tip, starting at the checkpoint header.
+    cfh2, headers2 = check_range(p, filters[CFCHECKPT_INTERVAL + 1:], CFCHECKPT_INTERVAL + 1, tip,
+                                 "1001..tip")
+    assert cfh2.prev_header == cp.headers[0], "second range does not start at the checkpoint"
+    assert headers2[-1] == h2i(tip["filter_header"])
+    # genesis alone (start 0).
+    check_range(p, filters[:1], 0, filters[0], "genesis")
+    log(f"  ok: getcfheaders/getcfilters 0..{tip_height}: filter hashes match cfheaders, "
+        "headers chain to the checkpoint, every filter = filters.json")
+
+    # Stale branches: queries by a stale stop hash follow that block's own
+    # ancestors (bcoin's stale_filters.json), both headers and filters.
+    stale_by_hash = {s["hash"]: s for s in stale}
+    best_hashes = {f["hash"] for f in filters}
+    checked = 0
+    for s in stale:
+        # The stale branch back to the fork, then the common chain.
+        branch = [s]
+        while branch[-1]["prev_hash"] in stale_by_hash:
+            branch.append(stale_by_hash[branch[-1]["prev_hash"]])
+        fork_parent = branch[-1]["prev_hash"]
+        assert fork_parent in best_hashes, "stale branch forks off the best chain"
+        fork_height = branch[-1]["height"] - 1
+        start = max(0, fork_height - 5)
+        entries = filters[start:fork_height + 1] + list(reversed(branch))
+        assert [e["hash"] for e in entries][-1] == s["hash"]
+        check_range(p, entries, start, s, f"stale {s['height']} {s['hash'][:16]}")
+        cps = request_cfcheckpt(p, h2i(s["hash"]))
+        want = [h2i(by_height[h]["filter_header"])
+                for h in range(CFCHECKPT_INTERVAL, s["height"] + 1, CFCHECKPT_INTERVAL)]
+        assert cps.headers == want, f"stale cfcheckpt at {s['hash']}"
+        checked += 1
+    log(f"  ok: {checked} stale stop hashes: cfheaders, cfilters, cfcheckpt follow the stale branch")
+
+    # An unknown stop hash (a race at the tip) is ignored, not punished.
+    p.send_and_ping(msg_getcfheaders(filter_type=FILTER_TYPE_BASIC, start_height=1,
+                                     stop_hash=random.getrandbits(256)))
+    assert p.is_connected
+    log("  ok: unknown stop hash ignored, peer kept")
+
+    # Extend the chain to 2,000 blocks so a getcfheaders range above 2,000
+    # exists: coinbase-only blocks mined here (regtest PoW), announced with
+    # `headers` and served on getdata.
+    mine_to = MAX_GETCFHEADERS_SIZE
+    prev = h2i(tip["hash"])
+    ntime = max(int(time.time()) - 10 * 3600, 1704067200 + 600 * tip_height + 3600)
+    blocks = []
+    for height in range(tip_height + 1, mine_to + 1):
+        b = create_block(prev, create_coinbase(height), ntime + height)
+        b.solve()
+        blocks.append(b)
+        prev = b.sha256
+    with p2p_lock:
+        for b in blocks:
+            p.block_store[b.sha256] = b
+        p.last_block_hash = blocks[-1].sha256
+    for i in range(0, len(blocks), MAX_HEADERS_RESULTS):
+        p.send_message(msg_headers([CBlockHeader(b) for b in blocks[i:i + MAX_HEADERS_RESULTS]]))
+    top = blocks[-1].sha256
+    deadline = time.time() + 120
+    while True:
+        with p2p_lock:
+            p.last_message.pop("cfcheckpt", None)
+        p.send_and_ping(msg_getcfcheckpt(filter_type=FILTER_TYPE_BASIC, stop_hash=top))
+        time.sleep(0.2)
+        with p2p_lock:
+            got = p.last_message.get("cfcheckpt")
+        if got is not None:
+            break
+        assert time.time() < deadline, f"mined blocks up to {mine_to} not connected in 120 s"
+    assert len(got.headers) == 2 and got.headers[0] == h2i(by_height[1000]["filter_header"])
+    # The new checkpoint at 2,000 chains from the old ones over the mined
+    # blocks (filters checked with their hashes as above).
+    cfh = request_cfheaders(p, tip_height + 1, top)
+    assert cfh.prev_header == h2i(tip["filter_header"])
+    assert chain_headers(cfh.prev_header, cfh.hashes)[-1] == got.headers[1]
+    log(f"  ok: {len(blocks)} mined blocks accepted over P2P, checkpoint 2000 chains")
+    # Boundaries: exactly 2,000 cfheaders and 1,000 cfilters are answered.
+    cfh = request_cfheaders(p, 1, top)
+    assert len(cfh.hashes) == MAX_GETCFHEADERS_SIZE
+    fl = request_cfilters(p, mine_to - MAX_GETCFILTERS_SIZE + 1, top, MAX_GETCFILTERS_SIZE)
+    assert len(fl) == MAX_GETCFILTERS_SIZE
+    log("  ok: 2,000 cfheaders and 1,000 cfilters (the limits) answered")
+    p.peer_disconnect()
+    p.wait_for_disconnect()
+
+    # Over-limit and malformed requests disconnect (Core: "Check that invalid
+    # requests result in disconnection").
+    requests = [
+        ("getcfilters > 1,000", msg_getcfilters(filter_type=FILTER_TYPE_BASIC,
+                                                start_height=mine_to - MAX_GETCFILTERS_SIZE,
+                                                stop_hash=top)),
+        ("getcfheaders > 2,000", msg_getcfheaders(filter_type=FILTER_TYPE_BASIC, start_height=0,
+                                                  stop_hash=top)),
+        ("getcfilters start > stop", msg_getcfilters(filter_type=FILTER_TYPE_BASIC,
+                                                     start_height=1000,
+                                                     stop_hash=h2i(by_height[999]["hash"]))),
+        ("getcfheaders start > stop", msg_getcfheaders(filter_type=FILTER_TYPE_BASIC,
+                                                       start_height=1000,
+                                                       stop_hash=h2i(by_height[999]["hash"]))),
+        ("getcfcheckpt unknown filter type", msg_getcfcheckpt(filter_type=255,
+                                                              stop_hash=h2i(tip["hash"]))),
+        ("getcfilters unknown filter type", msg_getcfilters(filter_type=255, start_height=1,
+                                                            stop_hash=h2i(tip["hash"]))),
+    ]
+    for what, msg in requests:
+        q = connect(port, FilterClient)
+        q.send_message(msg)
+        expect_disconnect(q, what)
+
+
+# --------------------------------------------------------------------------
+# c. malformed traffic while a second peer pings
+
+
+class Pinger:
+    """A well-behaved peer pinging every 100 ms from its own thread and
+    recording every round-trip time."""
+
+    def __init__(self, port):
+        self.p = connect(port)
+        self.rtts = []
+        self.failure = None
+        self.stop = threading.Event()
+        self.nonce = 1 << 40
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        try:
+            while not self.stop.is_set():
+                self.nonce += 1
+                nonce = self.nonce
+                sent = time.monotonic()
+                self.p.send_message(msg_ping(nonce))
+                while True:
+                    with p2p_lock:
+                        pong = self.p.last_message.get("pong")
+                        ok = pong is not None and pong.nonce == nonce
+                    if ok:
+                        break
+                    if not self.p.is_connected:
+                        raise AssertionError("well-behaved peer was disconnected")
+                    if time.monotonic() - sent > PING_DEADLINE:
+                        raise AssertionError(f"ping {nonce} unanswered after {PING_DEADLINE} s")
+                    time.sleep(0.002)
+                self.rtts.append(time.monotonic() - sent)
+                self.stop.wait(0.1)
+        except Exception as e:  # reported by check()
+            self.failure = e
+
+    def check(self, what):
+        if self.failure is not None:
+            raise AssertionError(f"during {what}: {self.failure}")
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join(10)
+        if self.failure is not None:
+            raise AssertionError(f"well-behaved peer: {self.failure}")
+        rtts = sorted(self.rtts)
+        return rtts
+
+
+class RawPeer:
+    """A plain TCP socket that completes the handshake by hand, so any bytes
+    can follow."""
+
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+        from verystable.core.messages import msg_verack, msg_version
+        v = msg_version()
+        v.nVersion = 70016
+        v.nServices = 0
+        v.addrTo.ip = "127.0.0.1"
+        v.addrTo.port = port
+        v.strSubVer = "/p2p_core.py raw/"
+        v.relay = 0
+        self.send(frame(v.msgtype, v.serialize()))
+        self.send(frame(b"verack", b""))
+        # Read until their verack.
+        buf = b""
+        deadline = time.time() + WAIT
+        while b"verack\x00" not in buf:
+            assert time.time() < deadline, "no verack from kakehi"
+            chunk = self.s.recv(65536)
+            assert chunk, "closed during handshake"
+            buf += chunk
+
+    def send(self, b):
+        self.s.sendall(b)
+
+    def send_quietly(self, b):
+        """Sends as much as the node reads; stops when it closes on us."""
+        try:
+            self.s.sendall(b)
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            pass
+
+    def wait_closed(self, what, timeout=WAIT):
+        self.s.settimeout(timeout)
+        started = time.time()
+        deadline = started + timeout
+        try:
+            while time.time() < deadline:
+                if not self.s.recv(1 << 20):
+                    log(f"  ok: {what} -> disconnected in {time.time() - started:.2f} s")
+                    self.s.close()
+                    return
+        except ConnectionResetError:
+            log(f"  ok: {what} -> disconnected (reset) in {time.time() - started:.2f} s")
+            self.s.close()
+            return
+        except socket.timeout:
+            pass
+        raise AssertionError(f"{what}: sender still connected after {timeout} s")
+
+
+def check_malformed(port, data):
+    pinger = Pinger(port)
+    genesis_like = CBlockHeader()
+    genesis_like.nBits = 0x207FFFFF
+    cases = [
+        ("bad magic", frame(b"ping", b"\x00" * 8, magic=MAGIC_BYTES["mainnet"])),
+        ("bad checksum", frame(b"ping", b"\x00" * 8, checksum=b"\x00\x01\x02\x03")),
+        ("payload length 4,000,001", frame(b"block", b"", length=MAX_PROTOCOL_MESSAGE_LENGTH + 1)),
+        ("headers with 2,001 entries",
+         frame(b"headers", msg_headers([genesis_like] * (MAX_HEADERS_RESULTS + 1)).serialize())),
+        ("inv with 50,001 entries",
+         frame(b"inv", msg_inv([CInv(MSG_BLOCK, i) for i in range(MAX_INV_SZ + 1)]).serialize())),
+        ("inv announcing 50,001, no entries", frame(b"inv", compact_size(MAX_INV_SZ + 1))),
+        ("payload length 0xffffffff", frame(b"tx", b"", length=0xFFFFFFFF)),
+    ]
+    for what, raw in cases:
+        t0 = time.time()
+        r = RawPeer(port)
+        log(f"  handshake {time.time() - t0:.2f} s")
+        r.send_quietly(raw)
+        r.wait_closed(what)
+        pinger.check(what)
+    # 80 junk 4 MB messages, from 80 connections (each is dropped after its
+    # first), four at a time: random payloads under known commands with a
+    # correct checksum, so the node reads all 4,000,000 bytes before decoding.
+    junk = os.urandom(MAX_PROTOCOL_MESSAGE_LENGTH)
+    commands = [b"block", b"tx", b"headers", b"cfilter", b"addrv2", b"getdata", b"version",
+                b"ping"]
+    started = time.time()
+    for batch in range(20):
+        peers = []
+        for k in range(4):
+            i = batch * 4 + k
+            cmd = commands[i % len(commands)]
+            # Vary the bytes so no two messages are equal.
+            payload = bytes([i]) + junk[1:]
+            if cmd in (b"block", b"tx", b"headers", b"getdata", b"addrv2"):
+                # A count/version that cannot parse as a full 4 MB object.
+                payload = b"\xff" * 9 + payload[9:]
+            r = RawPeer(port)
+            peers.append((r, frame(cmd, payload)))
+        threads = [threading.Thread(target=r.send_quietly, args=(m,)) for r, m in peers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT)
+        for j, (r, _) in enumerate(peers):
+            r.wait_closed(f"junk 4 MB message {batch * 4 + j + 1}/80 ({commands[(batch * 4 + j) % len(commands)].decode()})")
+        pinger.check("junk messages")
+    log(f"  80 junk 4 MB messages handled in {time.time() - started:.1f} s")
+    rtts = pinger.finish()
+    assert len(rtts) >= 10, f"only {len(rtts)} pings measured"
+    p50 = rtts[len(rtts) // 2]
+    p99 = rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))]
+    log(f"  ok: well-behaved peer: {len(rtts)} pings, rtt p50 {p50 * 1000:.1f} ms, "
+        f"p99 {p99 * 1000:.1f} ms, max {rtts[-1] * 1000:.1f} ms (limit {PING_DEADLINE * 1000:.0f} ms)")
+    assert rtts[-1] < PING_DEADLINE
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--data", required=True, help="testnet-data/regtest-a")
+    ap.add_argument("check", choices=["handshake", "filters", "malformed"])
+    args = ap.parse_args()
+    chain = json.load(open(os.path.join(args.data, "chain.json")))
+    thread = NetworkThread()
+    thread.daemon = True
+    thread.start()
+    log(f"{args.check}: kakehi at 127.0.0.1:{args.port}")
+    started = time.time()
+    if args.check == "handshake":
+        check_handshake(args.port, chain)
+    elif args.check == "filters":
+        check_filters(args.port, args.data)
+    else:
+        check_malformed(args.port, args.data)
+    log(f"{args.check}: all checks passed in {time.time() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
