@@ -7,14 +7,16 @@
 //! then runs, in order:
 //! - `handshake`: version/verack, services NODE_NETWORK | NODE_WITNESS |
 //!   NODE_COMPACT_FILTERS, protocol 70016, wtxidrelay/sendaddrv2/sendheaders,
-//!   pings;
+//!   pings; getheaders and getdata against `chain.json`;
 //! - `filters`: getcfcheckpt / getcfheaders / getcfilters checked as Core's
 //!   `p2p_blockfilters.py` does, against bcoin's `filters.json` and
 //!   `stale_filters.json`; then 500 coinbase-only blocks mined by the script
-//!   and sent over P2P (to reach height 2,000), and over-limit requests;
+//!   and sent over P2P (to reach height 2,000; their filters checked with the
+//!   script's own BIP158 encoder), tip announcements, over-limit requests;
 //! - `malformed`: bad magic, bad checksum, oversized payload and counts, 80
 //!   junk 4 MB messages, each disconnecting its sender while a second peer's
-//!   pings are answered within 2 s.
+//!   pings are answered within 2 s (and a third peer downloads 20,000
+//!   filters and 500 blocks).
 //!
 //! A script's non-zero exit fails the test with its output. Each run is
 //! bounded (`SCRIPT_TIMEOUT`). Needs Python 3 and, the first time, PyPI
@@ -103,9 +105,8 @@ fn core_test_framework_against_kakehi() {
     let mut config = P2pConfig::default();
     config.listen = Some("127.0.0.1:0".parse().expect("addr"));
     config.dns_seeds = false;
-    // Every test peer comes from 127.0.0.1: the default per-IP cap (8) would
-    // refuse the checks' parallel connections before they reach the codec.
-    config.per_ip_limit = 64;
+    // Default limits otherwise: every test peer comes from 127.0.0.1 and the
+    // checks stay within the per-IP cap (8).
     let (stop, stop_rx) = watch::channel(false);
     let (handle, task) = runtime.block_on(async { start_p2p(chain.clone(), config, stop_rx) });
     let addr = runtime

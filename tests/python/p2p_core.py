@@ -34,10 +34,16 @@ import sys
 import threading
 import time
 
+from verystable.core.blockfilter import bip158_basic_element_hash
 from verystable.core.blocktools import create_block, create_coinbase
 from verystable.core.messages import (
-    CBlockHeader,
+    CBlockLocator,
     CInv,
+    MSG_TYPE_MASK,
+    MSG_WITNESS_FLAG,
+    msg_getdata,
+    msg_getheaders,
+    CBlockHeader,
     FILTER_TYPE_BASIC,
     MAGIC_BYTES,
     MSG_BLOCK,
@@ -50,7 +56,6 @@ from verystable.core.messages import (
     msg_getcfheaders,
     msg_getcfilters,
     msg_headers,
-    msg_inv,
     msg_ping,
     msg_sendheaders,
     ser_uint256,
@@ -167,6 +172,44 @@ def check_handshake(port, data):
                      timeout=WAIT)
     assert p.is_connected
     log("  ok: sendheaders, feefilter, unknown message accepted; pings answered by nonce")
+    # Serving: getheaders from genesis gives the best chain of chain.json;
+    # getdata gives blocks of chain.json's size and weight (witness and
+    # stripped serializations).
+    best = sorted((b for b in data["blocks"] if b["on_best_chain"]), key=lambda b: b["height"])
+    loc = CBlockLocator()
+    loc.vHave = [h2i(data["genesis"])]
+    with p2p_lock:
+        p.last_message.pop("headers", None)
+    gh = msg_getheaders()
+    gh.locator = loc
+    p.send_message(gh)
+    p.wait_until(lambda: "headers" in p.last_message, timeout=WAIT)
+    with p2p_lock:
+        hs = p.last_message["headers"].headers
+    got = [i2h(h.rehash() or h.sha256) for h in hs]
+    assert got == [b["hash"] for b in best], f"getheaders: {len(got)} headers, not chain.json's chain"
+    picks = [best[0], best[len(best) // 2], best[-2]] + sorted(best, key=lambda b: -b["weight"])[:2]
+    for b in picks:
+        for witness in (True, False):
+            with p2p_lock:
+                p.last_message.pop("block", None)
+            kind = MSG_BLOCK | (MSG_WITNESS_FLAG if witness else 0)
+            p.send_message(msg_getdata([CInv(kind, h2i(b["hash"]))]))
+            p.wait_until(lambda: "block" in p.last_message, timeout=WAIT)
+            with p2p_lock:
+                blk = p.last_message["block"].block
+            blk.rehash()
+            assert i2h(blk.sha256) == b["hash"], "getdata answered with another block"
+            assert len(blk.vtx) == b["tx_count"]
+            size = len(blk.serialize(with_witness=witness))
+            stripped = (b["weight"] - b["size"]) // 3
+            assert size == (b["size"] if witness else stripped), (
+                f"block {b['height']} witness={witness}: {size} bytes")
+    # An unknown block is answered with notfound.
+    p.send_message(msg_getdata([CInv(MSG_BLOCK, 12345)]))
+    p.wait_until(lambda: p.message_count["notfound"] == 1, timeout=WAIT)
+    log(f"  ok: getheaders = chain.json's {len(best)} headers; getdata of {len(picks)} blocks "
+        "(witness and stripped sizes = chain.json); notfound for an unknown block")
     # A second wtxidrelay after verack is a protocol violation in Core
     # (disconnect); kakehi does the same.
     from verystable.core.messages import msg_wtxidrelay
@@ -190,6 +233,25 @@ class FilterClient(P2PDataStore):
         with p2p_lock:
             out, self.cfilters = self.cfilters, []
         return out
+
+
+class Observer(P2PInterface):
+    """Records the block hashes announced to it, by `headers` and by `inv`."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_headers = set()
+        self.by_inv = set()
+
+    def on_headers(self, message):
+        for h in message.headers:
+            h.rehash()
+            self.by_headers.add(h.sha256)
+
+    def on_inv(self, message):
+        for i in message.inv:
+            if i.type & MSG_TYPE_MASK == MSG_BLOCK:
+                self.by_inv.add(i.hash)
 
 
 def request_cfcheckpt(p, stop_hash):
@@ -257,6 +319,23 @@ def check_range(p, entries, start, stop_entry, what):
         # Core: the filter's hash matches the one in cfheaders.
         assert uint256_from_str(hash256(f.filter_data)) == fh
     return cfh, headers
+
+
+def gcs_basic_filter(block_hash_hex, scripts):
+    """BIP158 basic filter (P = 19, M = 784,931) of a set of scripts, with
+    Core's element hash from verystable.core.blockfilter: CompactSize N, then
+    the Golomb-Rice coded sorted deltas, zero-padded to a byte."""
+    scripts = sorted(set(scripts))
+    values = sorted(bip158_basic_element_hash(spk, len(scripts), block_hash_hex) for spk in scripts)
+    bits = []
+    last = 0
+    for v in values:
+        delta, last = v - last, v
+        bits += [1] * (delta >> 19) + [0]
+        bits += [(delta >> i) & 1 for i in range(18, -1, -1)]
+    bits += [0] * (-len(bits) % 8)
+    coded = bytes(int("".join(map(str, bits[i:i + 8])), 2) for i in range(0, len(bits), 8))
+    return compact_size(len(scripts)) + coded
 
 
 def check_filters(port, data):
@@ -329,7 +408,9 @@ def check_filters(port, data):
     # `headers` and served on getdata.
     mine_to = MAX_GETCFHEADERS_SIZE
     prev = h2i(tip["hash"])
-    ntime = max(int(time.time()) - 10 * 3600, 1704067200 + 600 * tip_height + 3600)
+    # Deterministic (same blocks on every run): an hour after the last
+    # possible time of the reference tip (block n: 1704067200 + 600 n + < 300).
+    ntime = 1704067200 + 600 * tip_height + 3600
     blocks = []
     for height in range(tip_height + 1, mine_to + 1):
         b = create_block(prev, create_coinbase(height), ntime + height)
@@ -360,15 +441,51 @@ def check_filters(port, data):
     cfh = request_cfheaders(p, tip_height + 1, top)
     assert cfh.prev_header == h2i(tip["filter_header"])
     assert chain_headers(cfh.prev_header, cfh.hashes)[-1] == got.headers[1]
-    log(f"  ok: {len(blocks)} mined blocks accepted over P2P, checkpoint 2000 chains")
+    # Their filters against this script's own BIP158 encoder, first checked
+    # on the regtest genesis block (its one output script, Core's
+    # chainparams) against bcoin's genesis filter.
+    genesis_spk = bytes.fromhex(
+        "4104678afdb0fe5548271967f1a67130b7105cd6a828e03909a67962e0ea1f61deb649f6bc3f4cef38c4f355"
+        "04e51ec112de5c384df7ba0b8d578a4c702b6bf11d5fac")
+    assert gcs_basic_filter(filters[0]["hash"], [genesis_spk]).hex() == filters[0]["basic_filter"]
+    mined = request_cfilters(p, tip_height + 1, top, len(blocks))
+    for b, f in zip(blocks, mined):
+        spks = [bytes(o.scriptPubKey) for tx in b.vtx for o in tx.vout
+                if not bytes(o.scriptPubKey).startswith(b"\x6a")]
+        assert f.block_hash == b.sha256
+        assert f.filter_data == gcs_basic_filter(i2h(b.sha256), spks), f"filter of mined {i2h(b.sha256)}"
+    log(f"  ok: {len(blocks)} mined blocks accepted over P2P, their filters = BIP158 encoding "
+        "here, checkpoint 2000 chains")
     # Boundaries: exactly 2,000 cfheaders and 1,000 cfilters are answered.
     cfh = request_cfheaders(p, 1, top)
     assert len(cfh.hashes) == MAX_GETCFHEADERS_SIZE
     fl = request_cfilters(p, mine_to - MAX_GETCFILTERS_SIZE + 1, top, MAX_GETCFILTERS_SIZE)
     assert len(fl) == MAX_GETCFILTERS_SIZE
     log("  ok: 2,000 cfheaders and 1,000 cfilters (the limits) answered")
-    p.peer_disconnect()
-    p.wait_for_disconnect()
+
+    # New tips are announced (BIP130): by `headers` to a peer that sent
+    # sendheaders (and has the parent header), by `inv` to one that did not.
+    hdr_obs = connect(port, Observer)
+    hdr_obs.send_and_ping(msg_sendheaders())
+    loc = CBlockLocator()
+    loc.vHave = [blocks[-2].sha256]
+    gh = msg_getheaders()
+    gh.locator = loc
+    hdr_obs.send_and_ping(gh)
+    inv_obs = connect(port, Observer)
+    new = create_block(top, create_coinbase(mine_to + 1), ntime + mine_to + 1)
+    new.solve()
+    with p2p_lock:
+        p.block_store[new.sha256] = new
+        p.last_block_hash = new.sha256
+    p.send_message(msg_headers([CBlockHeader(new)]))
+    hdr_obs.wait_until(lambda: new.sha256 in hdr_obs.by_headers, timeout=WAIT)
+    inv_obs.wait_until(lambda: new.sha256 in inv_obs.by_inv, timeout=WAIT)
+    assert new.sha256 not in hdr_obs.by_inv and new.sha256 not in inv_obs.by_headers
+    log(f"  ok: block {mine_to + 1} announced by headers (sendheaders peer) and by inv (other)")
+    for q in (p, hdr_obs, inv_obs):
+        q.peer_disconnect()
+        q.wait_for_disconnect()
 
     # Over-limit and malformed requests disconnect (Core: "Check that invalid
     # requests result in disconnection").
@@ -452,8 +569,12 @@ class RawPeer:
     """A plain TCP socket that completes the handshake by hand, so any bytes
     can follow."""
 
-    def __init__(self, port):
+    def __init__(self, port, handshake=True):
         self.s = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+        if handshake:
+            self.handshake(port)
+
+    def handshake(self, port):
         from verystable.core.messages import msg_verack, msg_version
         v = msg_version()
         v.nVersion = 70016
@@ -513,17 +634,46 @@ def check_malformed(port, data):
         ("headers with 2,001 entries",
          frame(b"headers", msg_headers([genesis_like] * (MAX_HEADERS_RESULTS + 1)).serialize())),
         ("inv with 50,001 entries",
-         frame(b"inv", msg_inv([CInv(MSG_BLOCK, i) for i in range(MAX_INV_SZ + 1)]).serialize())),
+         # The entries as msg_inv/CInv would serialize them (type u32 LE, 32-byte
+         # hash), built directly: CInv.serialize takes ~1 ms each.
+         frame(b"inv", compact_size(MAX_INV_SZ + 1) + b"".join(
+             struct.pack("<I", MSG_BLOCK) + i.to_bytes(32, "little")
+             for i in range(MAX_INV_SZ + 1)))),
         ("inv announcing 50,001, no entries", frame(b"inv", compact_size(MAX_INV_SZ + 1))),
         ("payload length 0xffffffff", frame(b"tx", b"", length=0xFFFFFFFF)),
     ]
     for what, raw in cases:
-        t0 = time.time()
         r = RawPeer(port)
-        log(f"  handshake {time.time() - t0:.2f} s")
         r.send_quietly(raw)
         r.wait_closed(what)
         pinger.check(what)
+    # The same before any version: junk as the very first bytes.
+    for what, raw in [
+        ("bad magic before version", frame(b"version", b"\x00" * 100, magic=MAGIC_BYTES["signet"])),
+        ("4 MB junk block before version",
+         frame(b"block", b"\xff" * 9 + os.urandom(MAX_PROTOCOL_MESSAGE_LENGTH - 9))),
+        ("ping before version", frame(b"ping", b"\x00" * 8)),
+    ]:
+        r = RawPeer(port, handshake=False)
+        r.send_quietly(raw)
+        r.wait_closed(what)
+        pinger.check(what)
+    # Heavy but legal traffic from a third peer does not delay the pinger
+    # either: 20 x getcfilters of 1,000 filters and getdata of 500 witness
+    # blocks, all answered.
+    heavy = connect(port, FilterClient)
+    chain = json.load(open(os.path.join(data, "chain.json")))
+    best = [b["hash"] for b in chain["blocks"] if b["on_best_chain"]]
+    filters_json = json.load(open(os.path.join(data, "filters.json")))
+    stop = h2i(filters_json[1000]["hash"])
+    for _ in range(20):
+        heavy.send_message(msg_getcfilters(filter_type=FILTER_TYPE_BASIC, start_height=1,
+                                           stop_hash=stop))
+    heavy.send_message(msg_getdata([CInv(MSG_BLOCK | MSG_WITNESS_FLAG, h2i(h)) for h in best[-500:]]))
+    heavy.wait_until(lambda: len(heavy.cfilters) == 20 * 1000
+                     and heavy.message_count["block"] == 500, timeout=120)
+    pinger.check("heavy legal traffic")
+    log("  ok: 20,000 cfilters and 500 blocks served to a third peer meanwhile")
     # 80 junk 4 MB messages, from 80 connections (each is dropped after its
     # first), four at a time: random payloads under known commands with a
     # correct checksum, so the node reads all 4,000,000 bytes before decoding.
@@ -552,6 +702,11 @@ def check_malformed(port, data):
             r.wait_closed(f"junk 4 MB message {batch * 4 + j + 1}/80 ({commands[(batch * 4 + j) % len(commands)].decode()})")
         pinger.check("junk messages")
     log(f"  80 junk 4 MB messages handled in {time.time() - started:.1f} s")
+    # The IP is discouraged now, but a new peer is still served (Core:
+    # discouraged peers are accepted while inbound slots are free).
+    late = connect(port)
+    late.sync_with_ping()
+    log("  ok: a new peer from the discouraged IP is still accepted and answered")
     rtts = pinger.finish()
     assert len(rtts) >= 10, f"only {len(rtts)} pings measured"
     p50 = rtts[len(rtts) // 2]
