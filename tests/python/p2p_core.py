@@ -9,11 +9,14 @@ Run by tests/p2p_core.rs:
 CHECK is one of
   handshake  version/verack, service bits, protocol version, wtxidrelay,
              sendaddrv2, sendheaders, feefilter, ping, unknown messages;
+             getheaders and getdata against chain.json;
   filters    getcfcheckpt / getcfheaders / getcfilters as Core's
              test/functional/p2p_blockfilters.py checks them, against bcoin's
              filters.json and stale_filters.json (not against kakehi), then
              500 blocks mined here on top and sent over P2P so that a
-             getcfheaders range above 2,000 can be asked; over-limit and
+             getcfheaders range above 2,000 can be asked (their filters
+             checked with a BIP158 encoder here); tip announcements; requests
+             stopping at header-only blocks ignored; over-limit and
              start > stop requests disconnect;
   malformed  bad magic, bad checksum, oversized payload, > 2,000 headers,
              > 50,000 inv entries, 80 junk 4 MB messages: each disconnects
@@ -436,6 +439,7 @@ def check_filters(port, data):
             break
         assert time.time() < deadline, f"mined blocks up to {mine_to} not connected in 120 s"
     assert len(got.headers) == 2 and got.headers[0] == h2i(by_height[1000]["filter_header"])
+    got_checkpoints = got.headers
     # The new checkpoint at 2,000 chains from the old ones over the mined
     # blocks (filters checked with their hashes as above).
     cfh = request_cfheaders(p, tip_height + 1, top)
@@ -483,7 +487,80 @@ def check_filters(port, data):
     inv_obs.wait_until(lambda: new.sha256 in inv_obs.by_inv, timeout=WAIT)
     assert new.sha256 not in hdr_obs.by_inv and new.sha256 not in inv_obs.by_headers
     log(f"  ok: block {mine_to + 1} announced by headers (sendheaders peer) and by inv (other)")
-    for q in (p, hdr_obs, inv_obs):
+
+    # Filter requests are answered only from complete data: block 2002's
+    # header arrives from a peer that never sends the block, so its filter
+    # does not exist yet; requests stopping there are ignored (the peer is
+    # kept). Once another peer delivers the block they are answered.
+    nxt = create_block(new.sha256, create_coinbase(mine_to + 2), ntime + mine_to + 2)
+    nxt.solve()
+    teaser = connect(port, Observer)
+    teaser.send_message(msg_headers([CBlockHeader(nxt)]))
+    teaser.sync_with_ping()
+    asker = connect(port, FilterClient)
+    for m in (msg_getcfheaders(filter_type=FILTER_TYPE_BASIC, start_height=mine_to + 1,
+                               stop_hash=nxt.sha256),
+              msg_getcfilters(filter_type=FILTER_TYPE_BASIC, start_height=mine_to + 1,
+                              stop_hash=nxt.sha256),
+              msg_getcfcheckpt(filter_type=FILTER_TYPE_BASIC, stop_hash=nxt.sha256)):
+        asker.send_and_ping(m)
+    # A header-only sibling of block 2,000 (a checkpoint height): its
+    # checkpoint cannot exist either.
+    sib = create_block(blocks[-2].sha256, create_coinbase(mine_to), ntime + mine_to + 7)
+    sib.solve()
+    teaser.send_message(msg_headers([CBlockHeader(sib)]))
+    teaser.sync_with_ping()
+    asker.send_and_ping(msg_getcfheaders(filter_type=FILTER_TYPE_BASIC, start_height=mine_to,
+                                         stop_hash=sib.sha256))
+    time.sleep(1)
+    asker.sync_with_ping()
+    with p2p_lock:
+        early = [k for k in ("cfheaders", "cfilter") if asker.message_count[k]]
+        cps = [asker.last_message["cfcheckpt"]] if asker.message_count["cfcheckpt"] else []
+    assert not early, f"answered {early} for a block whose filter cannot exist yet"
+    # The checkpoints up to 2,002 are all complete (1,000 and 2,000 are on the
+    # active chain): answering them is right, if they are right.
+    for c in cps:
+        assert c.headers == [h2i(by_height[1000]["filter_header"]), got_checkpoints[1]], (
+            f"cfcheckpt by a header-only stop: {list(map(i2h, c.headers))}")
+    with p2p_lock:
+        asker.last_message.pop("cfcheckpt", None)
+        n_cp = asker.message_count["cfcheckpt"]
+    asker.send_and_ping(msg_getcfcheckpt(filter_type=FILTER_TYPE_BASIC, stop_hash=sib.sha256))
+    time.sleep(1)
+    asker.sync_with_ping()
+    with p2p_lock:
+        sib_cp = asker.last_message.get("cfcheckpt")
+    assert sib_cp is None, (
+        f"cfcheckpt by a header-only block at a checkpoint height answered: "
+        f"{list(map(i2h, sib_cp.headers))} (active 2000: {i2h(got_checkpoints[1])})")
+    # The announcer leaves (its block request is released, as when Core's
+    # block download times out); a peer that has the block announces it.
+    teaser.peer_disconnect()
+    teaser.wait_for_disconnect()
+    with p2p_lock:
+        p.block_store[nxt.sha256] = nxt
+        p.last_block_hash = nxt.sha256
+    p.send_message(msg_headers([CBlockHeader(nxt)]))
+    deadline = time.time() + 60
+    while True:
+        with p2p_lock:
+            asker.last_message.pop("cfheaders", None)
+        asker.send_and_ping(msg_getcfheaders(filter_type=FILTER_TYPE_BASIC,
+                                             start_height=mine_to + 1, stop_hash=nxt.sha256))
+        time.sleep(0.2)
+        with p2p_lock:
+            got = asker.last_message.get("cfheaders")
+        if got is not None:
+            break
+        assert time.time() < deadline, "block 2002 not connected within 60 s of its delivery"
+    assert len(got.hashes) == 2 and got.prev_header == chain_headers(
+        cfh.prev_header, cfh.hashes)[-1]
+    log("  ok: cfheaders/cfilters stopping at a header-only block and cfcheckpt at a header-only "
+        f"checkpoint-height sibling ignored (peer kept; cfcheckpt by the header-only 2002 "
+        f"{'answered with the right checkpoints' if cps else 'ignored'}); answered once another "
+        "peer delivered the block")
+    for q in (p, hdr_obs, inv_obs, asker):
         q.peer_disconnect()
         q.wait_for_disconnect()
 
