@@ -3,9 +3,10 @@
 //! Node A (the library) imports `testnet-data/regtest-a/blocks.dat` (bcoin's
 //! chain) and serves it on a loopback port. Node B is the `kakehi` binary,
 //! `run --connect A` on its own datadir; it is killed with SIGKILL at a random
-//! moment of its sync, restarted on the same datadir, killed again, 10 times
-//! (`KAKEHI_LONG=1`: 40 times, 0.1–1.2 s apart instead of 0.3–2.5 s). Then it runs to A's tip and is stopped with
-//! SIGTERM, and its datadir must hold exactly A's state: the
+//! moment of its sync (0.3–2.5 s after each start), restarted on the same
+//! datadir, killed again, 10 times (`KAKEHI_LONG=1`: 40 times, 0.1–1.2 s
+//! after each start). Then it runs to A's tip and is stopped with SIGTERM,
+//! and its datadir must hold exactly A's state: the
 //! `kakehi dump-utxos` bytes (= bcoin's `utxos.txt`), the UTXO summary, and
 //! the filter and filter header of every height (= bcoin's `filters.json`).
 //!
