@@ -1,12 +1,16 @@
 //! `kill -9` of a syncing node at random moments.
 //!
-//! Node A (the library) imports `testnet-data/regtest-a/blocks.dat` (bcoin's
-//! chain) and serves it on a loopback port. Node B is the `kakehi` binary,
-//! `run --connect A` on its own datadir; it is killed with SIGKILL at a random
-//! moment of its sync (0.3–2.5 s after each start), restarted on the same
-//! datadir, killed again, 10 times (`KAKEHI_LONG=1`: 40 times, 0.1–1.2 s
-//! after each start). Then it runs to A's tip and is stopped with SIGTERM,
-//! and its datadir must hold exactly A's state: the
+//! Node A (the library) holds `testnet-data/regtest-a/blocks.dat` (bcoin's
+//! chain) up to the block before its 12-deep reorg and serves it on a
+//! loopback port. Node B is the `kakehi` binary, `run --connect A` on its own
+//! datadir; it is killed with SIGKILL at a random moment of its sync (0.3–2.5
+//! s after each start), restarted on the same datadir, killed again. Once B
+//! has A's tip, A gets the rest of the file (the reorg, then 300 more
+//! blocks) while B runs; B is killed at a random moment of following it, and
+//! again after restarts: 10 kills in all (`KAKEHI_LONG=1`: 40, 0.1–1.2 s
+//! after each start). Then B runs to A's tip and is stopped with SIGTERM,
+//! and its datadir must hold exactly A's state (and know A's old tip as a
+//! stale block): the
 //! `kakehi dump-utxos` bytes (= bcoin's `utxos.txt`), the UTXO summary, and
 //! the filter and filter header of every height (= bcoin's `filters.json`).
 //!
@@ -19,14 +23,13 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use bitcoin::Network;
+use bitcoin::{BlockHash, Network};
 use common::{data, json};
 use kakehi::chain::ChainParams;
-use kakehi::import::import_files;
+use kakehi::import::read_file;
 use kakehi::node::{open_chainstate, DataDir};
 use kakehi::p2p::{start_p2p, P2pConfig};
 use kakehi::pipeline::Chainstate;
@@ -155,6 +158,66 @@ fn state(chain: &RwLock<Chainstate>) -> State {
     }
 }
 
+/// Starts B `n` times and kills it (SIGKILL) at a random moment after each
+/// start, recording B's height just before (`None`: not serving yet). Stops
+/// early once B is at `stop_height`.
+#[allow(clippy::too_many_arguments)]
+fn kill_cycles(
+    rng: &mut Rng,
+    long: bool,
+    n: usize,
+    stop_height: u64,
+    heights: &mut Vec<Option<u64>>,
+    spawn: &dyn Fn() -> Child,
+    http: u16,
+    log: &Path,
+) {
+    for _ in 0..n {
+        let mut b = spawn();
+        // KAKEHI_LONG: shorter runs, so that 40 kills fit in one sync and
+        // more of them land in startup (open, recovery, handshake).
+        let at = if long {
+            rng.millis(100, 1_200)
+        } else {
+            rng.millis(300, 2_500)
+        };
+        std::thread::sleep(at);
+        let h = b_tip(http).map(|(h, _)| h);
+        b.kill().expect("kill -9");
+        let status = b.wait().expect("wait");
+        assert!(
+            status.code().is_none(),
+            "B exited by itself before kill {}: {status}\n{}",
+            heights.len() + 1,
+            tail(log)
+        );
+        heights.push(h);
+        eprintln!("kill {}: after {at:?}, B at height {h:?}", heights.len());
+        if h == Some(stop_height) {
+            return;
+        }
+    }
+}
+
+/// Waits (bounded) until B's HTTP API reports `tip`.
+fn wait_for(b: &mut Child, http: u16, tip: &(u64, String), log: &Path) {
+    let started = Instant::now();
+    loop {
+        if b_tip(http).as_ref() == Some(tip) {
+            return;
+        }
+        if started.elapsed() > FINAL_SYNC_TIMEOUT || b.try_wait().ok().flatten().is_some() {
+            let _ = b.kill();
+            panic!(
+                "B did not reach {tip:?} within {FINAL_SYNC_TIMEOUT:?} (at {:?})\n{}",
+                b_tip(http),
+                tail(log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn kill_9_during_sync_resumes_to_the_same_state() {
     let long = std::env::var_os("KAKEHI_LONG").is_some();
@@ -170,23 +233,40 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
     eprintln!("kill moments from KAKEHI_KILL_SEED={seed}");
     let mut rng = Rng(seed);
 
-    // A: regtest-a imported, serving on loopback.
+    // A: regtest-a up to the block before the 12-deep reorg, serving on
+    // loopback.
+    let params = ChainParams::new(Network::Regtest);
+    let records = read_file(&data("regtest-a/blocks.dat"), &params).expect("read blocks.dat");
+    let chain = json("regtest-a/chain.json");
+    let reorg = chain["reorgs"]
+        .as_array()
+        .expect("reorgs")
+        .iter()
+        .find(|r| r["depth"].as_u64() == Some(12))
+        .expect("the 12-deep reorg");
+    let at = reorg["at_order_index"].as_u64().expect("order") as usize;
+    let old_tip: BlockHash = reorg["old_tip"]
+        .as_str()
+        .expect("old tip")
+        .parse()
+        .expect("hash");
     let dir_a = tempfile::tempdir().expect("tempdir");
     let datadir_a = DataDir::open(dir_a.path()).expect("datadir");
     let a = Arc::new(RwLock::new(
-        open_chainstate(ChainParams::new(Network::Regtest), &datadir_a).expect("chainstate"),
+        open_chainstate(params, &datadir_a).expect("chainstate"),
     ));
-    let summary = import_files(
-        &a,
-        &[data("regtest-a/blocks.dat")],
-        &AtomicBool::new(false),
-        false,
-    )
-    .expect("import regtest-a");
-    assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
-    let want = state(&a);
-    let chain = json("regtest-a/chain.json");
-    assert_eq!(want.tip.1.to_string(), chain["tip_hash"].as_str().unwrap());
+    for r in &records[..at] {
+        a.write()
+            .expect("lock")
+            .submit_block(&r.block)
+            .expect("submit");
+    }
+    let first_tip = {
+        let cs = a.read().expect("lock");
+        let t = cs.index().tip();
+        (u64::from(t.height), t.hash.to_string())
+    };
+    assert_eq!(first_tip.1, old_tip.to_string());
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -210,61 +290,84 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
     let datadir_b = home.path().join("b");
     let log = home.path().join("b.log");
     let http = free_port();
-    let tip_height = u64::from(want.tip.0);
     let mut heights = Vec::new();
     let started = Instant::now();
-    for i in 0..kills {
-        let mut b = spawn_b(home.path(), &datadir_b, addr, http, &log);
-        // KAKEHI_LONG: shorter runs, so that 40 kills fit in one sync and
-        // more of them land in startup (open, recovery, handshake).
-        let at = if long {
-            rng.millis(100, 1_200)
-        } else {
-            rng.millis(300, 2_500)
-        };
-        std::thread::sleep(at);
-        let h = b_tip(http).map(|(h, _)| h);
-        b.kill().expect("kill -9");
-        let status = b.wait().expect("wait");
+    // Phase 1: the sync to A's first tip, half of the kills.
+    let spawn = || spawn_b(home.path(), &datadir_b, addr, http, &log);
+    kill_cycles(
+        &mut rng,
+        long,
+        kills / 2,
+        first_tip.0,
+        &mut heights,
+        &spawn,
+        http,
+        &log,
+    );
+    let mut b = spawn();
+    wait_for(&mut b, http, &first_tip, &log);
+    eprintln!("B at A's first tip {first_tip:?}; A now takes the 12-deep reorg");
+    // Phase 2: A reorganises and grows while B follows; kill B meanwhile.
+    let feeder = {
+        let a = a.clone();
+        let rest: Vec<_> = records[at..].iter().map(|r| r.block.clone()).collect();
+        std::thread::spawn(move || {
+            for block in &rest {
+                a.write()
+                    .expect("lock")
+                    .submit_block(block)
+                    .expect("submit");
+            }
+        })
+    };
+    // Kill it 0–200 ms after its tip first moves off A's old tip: just after
+    // B switched branches, while it downloads the rest.
+    let moved = Instant::now();
+    while b_tip(http).is_some_and(|t| t == first_tip) {
         assert!(
-            status.code().is_none(),
-            "B exited by itself before kill {}: {status}\n{}",
-            i + 1,
+            moved.elapsed() < FINAL_SYNC_TIMEOUT,
+            "B does not follow A's reorg\n{}",
             tail(&log)
         );
-        eprintln!("kill {}: after {:?}, B at height {h:?}", i + 1, at);
-        heights.push(h);
-        if h == Some(tip_height) {
-            break;
-        }
+        std::thread::sleep(Duration::from_millis(5));
     }
+    let after = rng.millis(1, 200);
+    std::thread::sleep(after);
+    let h = b_tip(http);
+    b.kill().expect("kill -9");
+    b.wait().expect("wait");
+    heights.push(h.as_ref().map(|t| t.0));
+    eprintln!(
+        "kill {} (A reorganised): {after:?} after B's tip moved ({:.2} s after the feed began), B at {h:?}",
+        heights.len(),
+        moved.elapsed().as_secs_f64()
+    );
+    feeder.join().expect("feeder");
+    let want = state(&a);
+    assert_eq!(want.tip.1.to_string(), chain["tip_hash"].as_str().unwrap());
+    let tip_height = u64::from(want.tip.0);
+    let rest = kills.saturating_sub(heights.len());
+    kill_cycles(
+        &mut rng,
+        long,
+        rest,
+        tip_height,
+        &mut heights,
+        &spawn,
+        http,
+        &log,
+    );
     let killed = heights.len();
-    let during_sync = heights
-        .iter()
-        .filter(|h| matches!(h, Some(h) if *h < tip_height))
-        .count();
+    let while_running = heights.iter().filter(|h| h.is_some()).count();
     assert!(
-        during_sync >= killed / 2,
-        "most kills must land during the sync: heights {heights:?}"
+        while_running >= killed / 2,
+        "most kills must land while B runs: heights {heights:?}"
     );
 
     // The last run: to A's tip, then a clean stop.
-    let mut b = spawn_b(home.path(), &datadir_b, addr, http, &log);
+    let mut b = spawn();
     let sync_started = Instant::now();
-    loop {
-        if b_tip(http).is_some_and(|(h, hash)| h == tip_height && hash == want.tip.1.to_string()) {
-            break;
-        }
-        if sync_started.elapsed() > FINAL_SYNC_TIMEOUT || b.try_wait().ok().flatten().is_some() {
-            let _ = b.kill();
-            panic!(
-                "B did not reach A's tip within {FINAL_SYNC_TIMEOUT:?} (at {:?})\n{}",
-                b_tip(http),
-                tail(&log)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for(&mut b, http, &(tip_height, want.tip.1.to_string()), &log);
     eprintln!(
         "{killed} kills, then the tip {:.1} s after the last restart ({:.1} s in all)",
         sync_started.elapsed().as_secs_f64(),
@@ -315,6 +418,11 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
         open_chainstate(ChainParams::new(Network::Regtest), &b_datadir).expect("B's chainstate"),
     );
     let got = state(&b_chain);
+    {
+        let cs = b_chain.read().expect("lock");
+        let id = cs.index().id_of(&old_tip).expect("B knows A's old tip");
+        assert!(!cs.index().is_active(id), "A's old tip is stale in B");
+    }
     assert_eq!(got.tip, want.tip);
     assert_eq!(got.stats, want.stats);
     let reference = json("regtest-a/filters.json");
