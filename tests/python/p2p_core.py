@@ -57,6 +57,7 @@ from verystable.core.messages import (
     msg_feefilter,
     msg_getcfcheckpt,
     msg_getcfheaders,
+    msg_block,
     msg_getcfilters,
     msg_headers,
     msg_ping,
@@ -560,6 +561,41 @@ def check_filters(port, data):
         f"checkpoint-height sibling ignored (peer kept; cfcheckpt by the header-only 2002 "
         f"{'answered with the right checkpoints' if cps else 'ignored'}); answered once another "
         "peer delivered the block")
+
+    # A peer sends block 2,003 with a bad merkle root (valid PoW): it is
+    # disconnected; the header stays headers-only (a mutated body says
+    # nothing about the header, as in Core). Another peer then announces a
+    # valid block 2,003 of equal work: the node must fetch it from that peer
+    # and connect it (Core's direct fetch of announced blocks), not wait for
+    # the first header's body that nobody serves.
+    bad = create_block(nxt.sha256, create_coinbase(mine_to + 3), ntime + mine_to + 3)
+    bad.hashMerkleRoot ^= 1
+    bad.solve()
+    mutator = connect(port)
+    mutator.send_message(msg_block(bad))
+    expect_disconnect(mutator, "block with a bad merkle root")
+    good = create_block(nxt.sha256, create_coinbase(mine_to + 3), ntime + mine_to + 4)
+    good.solve()
+    with p2p_lock:
+        p.block_store[good.sha256] = good
+        p.last_block_hash = good.sha256
+    p.send_message(msg_headers([CBlockHeader(good)]))
+    announced = time.time()
+    deadline = announced + 30
+    while True:
+        with p2p_lock:
+            asker.last_message.pop("cfheaders", None)
+        asker.send_and_ping(msg_getcfheaders(filter_type=FILTER_TYPE_BASIC,
+                                             start_height=mine_to + 3, stop_hash=good.sha256))
+        with p2p_lock:
+            got = asker.last_message.get("cfheaders")
+        if got is not None:
+            break
+        assert time.time() < deadline, (
+            "a valid block announced after a mutated one of equal work was not connected in 30 s")
+        time.sleep(0.2)
+    log("  ok: a mutated block disconnects its sender; a valid competing block announced by "
+        f"another peer is then fetched and connected ({time.time() - announced:.1f} s)")
     for q in (p, hdr_obs, inv_obs, asker):
         q.peer_disconnect()
         q.wait_for_disconnect()
