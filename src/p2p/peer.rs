@@ -639,14 +639,22 @@ impl Peer {
             // known to have (Core's `pindexBestKnownBlock`, by height), and
             // not ones it said it does not have. Core sends no `notfound`
             // for blocks, so asking a lagging peer would only stall.
+            // At the peer's own best height, only its best block: another
+            // block there is on a branch it did not announce (say a header
+            // whose body arrived mutated from someone else).
             let backend = &self.net.backend;
             let peer_height = self.best_height;
+            let peer_best = self.best_hash;
             let assigned = sched.assign(
                 self.id,
                 &window,
                 |h| {
                     self.not_found.contains(h)
-                        || !matches!(backend.block_height(h), Some(x) if x <= peer_height)
+                        || match backend.block_height(h) {
+                            Some(x) if x < peer_height => false,
+                            Some(x) if x == peer_height => peer_best.is_some_and(|b| b != *h),
+                            _ => true,
+                        }
                 },
                 now,
             );

@@ -596,6 +596,12 @@ def check_filters(port, data):
         time.sleep(0.2)
     log("  ok: a mutated block disconnects its sender; a valid competing block announced by "
         f"another peer is then fetched and connected ({time.time() - announced:.1f} s)")
+    # Nor is the honest peer asked for the mutated block's hash (it announced
+    # another block at that height): such a request would never be answered
+    # and would cost the peer its connection at the 10 min request timeout.
+    time.sleep(1.5)
+    with p2p_lock:
+        assert bad.sha256 not in p.getdata_requests, "the honest peer was asked for the mutated block"
     for q in (p, hdr_obs, inv_obs, asker):
         q.peer_disconnect()
         q.wait_for_disconnect()
