@@ -652,14 +652,22 @@ impl Peer {
             // known to have (Core's `pindexBestKnownBlock`, by height), and
             // not ones it said it does not have. Core sends no `notfound`
             // for blocks, so asking a lagging peer would only stall.
+            // At the peer's own best height, only its best block: another
+            // block there is on a branch it did not announce (say a header
+            // whose body arrived mutated from someone else).
             let backend = &self.net.backend;
             let peer_height = self.best_height;
+            let peer_best = self.best_hash;
             let assigned = sched.assign(
                 self.id,
                 &window,
                 |h| {
                     self.not_found.contains(h)
-                        || !matches!(backend.block_height(h), Some(x) if x <= peer_height)
+                        || match backend.block_height(h) {
+                            Some(x) if x < peer_height => false,
+                            Some(x) if x == peer_height => peer_best.is_some_and(|b| b != *h),
+                            _ => true,
+                        }
                 },
                 now,
             );
@@ -901,6 +909,15 @@ impl Peer {
             self.end_header_sync();
             return Ok(());
         };
+        // A short announcement extending our tip: its blocks (Core's direct
+        // fetch, `HeadersDirectFetchBlocks`).
+        let direct: Vec<BlockHash> = if n <= MAX_BLOCKS_TO_ANNOUNCE
+            && headers.first().map(|h| h.prev_blockhash) == Some(self.net.backend.tip().1)
+        {
+            headers.iter().map(|h| h.block_hash()).collect()
+        } else {
+            Vec::new()
+        };
         let b = self.backend();
         let res = blocking(move || b.accept_headers(&headers)).await;
         let Some(res) = res else { return Ok(()) };
@@ -909,6 +926,18 @@ impl Peer {
                 self.unconnecting = 0;
                 self.getheaders_at = None;
                 self.peer_has = Some(last);
+                // Fetched from this peer even when the global plan follows
+                // another header of equal or more work whose body nobody
+                // serves (say one that arrived mutated): the peer announced
+                // these, so it has them.
+                if !direct.is_empty() && self.is_full_node() {
+                    let assigned =
+                        lock(&self.net.sched).assign(self.id, &direct, |_| false, Instant::now());
+                    if !assigned.is_empty() {
+                        let inv = assigned.into_iter().map(Inventory::WitnessBlock).collect();
+                        self.send(NetworkMessage::GetData(inv)).await?;
+                    }
+                }
                 if out.last_height >= self.best_height || (n as u64) < MAX_HEADERS {
                     // A message that is not full ends at the peer's tip, so
                     // this also corrects a height claimed too high in

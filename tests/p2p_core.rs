@@ -1,0 +1,137 @@
+//! kakehi's P2P layer driven by Bitcoin Core's own P2P test framework
+//! (`verystable.core.p2p` / `verystable.core.messages`, the PyPI packaging of
+//! Core's `test/functional/test_framework`).
+//!
+//! A node imports `testnet-data/regtest-a/blocks.dat` (bcoin's chain) and
+//! listens on a loopback port chosen by the OS; `tests/python/p2p_core.py`
+//! then runs, in order:
+//! - `handshake`: version/verack, services NODE_NETWORK | NODE_WITNESS |
+//!   NODE_COMPACT_FILTERS, protocol 70016, wtxidrelay/sendaddrv2/sendheaders,
+//!   pings; getheaders and getdata against `chain.json`;
+//! - `filters`: getcfcheckpt / getcfheaders / getcfilters checked as Core's
+//!   `p2p_blockfilters.py` does, against bcoin's `filters.json` and
+//!   `stale_filters.json`; then 500 coinbase-only blocks mined by the script
+//!   and sent over P2P (to reach height 2,000; their filters checked with the
+//!   script's own BIP158 encoder), tip announcements, over-limit requests;
+//! - `malformed`: bad magic, bad checksum, oversized payload and counts, 80
+//!   junk 4 MB messages, each disconnecting its sender while a second peer's
+//!   pings are answered within 2 s (and a third peer downloads 20,000
+//!   filters and 500 blocks).
+//!
+//! A script's non-zero exit fails the test with its output. Each run is
+//! bounded (`SCRIPT_TIMEOUT`). Needs Python 3 and, the first time, PyPI
+//! (see `tests/common/python.rs`).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bitcoin::Network;
+use common::data;
+use kakehi::chain::ChainParams;
+use kakehi::import::import_files;
+use kakehi::node::{open_chainstate, DataDir};
+use kakehi::p2p::{start_p2p, P2pConfig};
+use tokio::sync::watch;
+
+/// Upper bound of one script run (debug build, 2 shared cores).
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// Runs `p2p_core.py CHECK` against `addr`; `Err` with its output when it
+/// fails or times out.
+fn run_check(python: &Path, addr: SocketAddr, check: &str) -> Result<String, String> {
+    let out = tempfile::NamedTempFile::new().expect("temp file");
+    let started = Instant::now();
+    let mut child = Command::new(python)
+        .arg(common::python::script("p2p_core.py"))
+        .args(["--port", &addr.port().to_string(), "--data"])
+        .arg(data("regtest-a"))
+        .arg(check)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(out.reopen().expect("reopen"))
+        .stderr(out.reopen().expect("reopen"))
+        .spawn()
+        .expect("spawn python");
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait python") {
+            break Some(s);
+        }
+        if started.elapsed() > SCRIPT_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = std::fs::read_to_string(out.path()).unwrap_or_default();
+    let took = started.elapsed().as_secs_f64();
+    match status {
+        Some(s) if s.success() => Ok(format!("{text}({check}: {took:.1} s)")),
+        Some(s) => Err(format!("p2p_core.py {check} failed ({s}):\n{text}")),
+        None => Err(format!(
+            "p2p_core.py {check} timed out after {SCRIPT_TIMEOUT:?}:\n{text}"
+        )),
+    }
+}
+
+#[test]
+fn core_test_framework_against_kakehi() {
+    let python = common::python::venv_python();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let datadir = DataDir::open(dir.path()).expect("datadir");
+    let chain = Arc::new(RwLock::new(
+        open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("chainstate"),
+    ));
+    let summary = import_files(
+        &chain,
+        &[data("regtest-a/blocks.dat")],
+        &AtomicBool::new(false),
+        false,
+    )
+    .expect("import regtest-a");
+    assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut config = P2pConfig::default();
+    config.listen = Some("127.0.0.1:0".parse().expect("addr"));
+    config.dns_seeds = false;
+    // Default limits otherwise: every test peer comes from 127.0.0.1 and the
+    // checks stay within the per-IP cap (8).
+    let (stop, stop_rx) = watch::channel(false);
+    let (handle, task) = runtime.block_on(async { start_p2p(chain.clone(), config, stop_rx) });
+    let addr = runtime
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), handle.local_addr()).await
+        })
+        .expect("listener up within 10 s")
+        .expect("listen address");
+
+    // In this order: `filters` extends the chain, `malformed` gets
+    // 127.0.0.1 discouraged.
+    let mut failures = Vec::new();
+    for check in ["handshake", "filters", "malformed"] {
+        match run_check(&python, addr, check) {
+            Ok(out) => eprintln!("{out}"),
+            Err(e) => failures.push(e),
+        }
+    }
+    // The node is still healthy and stops cleanly.
+    stop.send(true).ok();
+    let ended =
+        runtime.block_on(async { tokio::time::timeout(Duration::from_secs(20), task).await });
+    assert!(
+        matches!(ended, Ok(Ok(Ok(())))),
+        "p2p task did not stop cleanly: {ended:?}"
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

@@ -1,0 +1,439 @@
+//! `kill -9` of a syncing node at random moments.
+//!
+//! Node A (the library) holds `testnet-data/regtest-a/blocks.dat` (bcoin's
+//! chain) up to the block before its 12-deep reorg and serves it on a
+//! loopback port. Node B is the `kakehi` binary, `run --connect A` on its own
+//! datadir; it is killed with SIGKILL at a random moment of its sync (0.3–2.5
+//! s after each start), restarted on the same datadir, killed again. Once B
+//! has A's tip, A gets the rest of the file (the reorg, then 300 more
+//! blocks) while B runs; B is killed at a random moment of following it, and
+//! again after restarts: 10 kills in all (`KAKEHI_LONG=1`: 40, 0.1–1.2 s
+//! after each start). Then B runs to A's tip and is stopped with SIGTERM,
+//! and its datadir must hold exactly A's state (and know A's old tip as a
+//! stale block): the
+//! `kakehi dump-utxos` bytes (= bcoin's `utxos.txt`), the UTXO summary, and
+//! the filter and filter header of every height (= bcoin's `filters.json`).
+//!
+//! The kill moments come from a seed printed by the test; set
+//! `KAKEHI_KILL_SEED=<n>` to replay a run. Every wait is bounded.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bitcoin::{BlockHash, Network};
+use common::{data, json};
+use kakehi::chain::ChainParams;
+use kakehi::import::read_file;
+use kakehi::node::{open_chainstate, DataDir};
+use kakehi::p2p::{start_p2p, P2pConfig};
+use kakehi::pipeline::Chainstate;
+use tokio::sync::watch;
+
+/// Upper bound of the final sync after the last kill.
+const FINAL_SYNC_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// xorshift64*: the kill moments, reproducible from the printed seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `lo..hi` milliseconds.
+    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.next() % (hi - lo))
+    }
+}
+
+/// The binary with a clean environment (HOME in a temp dir so no default
+/// datadir is touched) and JSON logs.
+fn kakehi(home: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kakehi"));
+    c.env_clear()
+        .env("HOME", home)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .args(["--log-format", "json", "--network", "regtest"]);
+    c
+}
+
+/// A loopback port that was free a moment ago (for B's HTTP API).
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// `GET path` on B's HTTP API: the JSON body, or `None` while B is not up.
+fn http_json(port: u16, path: &str) -> Option<serde_json::Value> {
+    let mut s = TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(1),
+    )
+    .ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    serde_json::from_str(body).ok()
+}
+
+/// B's (height, tip hash) from `/rest/chaininfo.json`.
+fn b_tip(port: u16) -> Option<(u64, String)> {
+    let v = http_json(port, "/rest/chaininfo.json")?;
+    Some((
+        v["blocks"].as_u64()?,
+        v["bestblockhash"].as_str()?.to_owned(),
+    ))
+}
+
+fn spawn_b(home: &Path, datadir: &Path, a: SocketAddr, http: u16, log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    kakehi(home)
+        .arg("--datadir")
+        .arg(datadir)
+        .args(["run", "--connect", &a.to_string()])
+        .args(["--http", &format!("127.0.0.1:{http}")])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log file"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn kakehi")
+}
+
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// A's state, read on the library side.
+struct State {
+    tip: (u32, bitcoin::BlockHash),
+    stats: String,
+    utxos: Vec<u8>,
+    filters: Vec<(Vec<u8>, String)>,
+}
+
+fn state(chain: &RwLock<Chainstate>) -> State {
+    let mut cs = chain.write().expect("lock");
+    let tip = cs.index().tip();
+    let tip = (tip.height, tip.hash);
+    let stats = format!("{:?}", cs.utxo_stats());
+    let mut utxos = Vec::new();
+    cs.dump_utxos(&mut utxos).expect("dump utxos");
+    let filters = (0..=tip.0)
+        .map(|h| {
+            let e = cs.index().active_at(h).expect("active height");
+            let (f, hd) = cs.filter(e.id).expect("filter read").expect("filter");
+            (f, hd.to_string())
+        })
+        .collect();
+    State {
+        tip,
+        stats,
+        utxos,
+        filters,
+    }
+}
+
+/// Starts B `n` times and kills it (SIGKILL) at a random moment after each
+/// start, recording B's height just before (`None`: not serving yet). Stops
+/// early once B is at `stop_height`.
+#[allow(clippy::too_many_arguments)]
+fn kill_cycles(
+    rng: &mut Rng,
+    long: bool,
+    n: usize,
+    stop_height: u64,
+    heights: &mut Vec<Option<u64>>,
+    spawn: &dyn Fn() -> Child,
+    http: u16,
+    log: &Path,
+) {
+    for _ in 0..n {
+        let mut b = spawn();
+        // KAKEHI_LONG: shorter runs, so that 40 kills fit in one sync and
+        // more of them land in startup (open, recovery, handshake).
+        let at = if long {
+            rng.millis(100, 1_200)
+        } else {
+            rng.millis(300, 2_500)
+        };
+        std::thread::sleep(at);
+        let h = b_tip(http).map(|(h, _)| h);
+        b.kill().expect("kill -9");
+        let status = b.wait().expect("wait");
+        assert!(
+            status.code().is_none(),
+            "B exited by itself before kill {}: {status}\n{}",
+            heights.len() + 1,
+            tail(log)
+        );
+        heights.push(h);
+        eprintln!("kill {}: after {at:?}, B at height {h:?}", heights.len());
+        if h == Some(stop_height) {
+            return;
+        }
+    }
+}
+
+/// Waits (bounded) until B's HTTP API reports `tip`.
+fn wait_for(b: &mut Child, http: u16, tip: &(u64, String), log: &Path) {
+    let started = Instant::now();
+    loop {
+        if b_tip(http).as_ref() == Some(tip) {
+            return;
+        }
+        if started.elapsed() > FINAL_SYNC_TIMEOUT || b.try_wait().ok().flatten().is_some() {
+            let _ = b.kill();
+            panic!(
+                "B did not reach {tip:?} within {FINAL_SYNC_TIMEOUT:?} (at {:?})\n{}",
+                b_tip(http),
+                tail(log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn kill_9_during_sync_resumes_to_the_same_state() {
+    let long = std::env::var_os("KAKEHI_LONG").is_some();
+    let kills = if long { 40 } else { 10 };
+    let seed = std::env::var("KAKEHI_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            let mut b = [0u8; 8];
+            getrandom::getrandom(&mut b).expect("os random");
+            u64::from_le_bytes(b) | 1
+        });
+    eprintln!("kill moments from KAKEHI_KILL_SEED={seed}");
+    let mut rng = Rng(seed);
+
+    // A: regtest-a up to the block before the 12-deep reorg, serving on
+    // loopback.
+    let params = ChainParams::new(Network::Regtest);
+    let records = read_file(&data("regtest-a/blocks.dat"), &params).expect("read blocks.dat");
+    let chain = json("regtest-a/chain.json");
+    let reorg = chain["reorgs"]
+        .as_array()
+        .expect("reorgs")
+        .iter()
+        .find(|r| r["depth"].as_u64() == Some(12))
+        .expect("the 12-deep reorg");
+    let at = reorg["at_order_index"].as_u64().expect("order") as usize;
+    let old_tip: BlockHash = reorg["old_tip"]
+        .as_str()
+        .expect("old tip")
+        .parse()
+        .expect("hash");
+    let dir_a = tempfile::tempdir().expect("tempdir");
+    let datadir_a = DataDir::open(dir_a.path()).expect("datadir");
+    let a = Arc::new(RwLock::new(
+        open_chainstate(params, &datadir_a).expect("chainstate"),
+    ));
+    for r in &records[..at] {
+        a.write()
+            .expect("lock")
+            .submit_block(&r.block)
+            .expect("submit");
+    }
+    let first_tip = {
+        let cs = a.read().expect("lock");
+        let t = cs.index().tip();
+        (u64::from(t.height), t.hash.to_string())
+    };
+    assert_eq!(first_tip.1, old_tip.to_string());
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut config = P2pConfig::default();
+    config.listen = Some("127.0.0.1:0".parse().expect("addr"));
+    config.dns_seeds = false;
+    let (stop, stop_rx) = watch::channel(false);
+    let (handle, task) = runtime.block_on(async { start_p2p(a.clone(), config, stop_rx) });
+    let addr = runtime
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), handle.local_addr()).await
+        })
+        .expect("listener up within 10 s")
+        .expect("listen address");
+
+    // B: killed at random moments of its sync.
+    let home = tempfile::tempdir().expect("tempdir");
+    let datadir_b = home.path().join("b");
+    let log = home.path().join("b.log");
+    let http = free_port();
+    let mut heights = Vec::new();
+    let started = Instant::now();
+    // Phase 1: the sync to A's first tip, half of the kills.
+    let spawn = || spawn_b(home.path(), &datadir_b, addr, http, &log);
+    kill_cycles(
+        &mut rng,
+        long,
+        kills / 2,
+        first_tip.0,
+        &mut heights,
+        &spawn,
+        http,
+        &log,
+    );
+    let mut b = spawn();
+    wait_for(&mut b, http, &first_tip, &log);
+    eprintln!("B at A's first tip {first_tip:?}; A now takes the 12-deep reorg");
+    // Phase 2: A reorganises and grows while B follows; kill B meanwhile.
+    let feeder = {
+        let a = a.clone();
+        let rest: Vec<_> = records[at..].iter().map(|r| r.block.clone()).collect();
+        std::thread::spawn(move || {
+            for block in &rest {
+                a.write()
+                    .expect("lock")
+                    .submit_block(block)
+                    .expect("submit");
+            }
+        })
+    };
+    // Kill it 0–200 ms after its tip first moves off A's old tip: just after
+    // B switched branches, while it downloads the rest.
+    let moved = Instant::now();
+    while b_tip(http).is_some_and(|t| t == first_tip) {
+        assert!(
+            moved.elapsed() < FINAL_SYNC_TIMEOUT,
+            "B does not follow A's reorg\n{}",
+            tail(&log)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let after = rng.millis(1, 200);
+    std::thread::sleep(after);
+    let h = b_tip(http);
+    b.kill().expect("kill -9");
+    b.wait().expect("wait");
+    heights.push(h.as_ref().map(|t| t.0));
+    eprintln!(
+        "kill {} (A reorganised): {after:?} after B's tip moved ({:.2} s after the feed began), B at {h:?}",
+        heights.len(),
+        moved.elapsed().as_secs_f64()
+    );
+    feeder.join().expect("feeder");
+    let want = state(&a);
+    assert_eq!(want.tip.1.to_string(), chain["tip_hash"].as_str().unwrap());
+    let tip_height = u64::from(want.tip.0);
+    let rest = kills.saturating_sub(heights.len());
+    kill_cycles(
+        &mut rng,
+        long,
+        rest,
+        tip_height,
+        &mut heights,
+        &spawn,
+        http,
+        &log,
+    );
+    let killed = heights.len();
+    let while_running = heights.iter().filter(|h| h.is_some()).count();
+    assert!(
+        while_running >= killed / 2,
+        "most kills must land while B runs: heights {heights:?}"
+    );
+
+    // The last run: to A's tip, then a clean stop.
+    let mut b = spawn();
+    let sync_started = Instant::now();
+    wait_for(&mut b, http, &(tip_height, want.tip.1.to_string()), &log);
+    eprintln!(
+        "{killed} kills, then the tip {:.1} s after the last restart ({:.1} s in all)",
+        sync_started.elapsed().as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    let term = Command::new("kill")
+        .args(["-TERM", &b.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = b.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = b.kill();
+            panic!("B did not stop within 30 s of SIGTERM\n{}", tail(&log));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "B's exit: {status}\n{}", tail(&log));
+    stop.send(true).ok();
+    let _ = runtime.block_on(async { tokio::time::timeout(Duration::from_secs(20), task).await });
+
+    // B's datadir, through the binary: the UTXO dump, byte for byte.
+    let out = kakehi(home.path())
+        .arg("--datadir")
+        .arg(&datadir_b)
+        .args(["dump-utxos"])
+        .output()
+        .expect("dump-utxos");
+    assert!(
+        out.status.success(),
+        "dump-utxos: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == want.utxos, "B's dump-utxos differs from A's");
+    assert!(
+        out.stdout == std::fs::read(data("regtest-a/utxos.txt")).expect("utxos.txt"),
+        "B's dump-utxos differs from bcoin's utxos.txt"
+    );
+
+    // ... and through the library: tip, UTXO summary, every filter and
+    // filter header (= A's = bcoin's filters.json).
+    let b_datadir = DataDir::open(&datadir_b).expect("B's datadir");
+    let b_chain = RwLock::new(
+        open_chainstate(ChainParams::new(Network::Regtest), &b_datadir).expect("B's chainstate"),
+    );
+    let got = state(&b_chain);
+    {
+        let cs = b_chain.read().expect("lock");
+        let id = cs.index().id_of(&old_tip).expect("B knows A's old tip");
+        assert!(!cs.index().is_active(id), "A's old tip is stale in B");
+    }
+    assert_eq!(got.tip, want.tip);
+    assert_eq!(got.stats, want.stats);
+    let reference = json("regtest-a/filters.json");
+    let reference = reference.as_array().expect("filters.json array");
+    assert_eq!(got.filters.len(), reference.len());
+    for (h, ((fb, hb), (fa, ha))) in got.filters.iter().zip(&want.filters).enumerate() {
+        assert_eq!(
+            hb,
+            reference[h]["filter_header"].as_str().unwrap(),
+            "height {h}"
+        );
+        assert_eq!((fb, hb), (fa, ha), "height {h}");
+    }
+}
