@@ -954,7 +954,7 @@ mod tests {
         let mut best_work = tip.chainwork;
         for e in entries {
             complete[e.id.0 as usize] =
-                e.status.has_data() && e.prev.map_or(true, |p| complete[p.0 as usize]);
+                e.status.has_data() && e.prev.is_none_or(|p| complete[p.0 as usize]);
             if complete[e.id.0 as usize] && e.chainwork > best_work {
                 best = e.id;
                 best_work = e.chainwork;
