@@ -3,14 +3,24 @@
 //! built, and each block ends in one commit across all stores.
 //!
 //! Commit order at every block boundary (see `docs/architecture.md`):
-//! 1. flat files (block, filter, spent outputs) appended and fsynced;
-//! 2. the index database (sled) batch with the tip marker, flushed;
-//! 3. the UTXO table's commit.
+//! 1. flat files (the block itself when this boundary stores it, filter,
+//!    spent outputs) appended, then `fdatasync`ed concurrently;
+//! 2. once they are durable: the index database (sled) batch with the tip
+//!    marker, flushed;
+//! 3. once it is durable: the UTXO table's commit.
+//!
+//! Steps 1 and 2 run on a helper thread while this one applies the block to
+//! the UTXO table in memory (not durable before step 3). A block that
+//! extends the active tip is stored and connected in one boundary; other
+//! blocks are stored by a boundary of their own (block file, then index)
+//! and connected later.
 //!
 //! A crash between 2 and 3 leaves the table one block behind the index; at
 //! start-up [`Chainstate::open`] replays that block (the index names it in
 //! `sozu_last`). A crash before 2 loses only data no index entry points to;
-//! the flat files are truncated to their committed length.
+//! the flat files are truncated to their committed length. A storage error
+//! half-way through a boundary stops the chain state
+//! ([`PipelineError::Failed`]) until a restart reconciles the stores.
 //!
 //! Reorgs use no undo data: the table's entries carry their production and
 //! consumption blocks, so switching the active chain is switching the view.
@@ -38,7 +48,8 @@ use crate::sozu::{
     ViewStatus, PURGE_DEPTH,
 };
 use crate::store::{
-    BlockRecord, FileLoc, FlatFiles, FlatPos, Store, StoreError, WriteBatch, META_TIP,
+    sync_concurrently, BlockRecord, FileLoc, FlatFiles, FlatPos, Store, StoreError, WriteBatch,
+    META_TIP,
 };
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
 
@@ -73,6 +84,14 @@ pub enum PipelineError {
     /// The archive of spent outputs (sealing or reading epochs) failed.
     #[error("archive: {0}")]
     Archive(#[from] crate::archive::ArchiveError),
+    /// An earlier block boundary failed half-way (storage error between
+    /// the index commit and the UTXO table's); writes are refused until the
+    /// node restarts and reconciles the stores.
+    #[error("an earlier storage failure stopped the chain state ({reason}): restart the node")]
+    Failed {
+        /// The earlier error.
+        reason: String,
+    },
     /// A filter could not be built.
     #[error("filter of block {hash}: {source}")]
     Filter {
@@ -130,6 +149,10 @@ pub struct PipelineStats {
     pub reorgs: u64,
     /// Reorgs refused for being deeper than 100 blocks.
     pub reorgs_refused: u64,
+    /// Wall time spent in [`Chainstate::submit_block`] (checks, storage,
+    /// connection, commits), microseconds: against the elapsed time of a
+    /// sync it tells how much of it the pipeline took.
+    pub submit_micros: u64,
 }
 
 /// Per-block data that is not part of the chain index proper.
@@ -175,6 +198,11 @@ pub struct Chainstate {
     datadir: PathBuf,
     /// Sealed epochs of spent outputs (`datadir/archive`).
     archive: crate::archive::Archive,
+    /// Set when a block boundary failed half-way (storage error between
+    /// the index commit and the table's): the in-memory state may be ahead
+    /// of the disk, so every later write is refused until a restart, which
+    /// reconciles the stores.
+    failed: Option<String>,
 }
 
 /// The table behind its mutex, for the writer (a poisoned lock only means a
@@ -365,6 +393,7 @@ impl Chainstate {
             refused_tips: HashSet::new(),
             stats: PipelineStats::default(),
             datadir: datadir.into(),
+            failed: None,
         };
         if cs.store.meta(META_TIP)?.is_none() {
             // New datadir: persist genesis.
@@ -626,6 +655,17 @@ impl Chainstate {
     /// # Errors
     /// Storage failure only; invalid blocks are [`SubmitOutcome::Rejected`].
     pub fn submit_block(&mut self, block: &Block) -> Result<SubmitOutcome, PipelineError> {
+        let started = std::time::Instant::now();
+        let outcome = self.submit_block_timed(block);
+        self.stats.submit_micros = self
+            .stats
+            .submit_micros
+            .saturating_add(started.elapsed().as_micros() as u64);
+        outcome
+    }
+
+    fn submit_block_timed(&mut self, block: &Block) -> Result<SubmitOutcome, PipelineError> {
+        self.check_not_failed()?;
         let hash = block.block_hash();
         if let Some(e) = self.index.by_hash(&hash) {
             if e.status.has_data() {
@@ -686,17 +726,28 @@ impl Chainstate {
             tracing::warn!(height = entry.height, block_hash = %hash, reason, "block rejected: {detail}");
             return Ok(self.reject(reason, detail));
         }
-        // Store the data.
+        // Store the data (durable with the commit that first points to it).
         let raw = serialize(block);
         let loc = self.blocks.append(&raw)?;
-        self.blocks.sync()?;
         self.meta[id.0 as usize].data = Some(loc);
         self.meta[id.0 as usize].tx_count = block.txdata.len() as u32;
         self.index.set_status(id, BlockStatus::HaveData);
         let mut batch = WriteBatch::default();
         self.put_record(&mut batch, id);
         batch.put_meta("flat_blocks", &flat_pos_bytes(self.blocks.position()));
-        self.store.commit(batch)?;
+        let tip = self.index.tip().id;
+        if entry.prev == Some(tip)
+            && self.index.best_candidate() == id
+            && !self.refused_tips.contains(&id)
+        {
+            // The block extends the active tip and is the best candidate
+            // (the common case: import, sync): storing and connecting it is
+            // one block boundary, one commit.
+            self.connect(id, Some(block), batch)?;
+        } else {
+            self.blocks.sync()?;
+            self.store.commit(batch)?;
+        }
         self.activate_best_chain()?;
         let status = self.index.get(id).map(|e| e.status);
         if status.is_some_and(|s| s.is_invalid()) {
@@ -711,6 +762,15 @@ impl Chainstate {
             tip: tip.hash,
             height: tip.height,
         })
+    }
+
+    fn check_not_failed(&self) -> Result<(), PipelineError> {
+        match &self.failed {
+            Some(reason) => Err(PipelineError::Failed {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     fn reject(&mut self, reason: &str, detail: String) -> SubmitOutcome {
@@ -753,7 +813,7 @@ impl Chainstate {
                         self.switch_tip(id)?;
                         true
                     }
-                    Some(BlockStatus::HaveData) => self.connect(id)?,
+                    Some(BlockStatus::HaveData) => self.connect(id, None, WriteBatch::default())?,
                     _ => false,
                 };
                 if !ok {
@@ -890,7 +950,19 @@ impl Chainstate {
 
     /// Connects the stored block `id` (whose parent is the active tip).
     /// Returns false if the block is invalid (it is then marked so).
-    fn connect(&mut self, id: BlockId) -> Result<bool, PipelineError> {
+    ///
+    /// `block` is the block when the caller has it decoded (else it is read
+    /// back from the block files); `batch` holds index rows to commit with
+    /// this block boundary (the block's storage record when it is stored
+    /// and connected in one commit: its bytes, appended to the block files,
+    /// are synced with the filter and spent-output files before the index
+    /// commit that points to them).
+    fn connect(
+        &mut self,
+        id: BlockId,
+        block: Option<&Block>,
+        mut batch: WriteBatch,
+    ) -> Result<bool, PipelineError> {
         let entry = self
             .index
             .get(id)
@@ -899,13 +971,20 @@ impl Chainstate {
                 reason: format!("block id {} not in index", id.0),
             })?;
         let parent = entry.prev.unwrap_or(BlockId(0));
-        let block = self
-            .read_block(id)?
-            .ok_or_else(|| PipelineError::Inconsistent {
-                reason: format!("block {} has no data", entry.hash),
-            })?;
+        let read;
+        let block = match block {
+            Some(b) => b,
+            None => {
+                read = self
+                    .read_block(id)?
+                    .ok_or_else(|| PipelineError::Inconsistent {
+                        reason: format!("block {} has no data", entry.hash),
+                    })?;
+                &read
+            }
+        };
         let started = std::time::Instant::now();
-        let (write, spent, created) = match self.validate(&block, &entry, parent)? {
+        let (write, spent, created) = match self.validate(block, &entry, parent)? {
             Ok(v) => v,
             Err(e) => {
                 let reason = e.reject_reason();
@@ -913,10 +992,10 @@ impl Chainstate {
                 let changed = self.index.mark_invalid(id);
                 self.ensure_meta();
                 self.meta[id.0 as usize].reject_reason = reason.to_string();
-                let mut batch = WriteBatch::default();
                 for changed in changed {
                     self.put_record(&mut batch, changed);
                 }
+                self.blocks.sync()?;
                 self.store.commit(batch)?;
                 self.stats.blocks_rejected += 1;
                 return Ok(false);
@@ -928,7 +1007,7 @@ impl Chainstate {
             .map(|s| s.coin.script_pubkey.as_slice())
             .collect();
         let filter: BlockFilter =
-            filters::basic_filter(&block, scripts.iter().copied()).map_err(|source| {
+            filters::basic_filter(block, scripts.iter().copied()).map_err(|source| {
                 PipelineError::Filter {
                     hash: entry.hash,
                     source,
@@ -944,11 +1023,10 @@ impl Chainstate {
         };
         let header = filters::filter_header(&filter, &prev_header);
 
-        // Flat files first.
+        // Flat files first: the block's own bytes (when stored by this
+        // commit), filter and spent outputs.
         let filter_loc = self.filters.append(&filter.content)?;
         let spent_loc = self.spent.append(&encode_spent(&spent))?;
-        self.filters.sync()?;
-        self.spent.sync()?;
 
         // Index batch.
         let pm = &self.meta[parent.0 as usize];
@@ -965,7 +1043,6 @@ impl Chainstate {
             m.total_sats = total;
         }
         self.index.set_status(id, BlockStatus::Valid);
-        let mut batch = WriteBatch::default();
         self.set_active(&mut batch, id);
         self.put_record(&mut batch, id);
         for (pos, tx) in block.txdata.iter().enumerate() {
@@ -977,18 +1054,57 @@ impl Chainstate {
         batch.put_meta("flat_filters", &flat_pos_bytes(self.filters.position()));
         batch.put_meta("flat_spent", &flat_pos_bytes(self.spent.position()));
         batch.put_meta(META_SOZU_LAST, &id.0.to_be_bytes());
-        self.store.commit(batch)?;
+
+        // Durable, in this order: the flat files (synced together), then
+        // the index batch; meanwhile this thread applies the block to the
+        // UTXO table in memory (`write_block` is not durable: nothing of
+        // it reaches the disk before the table's commit below).
+        let mut purged = 0usize;
+        let (durable, written) = {
+            let (blocks, filters, spent_files, store) = (
+                &mut self.blocks,
+                &mut self.filters,
+                &mut self.spent,
+                &self.store,
+            );
+            let table = table(&mut self.table);
+            let index = &self.index;
+            let span = tracing::Span::current();
+            std::thread::scope(|s| {
+                let flat_then_index = s.spawn(move || {
+                    span.in_scope(|| -> Result<(), PipelineError> {
+                        sync_concurrently(&mut [blocks, filters, spent_files])?;
+                        store.commit(batch)?;
+                        Ok(())
+                    })
+                });
+                let written = table.write_block(&write, index, &mut |_| purged += 1);
+                let durable = flat_then_index.join().unwrap_or_else(|_| {
+                    Err(PipelineError::Inconsistent {
+                        reason: "index commit thread panicked".into(),
+                    })
+                });
+                (durable, written)
+            })
+        };
+        if let Err(e) = durable.and_then(|()| written.map_err(PipelineError::from)) {
+            // The table holds an uncommitted block the index may lack (or
+            // the reverse): refuse further writes; a restart reconciles.
+            self.failed = Some(e.to_string());
+            return Err(e);
+        }
 
         // UTXO table last (the index names this block as sozu_last, so a
         // crash before the table's commit is replayed at start-up).
-        let mut purged = 0usize;
-        table(&mut self.table).write_block(&write, &self.index, &mut |_| purged += 1)?;
         let tag = CommitTag {
             block: id,
             height: entry.height,
             block_hash: entry.hash.to_byte_array(),
         };
-        table(&mut self.table).commit(tag)?;
+        if let Err(e) = table(&mut self.table).commit(tag) {
+            self.failed = Some(e.to_string());
+            return Err(e.into());
+        }
         self.stats.blocks_connected += 1;
         tracing::info!(
             height = entry.height,
@@ -1302,6 +1418,7 @@ impl Chainstate {
     /// # Errors
     /// [`PipelineError`] when a store fails.
     pub fn activate_stored_blocks(&mut self) -> Result<(), PipelineError> {
+        self.check_not_failed()?;
         self.activate_best_chain()
     }
 }

@@ -7,7 +7,8 @@
 //! `CheckBlockHeader`), `src/pow.cpp` (`GetNextWorkRequired`,
 //! `CalculateNextWorkRequired`, BIP94), `src/chain.h` (`CBlockIndex`).
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
 
 use bitcoin::block::Header;
 use bitcoin::pow::{CompactTarget, Target, Work};
@@ -191,6 +192,17 @@ pub struct BlockIndex {
     by_hash: HashMap<BlockHash, BlockId>,
     /// The active chain: `active[h]` is the best block at height `h`.
     active: Vec<BlockId>,
+    /// Per entry: the block and all its ancestors have their data and none
+    /// is invalid (Core's `nChainTx != 0`).
+    complete: Vec<bool>,
+    /// Complete blocks with at least the active tip's chainwork, ordered by
+    /// (chainwork, lower id first): the tip candidates (Core's
+    /// `setBlockIndexCandidates`). Pruned below the tip's work when the tip
+    /// moves; rebuilt whole when a block is marked invalid.
+    candidates: BTreeSet<(Work, Reverse<u32>)>,
+    /// Blocks with data whose parent is not complete yet, by parent (Core's
+    /// `m_blocks_unlinked`): they become complete with it.
+    unlinked: HashMap<BlockId, Vec<BlockId>>,
 }
 
 impl BlockIndex {
@@ -210,12 +222,17 @@ impl BlockIndex {
         };
         let mut by_hash = HashMap::new();
         by_hash.insert(hash, BlockId(0));
-        BlockIndex {
+        let mut index = BlockIndex {
             params,
             entries: vec![genesis],
             by_hash,
             active: vec![BlockId(0)],
-        }
+            complete: Vec::new(),
+            candidates: BTreeSet::new(),
+            unlinked: HashMap::new(),
+        };
+        index.rebuild_candidates();
+        index
     }
 
     /// Rebuilds an index from stored entries (ids dense from 0, parents
@@ -251,8 +268,12 @@ impl BlockIndex {
             entries,
             by_hash,
             active: Vec::new(),
+            complete: Vec::new(),
+            candidates: BTreeSet::new(),
+            unlinked: HashMap::new(),
         };
         index.set_active_tip(tip);
+        index.rebuild_candidates();
         Ok(index)
     }
 
@@ -319,10 +340,79 @@ impl BlockIndex {
             .is_some_and(|e| self.active.get(e.height as usize) == Some(&id))
     }
 
-    /// Sets the status of `id`.
+    /// Sets the status of `id`, keeping the tip candidates up to date (a
+    /// block that gets its data may complete its chain and its waiting
+    /// descendants'). Use [`BlockIndex::mark_invalid`] to invalidate.
     pub fn set_status(&mut self, id: BlockId, status: BlockStatus) {
-        if let Some(e) = self.entries.get_mut(id.0 as usize) {
-            e.status = status;
+        let Some(e) = self.entries.get_mut(id.0 as usize) else {
+            return;
+        };
+        let old = e.status;
+        e.status = status;
+        if status.is_invalid() || (old.has_data() && !status.has_data()) {
+            self.rebuild_candidates();
+        } else if status.has_data() && !old.has_data() {
+            self.on_data(id);
+        }
+    }
+
+    /// `id` got its data: it is complete if its parent is, and then so are
+    /// the blocks that waited for it (O(blocks completed)).
+    fn on_data(&mut self, id: BlockId) {
+        let parent_complete = match self.entries[id.0 as usize].prev {
+            None => true,
+            Some(p) => self.complete[p.0 as usize],
+        };
+        if !parent_complete {
+            if let Some(p) = self.entries[id.0 as usize].prev {
+                self.unlinked.entry(p).or_default().push(id);
+            }
+            return;
+        }
+        let tip_work = self.tip().chainwork;
+        let mut stack = vec![id];
+        while let Some(b) = stack.pop() {
+            let (has_data, work) = {
+                let e = &self.entries[b.0 as usize];
+                (e.status.has_data(), e.chainwork)
+            };
+            if self.complete[b.0 as usize] || !has_data {
+                continue;
+            }
+            self.complete[b.0 as usize] = true;
+            if work >= tip_work {
+                self.candidates.insert((work, Reverse(b.0)));
+            }
+            if let Some(children) = self.unlinked.remove(&b) {
+                stack.extend(children);
+            }
+        }
+    }
+
+    /// Recomputes `complete`, `candidates` and `unlinked` from the entries
+    /// (O(n); at load and when a block is marked invalid).
+    fn rebuild_candidates(&mut self) {
+        let tip_work = self.tip().chainwork;
+        self.complete = vec![false; self.entries.len()];
+        self.candidates.clear();
+        self.unlinked.clear();
+        // Parents come before children (ids are dense, parents first).
+        for i in 0..self.entries.len() {
+            let e = &self.entries[i];
+            if !e.status.has_data() {
+                continue;
+            }
+            match e.prev {
+                Some(p) if !self.complete[p.0 as usize] => {
+                    self.unlinked.entry(p).or_default().push(e.id);
+                }
+                _ => {
+                    self.complete[i] = true;
+                    if e.chainwork >= tip_work {
+                        self.candidates.insert((e.chainwork, Reverse(e.id.0)));
+                    }
+                }
+            }
         }
     }
 
@@ -330,7 +420,9 @@ impl BlockIndex {
     /// returns the ids whose status changed.
     pub fn mark_invalid(&mut self, id: BlockId) -> Vec<BlockId> {
         let mut changed = vec![id];
-        self.set_status(id, BlockStatus::Invalid);
+        if let Some(e) = self.entries.get_mut(id.0 as usize) {
+            e.status = BlockStatus::Invalid;
+        }
         // Children always have larger ids than their parents.
         for i in (id.0 as usize + 1)..self.entries.len() {
             let parent_bad = self.entries[i]
@@ -341,6 +433,7 @@ impl BlockIndex {
                 changed.push(BlockId(i as u32));
             }
         }
+        self.rebuild_candidates();
         changed
     }
 
@@ -505,6 +598,7 @@ impl BlockIndex {
             status: BlockStatus::HeadersOnly,
             prev: Some(prev_id),
         });
+        self.complete.push(false);
         self.by_hash.insert(hash, id);
         Ok(id)
     }
@@ -536,6 +630,10 @@ impl BlockIndex {
         };
         self.active.truncate(keep);
         self.active.extend(branch.into_iter().rev());
+        // Candidates below the new tip's work can no longer win (a tip only
+        // loses work when a block is marked invalid, which rebuilds them).
+        let tip_work = self.tip().chainwork;
+        self.candidates = self.candidates.split_off(&(tip_work, Reverse(u32::MAX)));
         fork_height
     }
 
@@ -572,32 +670,16 @@ impl BlockIndex {
 
     /// The most-work block whose status is not invalid and all of whose
     /// ancestors have their data (the candidate for the active tip); ties go
-    /// to the lower id (first seen).
+    /// to the lower id (first seen). The tip itself unless a candidate has
+    /// strictly more work. O(log n): the candidates are kept as blocks get
+    /// their data (Core's `setBlockIndexCandidates`).
     pub fn best_candidate(&self) -> BlockId {
-        let mut best = self.tip().id;
-        for e in &self.entries {
-            if !e.status.has_data() || e.chainwork <= self.entries[best.0 as usize].chainwork {
-                continue;
-            }
-            if self.chain_has_data(e.id) {
-                best = e.id;
-            }
+        let tip = self.tip();
+        // The greatest (work, Reverse(id)) is the most work, lowest id.
+        match self.candidates.last() {
+            Some((work, Reverse(id))) if *work > tip.chainwork => BlockId(*id),
+            _ => tip.id,
         }
-        best
-    }
-
-    fn chain_has_data(&self, id: BlockId) -> bool {
-        let mut cur = self.get(id);
-        while let Some(e) = cur {
-            if self.is_active(e.id) {
-                return true;
-            }
-            if !e.status.has_data() {
-                return false;
-            }
-            cur = e.prev.and_then(|p| self.get(p));
-        }
-        true
     }
 
     /// A block locator for the active chain (Core's `LocatorEntries`): the
@@ -841,5 +923,111 @@ mod tests {
         let mut times: Vec<u32> = headers[244..255].iter().map(|h| h.time).collect();
         times.sort_unstable();
         assert_eq!(index.median_time_past(last), times[5]);
+    }
+    /// Headers of testnet-data/regtest-a/blocks.dat (bcoin's regtest chain
+    /// with 7 reorgs), in file order: parents before children.
+    fn regtest_a_headers() -> Vec<Header> {
+        let data = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testnet-data/regtest-a/blocks.dat"
+        ))
+        .unwrap();
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos + 8 <= data.len() && data[pos..pos + 4] != [0, 0, 0, 0] {
+            let len = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().unwrap()) as usize;
+            let header: Header = bitcoin::consensus::deserialize(&data[pos + 8..pos + 88]).unwrap();
+            out.push(header);
+            pos += 8 + len;
+        }
+        out
+    }
+
+    /// The reference for [`BlockIndex::best_candidate`]: a full scan (the
+    /// former implementation): complete = has data and parent complete;
+    /// the most-work complete block, lower id on ties, if it beats the tip.
+    fn best_candidate_by_scan(index: &BlockIndex) -> BlockId {
+        let entries = index.entries();
+        let mut complete = vec![false; entries.len()];
+        let tip = index.tip();
+        let mut best = tip.id;
+        let mut best_work = tip.chainwork;
+        for e in entries {
+            complete[e.id.0 as usize] =
+                e.status.has_data() && e.prev.is_none_or(|p| complete[p.0 as usize]);
+            if complete[e.id.0 as usize] && e.chainwork > best_work {
+                best = e.id;
+                best_work = e.chainwork;
+            }
+        }
+        best
+    }
+
+    /// Model test: blocks of regtest-a get their data in random order, some
+    /// are marked invalid, the tip follows the best candidate; after every
+    /// step the kept candidate set gives the scan's answer.
+    #[test]
+    fn best_candidate_matches_a_full_scan_on_regtest_a() {
+        let headers = regtest_a_headers();
+        assert_eq!(headers.len(), 1529);
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            rng ^= rng >> 12;
+            rng ^= rng << 25;
+            rng ^= rng >> 27;
+            rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        for round in 0..3 {
+            let mut index = BlockIndex::new(ChainParams::new(Network::Regtest));
+            for h in &headers {
+                index.accept_header(h, 2_000_000_000).unwrap();
+            }
+            let n = index.len();
+            // Round 0: data in file order (an import); later: random order
+            // (out-of-order download).
+            let mut order: Vec<usize> = (1..n).collect();
+            if round > 0 {
+                for i in (1..order.len()).rev() {
+                    order.swap(i, (next() % (i as u64 + 1)) as usize);
+                }
+            }
+            let mut moved = 0;
+            for (step, i) in order.into_iter().enumerate() {
+                let id = BlockId(i as u32);
+                if index.get(id).unwrap().status == BlockStatus::HeadersOnly {
+                    index.set_status(id, BlockStatus::HaveData);
+                }
+                if round == 2 && step % 97 == 0 {
+                    // Invalidate a random block of the last 200 (heights
+                    // ~1,300-1,500) off the active chain.
+                    let victim = BlockId((n as u64 - 1 - next() % 200) as u32);
+                    if !index.is_active(victim) {
+                        index.mark_invalid(victim);
+                    }
+                }
+                let best = index.best_candidate();
+                assert_eq!(
+                    best,
+                    best_candidate_by_scan(&index),
+                    "round {round} step {step}"
+                );
+                if next() % 3 == 0 && best != index.tip().id {
+                    for b in index.path_from(index.fork_point(index.tip().id, best).unwrap(), best)
+                    {
+                        index.set_status(b, BlockStatus::Valid);
+                    }
+                    index.set_active_tip(best);
+                    moved += 1;
+                    assert_eq!(index.best_candidate(), best_candidate_by_scan(&index));
+                }
+            }
+            eprintln!("round {round}: the tip moved {moved} times");
+            assert!(moved > 0, "round {round}: the tip never moved");
+            if round < 2 {
+                let best = index.best_candidate();
+                index.set_active_tip(best);
+                assert_eq!(index.tip_height(), 1500, "round {round}");
+            }
+        }
     }
 }
