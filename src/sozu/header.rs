@@ -6,7 +6,7 @@ use super::types::{BlockId, CommitTag};
 /// Magic at byte 4 of the header.
 pub const HEADER_MAGIC: [u8; 8] = *b"SOZUTBL\0";
 /// Major format version: a mismatch refuses to open.
-pub const FORMAT_MAJOR: u16 = 1;
+pub const FORMAT_MAJOR: u16 = 2;
 /// Minor format version.
 pub const FORMAT_MINOR: u16 = 0;
 /// Size of the header image in bytes.

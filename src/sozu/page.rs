@@ -11,7 +11,9 @@
 //! 9      1    reserved, 0
 //! 10     2    entry count n
 //! 12     4    max production height of any entry in the children (seed 000's Height(B))
-//! 16     8    children: 0 = nil, else (child group number + 1)
+//! 16     8    children: bits 0..48 = 0 (nil) or child group number + 1;
+//!             bits 48..64 = mask of the children written at least once
+//!             (bit c: child c; a child never written is empty and has no page)
 //! 24     ...  n entries, then zero padding to page_size
 //! ```
 //!
@@ -41,7 +43,9 @@ pub const PAGE_HEADER_LEN: usize = 24;
 /// Magic of a bucket page.
 pub const PAGE_MAGIC: [u8; 4] = *b"SZBK";
 /// Version of the page layout.
-pub const PAGE_VERSION: u8 = 1;
+pub const PAGE_VERSION: u8 = 2;
+/// Bits of the `children` field holding the group number + 1.
+pub const CHILDREN_GROUP_BITS: u32 = 48;
 /// Fixed part of an encoded entry, in bytes.
 pub const ENTRY_FIXED_LEN: usize = 53;
 /// Size of an out-of-line script reference inside an entry, in bytes.
@@ -85,8 +89,12 @@ impl Slot {
 pub struct Bucket {
     /// Highest production height of any entry ever spilled below this bucket.
     pub max_child_height: u32,
-    /// 0 = no children; else child group number + 1.
+    /// 0 = no children; else child group number + 1 (< 2^48).
     pub children: u64,
+    /// Bit c set: child c of the group has been written at least once (a
+    /// child whose bit is clear is empty and its page is never read).
+    /// Zero when `children` is 0; needs `growth_bits` ≤ 4.
+    pub child_mask: u16,
     /// The entries, in no particular order.
     pub slots: Vec<Slot>,
 }
@@ -175,7 +183,13 @@ pub fn encode_bucket(bucket: &Bucket, page_size: usize) -> Result<Vec<u8>, Encod
     page.push(0);
     page.extend_from_slice(&(bucket.slots.len() as u16).to_le_bytes());
     page.extend_from_slice(&bucket.max_child_height.to_le_bytes());
-    page.extend_from_slice(&bucket.children.to_le_bytes());
+    if bucket.children >> CHILDREN_GROUP_BITS != 0
+        || (bucket.children == 0 && bucket.child_mask != 0)
+    {
+        return Err(EncodeError::EntryBounds);
+    }
+    let children = bucket.children | (u64::from(bucket.child_mask) << CHILDREN_GROUP_BITS);
+    page.extend_from_slice(&children.to_le_bytes());
     for slot in &bucket.slots {
         let e = &slot.entry;
         if e.produced.is_empty()
@@ -298,7 +312,15 @@ pub fn decode_bucket_unchecked(page: &[u8]) -> Result<Bucket, PageError> {
     }
     let n = r.u16("entry count")? as usize;
     let max_child_height = r.u32("max child height")?;
-    let children = r.u64("children")?;
+    let children_field = r.u64("children")?;
+    let children = children_field & ((1u64 << CHILDREN_GROUP_BITS) - 1);
+    let child_mask = (children_field >> CHILDREN_GROUP_BITS) as u16;
+    if children == 0 && child_mask != 0 {
+        return Err(PageError::Malformed {
+            at: 16,
+            what: "written-children mask without children",
+        });
+    }
     let mut slots: Vec<Slot> = Vec::with_capacity(n.min(page.len() / ENTRY_FIXED_LEN));
     for _ in 0..n {
         let mut key = [0u8; 36];
@@ -395,6 +417,7 @@ pub fn decode_bucket_unchecked(page: &[u8]) -> Result<Bucket, PageError> {
     Ok(Bucket {
         max_child_height,
         children,
+        child_mask,
         slots,
     })
 }
@@ -437,14 +460,15 @@ mod tests {
         let b = Bucket {
             max_child_height: 0x01020304,
             children: 5,
+            child_mask: 0b1010,
             slots: vec![slot(1, 22), slot(2, 0)],
         };
         let page = encode_bucket(&b, 4096).unwrap();
         assert_eq!(&page[4..8], b"SZBK");
-        assert_eq!(page[8], 1);
+        assert_eq!(page[8], 2);
         assert_eq!(&page[10..12], &[2, 0]);
         assert_eq!(&page[12..16], &[4, 3, 2, 1]);
-        assert_eq!(&page[16..24], &[5, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&page[16..24], &[5, 0, 0, 0, 0, 0, 0b1010, 0]);
         // entry: key txid bytes then vout big-endian
         assert_eq!(&page[24..56], &[1u8; 32]);
         assert_eq!(&page[56..60], &[0, 0, 0, 1]);
@@ -457,6 +481,7 @@ mod tests {
         let b = Bucket {
             max_child_height: 0,
             children: 0,
+            child_mask: 0,
             slots: vec![slot(1, 30)],
         };
         let mut page = encode_bucket(&b, 4096).unwrap();
@@ -486,7 +511,7 @@ mod tests {
             flips in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..8),
             n in 0u8..20,
         ) {
-            let b = Bucket { max_child_height: 3, children: 2, slots: (0..n).map(|i| slot(i, 22 + i as usize)).collect() };
+            let b = Bucket { max_child_height: 3, children: 2, child_mask: 1, slots: (0..n).map(|i| slot(i, 22 + i as usize)).collect() };
             let mut page = encode_bucket(&b, 4096).unwrap();
             for (at, x) in flips {
                 page[at] ^= x;

@@ -37,14 +37,23 @@ pub fn venv_python() -> PathBuf {
     let _ = fs::remove_dir_all(&venv);
     run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
     run(Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
         .arg(&requirements));
     fs::write(&marker, wanted).expect("write venv marker");
     python
 }
 
 fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed: {}\n{}",
