@@ -13,7 +13,8 @@
 //! `SOZU_BENCH_SKIP` (comma list of baselines to skip: sled,redb,hashmap),
 //! `SOZU_BENCH_RAM_LAYERS` (default 2), `SOZU_BENCH_LAYER0_BITS` (default 10),
 //! `SOZU_BENCH_SHARDS` (default 2: one worker thread per shard),
-//! `SOZU_BENCH_SEED_SPILL` (set: first run the table with seed 000's literal
+//! `SOZU_BENCH_ALPHA_DEEP` (α of layers 2 and deeper, default that of
+//! `SozuConfig::default()`), `SOZU_BENCH_SEED_SPILL` (set: first run the table with seed 000's literal
 //! spill policy too, for comparison in the same run).
 //!
 //! The workload is generated on the fly (same seed for every backend), so
@@ -546,7 +547,17 @@ fn sozu_config() -> SozuConfig {
     let ram_layers = env_usize("SOZU_BENCH_RAM_LAYERS", 2) as u8;
     let layer0_bits = env_usize("SOZU_BENCH_LAYER0_BITS", 10) as u8;
     let shards = env_usize("SOZU_BENCH_SHARDS", 2) as u8;
+    let mut layers = SozuConfig::default().layers;
+    if let Some(a) = std::env::var("SOZU_BENCH_ALPHA_DEEP")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+    {
+        for l in layers.iter_mut().skip(2) {
+            l.alpha = a;
+        }
+    }
     SozuConfig {
+        layers,
         shards,
         layer0_bits,
         ram_layers,

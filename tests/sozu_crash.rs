@@ -371,7 +371,11 @@ fn intact_table_opens() {
 fn flipped_byte_in_pages_is_corrupt() {
     // The second written page of each file (children never written are
     // holes: all zero, never read).
-    for file in ["s0-layer-00.pages", "s0-layer-02.pages", "s0-layer-03.pages"] {
+    for file in [
+        "s0-layer-00.pages",
+        "s0-layer-02.pages",
+        "s0-layer-03.pages",
+    ] {
         let s = built();
         let mut data = s.read_file(file).expect(file);
         let page = data

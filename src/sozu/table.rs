@@ -1404,16 +1404,19 @@ impl Worker {
                 }
                 b.max_child_height = b.max_child_height.max(w.raise);
                 // Purge loop (MergeEntries).
-                let mut kept = Vec::with_capacity(b.slots.len());
-                for slot in std::mem::take(&mut b.slots) {
-                    if slot.entry.is_purgeable(oracle) {
-                        self.counters.purges += 1;
-                        purged(self.resolve(slot)?);
-                    } else {
-                        kept.push(slot);
+                // Most buckets purge nothing: test first, move only if needed.
+                if b.slots.iter().any(|s| s.entry.is_purgeable(oracle)) {
+                    let mut kept = Vec::with_capacity(b.slots.len());
+                    for slot in std::mem::take(&mut b.slots) {
+                        if slot.entry.is_purgeable(oracle) {
+                            self.counters.purges += 1;
+                            purged(self.resolve(slot)?);
+                        } else {
+                            kept.push(slot);
+                        }
                     }
+                    b.slots = kept;
                 }
-                b.slots = kept;
                 // Spill (GetSpill): the seed's order picks what should flow
                 // (consumed on the best chain first, then oldest max
                 // production height, then key); the spill then goes to as
@@ -1423,33 +1426,41 @@ impl Worker {
                 let cfg = geo.layer_cfg(layer);
                 if b.payload_len() > cfg.capacity && layer < geo.max_layer {
                     let target = (cfg.alpha * cfg.capacity as f64) as usize;
-                    let mut order: Vec<(u8, u32, OutPointKey, u64, Slot)> =
-                        std::mem::take(&mut b.slots)
-                            .into_iter()
-                            .map(|s| {
-                                let best = if s.entry.is_consumed_on_best(oracle) {
-                                    0
-                                } else {
-                                    1
-                                };
-                                let key = outpoint_key(&s.entry.outpoint);
-                                let h = geo.hash(&key);
-                                (best, s.entry.max_production_height(), key, h, s)
-                            })
-                            .collect();
+                    // Sort keys with slot indices; the slots move once.
+                    let mut order: Vec<(u8, u32, OutPointKey, u64, usize, usize)> = b
+                        .slots
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| {
+                            let best = if s.entry.is_consumed_on_best(oracle) {
+                                0
+                            } else {
+                                1
+                            };
+                            let key = outpoint_key(&s.entry.outpoint);
+                            let h = geo.hash(&key);
+                            (
+                                best,
+                                s.entry.max_production_height(),
+                                key,
+                                h,
+                                s.encoded_len(),
+                                i,
+                            )
+                        })
+                        .collect();
                     order.sort_unstable_by_key(|o| (o.0, o.1, o.2));
-                    let total: usize = order.iter().map(|o| o.4.encoded_len()).sum();
+                    let total: usize = order.iter().map(|o| o.4).sum();
                     let fanout = 1usize << geo.g;
                     let mut prefix = vec![0usize; fanout];
                     let mut bytes = vec![0usize; fanout];
                     let mut size = total;
                     for o in &order {
                         let c = geo.child_index(o.3, layer + 1) as usize;
-                        let len = o.4.encoded_len();
-                        bytes[c] += len;
+                        bytes[c] += o.4;
                         if size > target {
-                            size -= len;
-                            prefix[c] += len;
+                            size -= o.4;
+                            prefix[c] += o.4;
                         }
                     }
                     let mut by_pref: Vec<usize> = (0..fanout).collect();
@@ -1470,15 +1481,19 @@ impl Worker {
                         size = size.saturating_sub(bytes[c]);
                     }
                     let mut size = total;
+                    let mut spill_h: Vec<Option<u64>> = vec![None; b.slots.len()];
+                    for o in &order {
+                        if size > target && chosen & geo.child_bit(o.3, layer + 1) != 0 {
+                            size -= o.4;
+                            spill_h[o.5] = Some(o.3);
+                        }
+                    }
                     let mut spilled = Vec::new();
-                    let mut rest = Vec::new();
-                    for o in order {
-                        let bit = geo.child_bit(o.3, layer + 1);
-                        if size > target && chosen & bit != 0 {
-                            size -= o.4.encoded_len();
-                            spilled.push((o.3, o.4));
-                        } else {
-                            rest.push(o.4);
+                    let mut rest = Vec::with_capacity(b.slots.len());
+                    for (slot, sh) in std::mem::take(&mut b.slots).into_iter().zip(spill_h) {
+                        match sh {
+                            Some(h) => spilled.push((h, slot)),
+                            None => rest.push(slot),
                         }
                     }
                     b.slots = rest;
