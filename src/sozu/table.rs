@@ -569,7 +569,29 @@ impl SozuTable {
                         "page image names a shard that does not exist",
                     )
                 })?;
-                shard.overlay.insert((p.layer, p.page), Arc::new(p.image));
+                let addr = (p.layer, p.page);
+                let image = if p.delta {
+                    let base = shard.overlay.get(&addr).ok_or_else(|| {
+                        corrupt(
+                            st.path_of(JOURNAL_FILE),
+                            0,
+                            format!(
+                                "page delta of layer {} page {} without an earlier image",
+                                p.layer, p.page
+                            ),
+                        )
+                    })?;
+                    super::page::apply_page_delta(base, &p.image, page_size).map_err(|e| {
+                        corrupt(
+                            st.path_of(JOURNAL_FILE),
+                            0,
+                            format!("page delta of layer {} page {}: {e}", p.layer, p.page),
+                        )
+                    })?
+                } else {
+                    p.image
+                };
+                shard.overlay.insert(addr, Arc::new(image));
             }
             for e in rec.extents {
                 let shard = shards.get_mut(e.shard as usize).ok_or_else(|| {
@@ -963,9 +985,11 @@ impl SozuTable {
         let encoded = run_per_shard(&mut self.shards, work, |w, _| w.shard.encode_dirty(ps))?;
         let mut pages = Vec::new();
         let mut extents = Vec::new();
-        for (p, e) in encoded {
+        let mut images = Vec::new();
+        for (p, e, i) in encoded {
             pages.extend(p);
             extents.extend(e);
+            images.push(i);
         }
         let mut header = self.committed.clone();
         header.commit_seq += 1;
@@ -994,9 +1018,11 @@ impl SozuTable {
         self.journal_bytes += bytes.len() as u64;
         self.committed = header;
         self.commits += 1;
-        for p in rec.pages {
-            let shard = &mut self.shards[p.shard as usize].shard;
-            shard.overlay.insert((p.layer, p.page), Arc::new(p.image));
+        drop(rec);
+        for (w, imgs) in self.shards.iter_mut().zip(images) {
+            for (addr, image) in imgs {
+                w.shard.overlay.insert(addr, Arc::new(image));
+            }
         }
         for shard in self.shards.iter_mut().map(|w| &mut w.shard) {
             shard.dirty_ram.clear();
@@ -1014,10 +1040,18 @@ impl SozuTable {
 
 impl Shard {
     /// Encodes the pages and records changed since the last commit.
-    fn encode_dirty(&self, ps: usize) -> Result<(Vec<PageImage>, Vec<Extent>), SozuError> {
+    /// Journal items are whole images for a page's first write in this
+    /// checkpoint generation, deltas against its overlay image afterwards
+    /// (when smaller); the third list holds every new whole image, for the
+    /// overlay.
+    fn encode_dirty(
+        &self,
+        ps: usize,
+    ) -> Result<(Vec<PageImage>, Vec<Extent>, Vec<(Addr, Vec<u8>)>), SozuError> {
         let shard = self;
         let mut pages = Vec::new();
         let mut extents = Vec::new();
+        let mut images = Vec::new();
         let mut dirty: Vec<(&Addr, &Bucket)> = shard.dirty.iter().collect();
         dirty.sort_by_key(|(a, _)| **a);
         // RAM-layer pages first, then disk pages in address order.
@@ -1034,12 +1068,27 @@ impl Shard {
                 layer: addr.0,
                 page: addr.1,
             })?;
+            let delta = match shard.overlay.get(addr) {
+                Some(old) => {
+                    let d = super::page::page_delta(old, &image).map_err(|e| {
+                        corrupt(
+                            PathBuf::from(JOURNAL_FILE),
+                            0,
+                            format!("overlay image of layer {} page {}: {e}", addr.0, addr.1),
+                        )
+                    })?;
+                    (d.len() < super::header::trimmed_len(&image)).then_some(d)
+                }
+                None => None,
+            };
             pages.push(PageImage {
                 shard: shard.id,
                 layer: addr.0,
                 page: addr.1,
-                image,
+                image: delta.clone().unwrap_or_else(|| image.clone()),
+                delta: delta.is_some(),
             });
+            images.push((*addr, image));
         }
         for (off, data) in &shard.rec_pending {
             extents.push(Extent {
@@ -1048,7 +1097,7 @@ impl Shard {
                 data: data.clone(),
             });
         }
-        Ok((pages, extents))
+        Ok((pages, extents, images))
     }
 }
 
