@@ -422,10 +422,13 @@ pub fn decode_bucket_unchecked(page: &[u8]) -> Result<Bucket, PageError> {
     })
 }
 
+/// (key, the entry's encoded bytes) of one entry of an encoded page.
+type EntryBytes<'a> = (&'a [u8], &'a [u8]);
+
 /// The entries of an encoded page: (key, the entry's bytes), in page order.
 /// Only lengths are parsed; the page was produced by [`encode_bucket`] or
 /// checked by [`decode_bucket`].
-fn page_entries(page: &[u8]) -> Result<Vec<(&[u8], &[u8])>, PageError> {
+fn page_entries(page: &[u8]) -> Result<Vec<EntryBytes<'_>>, PageError> {
     if page.len() < PAGE_HEADER_LEN {
         return Err(PageError::Malformed {
             at: 0,
@@ -516,7 +519,7 @@ pub fn apply_page_delta(base: &[u8], delta: &[u8], page_size: usize) -> Result<V
     }
     let n_del = u16::from_le_bytes([delta[12], delta[13]]) as usize;
     let n_up = u16::from_le_bytes([delta[14], delta[15]]) as usize;
-    let mut entries: Vec<(&[u8], &[u8])> = page_entries(base)?;
+    let mut entries: Vec<EntryBytes<'_>> = page_entries(base)?;
     let mut at = 16;
     for _ in 0..n_del {
         let k = delta

@@ -172,6 +172,10 @@ pub struct SozuStats {
 
 type Addr = (u8, u64);
 
+/// What a shard's commit encodes: journal page items, record extents, and
+/// the new whole image of every dirty page (for the overlay).
+type EncodedDirty = (Vec<PageImage>, Vec<Extent>, Vec<(Addr, Vec<u8>)>);
+
 /// One shard: an independent layered table over a hash-prefix range.
 struct Shard {
     id: u8,
@@ -1044,10 +1048,7 @@ impl Shard {
     /// checkpoint generation, deltas against its overlay image afterwards
     /// (when smaller); the third list holds every new whole image, for the
     /// overlay.
-    fn encode_dirty(
-        &self,
-        ps: usize,
-    ) -> Result<(Vec<PageImage>, Vec<Extent>, Vec<(Addr, Vec<u8>)>), SozuError> {
+    fn encode_dirty(&self, ps: usize) -> Result<EncodedDirty, SozuError> {
         let shard = self;
         let mut pages = Vec::new();
         let mut extents = Vec::new();
