@@ -12,7 +12,15 @@
 //! (default `target/sozu-bench`, a real disk: fsync matters),
 //! `SOZU_BENCH_SKIP` (comma list of baselines to skip: sled,redb,hashmap),
 //! `SOZU_BENCH_RAM_LAYERS` (default 2), `SOZU_BENCH_LAYER0_BITS` (default 10),
-//! `SOZU_BENCH_SHARDS` (default 2: one worker thread per shard).
+//! `SOZU_BENCH_SHARDS` (default 2: one worker thread per shard),
+//! `SOZU_BENCH_ALPHA_DEEP` (α of layers 2 and deeper, default that of
+//! `SozuConfig::default()`), `SOZU_BENCH_SEED_SPILL` (set: first run the table with seed 000's literal
+//! spill policy too, for comparison in the same run).
+//!
+//! The workload is generated on the fly (same seed for every backend), so
+//! memory holds only the generator's outpoints, not the blocks. Only the
+//! backend calls are timed; CPU time (all threads, /proc/self/stat) is
+//! printed next to wall time because the machine may be shared.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -147,42 +155,67 @@ impl Gen {
     }
 }
 
-/// The workload: fill blocks, then measured blocks with reorg markers.
-struct Workload {
-    fill: Vec<Block>,
-    measure: Vec<Step>,
-}
-
+/// One step of the workload.
 enum Step {
+    /// A block of the initial fill (outputs only).
+    Fill(Block),
+    /// A measured block.
     Connect(Block),
     /// Replace the last `d` blocks by competing blocks with the same txs.
     Reorg(usize),
 }
 
-fn workload(live: usize, blocks: usize) -> (Workload, Gen) {
-    let mut g = Gen {
-        rng: Rng(0x5eed_1234_5678_9abc),
-        recent: VecDeque::new(),
-        old: Vec::new(),
-        height: 0,
-    };
-    let fill_block = 20_000;
-    let mut fill = Vec::new();
-    let mut made = 0;
-    while made < live {
-        let n = fill_block.min(live - made);
-        let b = g.block(0, n);
-        made += n;
-        fill.push(b);
-    }
-    let mut measure = Vec::new();
-    for i in 0..blocks {
-        measure.push(Step::Connect(g.block(2500, 3000)));
-        if i % 37 == 36 {
-            measure.push(Step::Reorg(1 + (i / 37) % 2));
+/// The workload, generated on the fly: fill blocks of 20,000 outputs up to
+/// `live` UTXOs, then `blocks` measured blocks with a depth-1/2 reorg every
+/// 37. The same seed gives every backend the same blocks, and a run holds
+/// only the generator's state (the outpoints not yet spent), never the
+/// whole workload.
+struct Steps {
+    gen: Gen,
+    fill_left: usize,
+    measured: usize,
+    blocks: usize,
+    reorg: Option<usize>,
+}
+
+impl Steps {
+    fn new(live: usize, blocks: usize) -> Self {
+        Self {
+            gen: Gen {
+                rng: Rng(0x5eed_1234_5678_9abc),
+                recent: VecDeque::new(),
+                old: Vec::new(),
+                height: 0,
+            },
+            fill_left: live,
+            measured: 0,
+            blocks,
+            reorg: None,
         }
     }
-    (Workload { fill, measure }, g)
+}
+
+impl Iterator for Steps {
+    type Item = Step;
+    fn next(&mut self) -> Option<Step> {
+        if self.fill_left > 0 {
+            let n = self.fill_left.min(20_000);
+            self.fill_left -= n;
+            return Some(Step::Fill(self.gen.block(0, n)));
+        }
+        if let Some(d) = self.reorg.take() {
+            return Some(Step::Reorg(d));
+        }
+        if self.measured == self.blocks {
+            return None;
+        }
+        let i = self.measured;
+        self.measured += 1;
+        if i % 37 == 36 {
+            self.reorg = Some(1 + (i / 37) % 2);
+        }
+        Some(Step::Connect(self.gen.block(2500, 3000)))
+    }
 }
 
 // ------------------------------------------------------------------ backends
@@ -193,6 +226,18 @@ trait Backend {
     fn connect(&mut self, b: &Block);
     /// Disconnects the tip block `b`.
     fn disconnect(&mut self, b: &Block);
+    /// Called once, after the fill and before the first measured block.
+    fn measure_start(&mut self) {}
+}
+
+/// CPU time (user + system, all threads) of this process in seconds, from
+/// /proc/self/stat (clock ticks, assumed 100 per second as on Linux x86-64).
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
 }
 
 fn coin_bytes(c: &Coin) -> Vec<u8> {
@@ -326,6 +371,8 @@ struct SozuBackend {
     connect_times: Vec<Duration>,
     /// Time in get_batch, write_block, commit.
     phase: [Duration; 3],
+    /// Counters when the measured blocks started.
+    at_measure: Option<SozuStats>,
 }
 
 struct Oracle<'a> {
@@ -411,38 +458,66 @@ impl Backend for SozuBackend {
     fn disconnect(&mut self, _b: &Block) {
         // A reorg is a view switch: nothing to undo.
     }
+    fn measure_start(&mut self) {
+        self.at_measure = Some(self.table.counters());
+    }
 }
 
-fn run(backend: &mut dyn Backend, w: &Workload) -> (Duration, Duration, usize) {
-    let t0 = Instant::now();
-    for b in &w.fill {
-        backend.connect(b);
-    }
-    let fill = t0.elapsed();
-    let t1 = Instant::now();
-    let mut chain: Vec<Block> = Vec::new();
+/// Runs the streamed workload; only the backend calls are timed (not the
+/// generation). Returns the fill time, the measured time, the measured
+/// blocks (reorged ones included), the CPU seconds of the measured blocks
+/// and the generator, for more blocks.
+fn run(
+    backend: &mut dyn Backend,
+    live: usize,
+    blocks: usize,
+) -> (Duration, Duration, usize, f64, Gen) {
+    let mut fill = Duration::ZERO;
+    let mut cpu = 0.0;
+    let mut started = false;
+    let mut measured = Duration::ZERO;
+    let mut chain: VecDeque<Block> = VecDeque::new();
     let mut n = 0;
-    for s in &w.measure {
+    let mut steps = Steps::new(live, blocks);
+    for s in &mut steps {
         match s {
+            Step::Fill(b) => {
+                let t = Instant::now();
+                backend.connect(&b);
+                fill += t.elapsed();
+            }
             Step::Connect(b) => {
-                backend.connect(b);
-                chain.push(b.clone());
+                if !started {
+                    started = true;
+                    backend.measure_start();
+                }
+                let (t, c) = (Instant::now(), cpu_secs());
+                backend.connect(&b);
+                measured += t.elapsed();
+                cpu += cpu_secs() - c;
+                chain.push_back(b);
+                if chain.len() > 2 {
+                    chain.pop_front();
+                }
                 n += 1;
             }
             Step::Reorg(d) => {
                 let k = chain.len() - d;
-                for b in chain[k..].iter().rev() {
+                let (t, c) = (Instant::now(), cpu_secs());
+                for b in chain.range(k..).rev() {
                     backend.disconnect(b);
                 }
-                for b in chain[k..].iter_mut() {
+                for b in chain.range_mut(k..) {
                     b.reinclude = true;
                     backend.connect(b);
                     n += 1;
                 }
+                measured += t.elapsed();
+                cpu += cpu_secs() - c;
             }
         }
     }
-    (fill, t1.elapsed(), n)
+    (fill, measured, n, cpu, steps.gen)
 }
 
 fn peak_rss_mib() -> f64 {
@@ -472,7 +547,17 @@ fn sozu_config() -> SozuConfig {
     let ram_layers = env_usize("SOZU_BENCH_RAM_LAYERS", 2) as u8;
     let layer0_bits = env_usize("SOZU_BENCH_LAYER0_BITS", 10) as u8;
     let shards = env_usize("SOZU_BENCH_SHARDS", 2) as u8;
+    let mut layers = SozuConfig::default().layers;
+    if let Some(a) = std::env::var("SOZU_BENCH_ALPHA_DEEP")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+    {
+        for l in layers.iter_mut().skip(2) {
+            l.alpha = a;
+        }
+    }
     SozuConfig {
+        layers,
         shards,
         layer0_bits,
         ram_layers,
@@ -483,22 +568,17 @@ fn sozu_config() -> SozuConfig {
     }
 }
 
-fn main() {
-    let live = env_usize("SOZU_BENCH_LIVE", 1_000_000);
-    let blocks = env_usize("SOZU_BENCH_BLOCKS", 150);
-    let skip = std::env::var("SOZU_BENCH_SKIP").unwrap_or_default();
-    let base = PathBuf::from(
-        std::env::var("SOZU_BENCH_DIR").unwrap_or_else(|_| "target/sozu-bench".into()),
-    );
-    let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(&base).expect("bench dir");
-    println!("workload: {live} initial UTXOs, {blocks} blocks of 2,500 inputs / 3,000 outputs, reorgs of depth 1-2 every 37 blocks");
-    let (w, mut gen) = workload(live, blocks);
-    let extra_a: Vec<Block> = (0..6).map(|_| gen.block(2500, 3000)).collect();
-    let extra_b: Vec<Block> = (0..6).map(|_| gen.block(2500, 3000)).collect();
-
-    // Sozu.
-    let table = SozuTable::open(&base.join("sozu"), sozu_config()).expect("sozu open");
+/// Runs the workload on a fresh Sozu table and prints its figures. Returns
+/// the measured wall time and CPU seconds.
+fn run_sozu(
+    base: &std::path::Path,
+    label: &str,
+    config: SozuConfig,
+    live: usize,
+    blocks: usize,
+) -> (Duration, f64) {
+    let dir = base.join(label);
+    let table = SozuTable::open(&dir, config).expect("sozu open");
     let mut sozu = SozuBackend {
         table,
         heights: vec![0],
@@ -506,12 +586,26 @@ fn main() {
         lookup_absent: false,
         connect_times: Vec::new(),
         phase: [Duration::ZERO; 3],
+        at_measure: None,
     };
-    let (fill, t_sozu, n) = run(&mut sozu, &w);
+    let (fill, t_sozu, n, cpu, mut gen) = run(&mut sozu, live, blocks);
+    let extra_a: Vec<Block> = (0..6).map(|_| gen.block(2500, 3000)).collect();
+    let extra_b: Vec<Block> = (0..6).map(|_| gen.block(2500, 3000)).collect();
+    drop(gen);
     let stats = sozu.table.stats().expect("stats");
     let rss_sozu = peak_rss_mib();
     let per_block = t_sozu / n as u32;
-    println!("sozu: fill {fill:.2?}, {n} blocks in {t_sozu:.2?} ({per_block:.2?}/block); time in get_batch {:.2?}, write_block {:.2?}, commit {:.2?} (fill included)", sozu.phase[0], sozu.phase[1], sozu.phase[2]);
+    println!("{label}: fill {fill:.2?}, {n} blocks in {t_sozu:.2?} ({per_block:.2?}/block, CPU {:.1} ms/block); time in get_batch {:.2?}, write_block {:.2?}, commit {:.2?} (fill included)", 1000.0 * cpu / n as f64, sozu.phase[0], sozu.phase[1], sozu.phase[2]);
+    if let Some(m) = &sozu.at_measure {
+        let nb = n as f64;
+        println!(
+            "  per measured block: {:.0} buckets read, {:.0} buckets written (page images), {:.2} MB of journal, {:.0} spills",
+            (stats.buckets_read - m.buckets_read) as f64 / nb,
+            (stats.buckets_written - m.buckets_written) as f64 / nb,
+            (stats.journal_bytes - m.journal_bytes) as f64 / nb / 1e6,
+            (stats.spills - m.spills) as f64 / nb,
+        );
+    }
     for (i, l) in stats.layers.iter().enumerate() {
         println!(
             "  layer {i}: {} buckets, {} entries, fill {:.2}",
@@ -536,7 +630,7 @@ fn main() {
         stats.deep_lookup_pages as f64 / stats.deep_lookups.max(1) as f64,
         stats.disk_page_reads
     );
-    println!("  peak RSS after sozu: {rss_sozu:.0} MiB");
+    println!("  peak RSS after {label}: {rss_sozu:.0} MiB");
 
     // Reorg cost: 6 new blocks, then a competing branch of 6 blocks with
     // the same transactions (view switch + re-included outputs looked up).
@@ -559,28 +653,51 @@ fn main() {
     // Proof of absence: 6 more blocks whose new outputs are all looked up
     // (known_absent = false) vs the 6 above trusting the chain index.
     sozu.lookup_absent = true;
-    let r0 = sozu.table.stats().expect("stats");
+    let r0 = sozu.table.counters();
     let t = Instant::now();
     for b in &extra_b {
         sozu.connect(b);
     }
     let lookups = t.elapsed();
-    let r1 = sozu.table.stats().expect("stats");
+    let r1 = sozu.table.counters();
     println!(
         "  proof of absence: 6 blocks with every new output looked up {lookups:.2?} vs known_absent from the chain index {connect6:.2?} (+{:.0}%), {:.2} disk-layer buckets per lookup below RAM",
         100.0 * (lookups.as_secs_f64() / connect6.as_secs_f64() - 1.0),
         (r1.deep_lookup_pages - r0.deep_lookup_pages) as f64 / (r1.deep_lookups - r0.deep_lookups).max(1) as f64
     );
     drop(sozu);
+    let _ = std::fs::remove_dir_all(&dir);
+    (t_sozu, cpu)
+}
 
-    let mut results: Vec<(&str, Duration)> = Vec::new();
+fn main() {
+    let live = env_usize("SOZU_BENCH_LIVE", 1_000_000);
+    let blocks = env_usize("SOZU_BENCH_BLOCKS", 150);
+    let skip = std::env::var("SOZU_BENCH_SKIP").unwrap_or_default();
+    let base = PathBuf::from(
+        std::env::var("SOZU_BENCH_DIR").unwrap_or_else(|_| "target/sozu-bench".into()),
+    );
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).expect("bench dir");
+    println!("workload: {live} initial UTXOs, {blocks} blocks of 2,500 inputs / 3,000 outputs, reorgs of depth 1-2 every 37 blocks");
+    if std::env::var("SOZU_BENCH_SEED_SPILL").is_ok() {
+        // The seed's literal spill policy, for comparison in the same run.
+        let cfg = SozuConfig {
+            spill_fewest_children: false,
+            ..sozu_config()
+        };
+        run_sozu(&base, "sozu-seed-spill", cfg, live, blocks);
+    }
+    let (t_sozu, cpu_sozu) = run_sozu(&base, "sozu", sozu_config(), live, blocks);
+
+    let mut results: Vec<(&str, Duration, f64)> = Vec::new();
     if !skip.contains("hashmap") {
         let mut m = MapBackend {
             map: HashMap::new(),
             undo: HashMap::new(),
         };
-        let (_, t, _) = run(&mut m, &w);
-        results.push(("hashmap", t));
+        let (_, t, _, c, _) = run(&mut m, live, blocks);
+        results.push(("hashmap", t, c));
     }
     if !skip.contains("sled") {
         let db = sled::open(base.join("sled")).expect("sled");
@@ -590,9 +707,9 @@ fn main() {
             tree,
             undo: HashMap::new(),
         };
-        let (f, t, _) = run(&mut s, &w);
-        println!("sled: fill {f:.2?}, blocks {t:.2?}");
-        results.push(("sled", t));
+        let (f, t, _, c, _) = run(&mut s, live, blocks);
+        println!("sled: fill {f:.2?}, blocks {t:.2?}, CPU {c:.1}s");
+        results.push(("sled", t, c));
     }
     if !skip.contains("redb") {
         let db = redb::Database::create(base.join("redb.db")).expect("redb");
@@ -600,13 +717,17 @@ fn main() {
             db,
             undo: HashMap::new(),
         };
-        let (f, t, _) = run(&mut r, &w);
-        println!("redb: fill {f:.2?}, blocks {t:.2?}");
-        results.push(("redb", t));
+        let (f, t, _, c, _) = run(&mut r, live, blocks);
+        println!("redb: fill {f:.2?}, blocks {t:.2?}, CPU {c:.1}s");
+        results.push(("redb", t, c));
     }
     println!("peak RSS (whole run): {:.0} MiB", peak_rss_mib());
-    for (name, t) in results {
-        println!("vs {name}: {:.2}x", t.as_secs_f64() / t_sozu.as_secs_f64());
+    for (name, t, c) in results {
+        println!(
+            "vs {name}: {:.2}x (CPU time: {:.2}x)",
+            t.as_secs_f64() / t_sozu.as_secs_f64(),
+            c / cpu_sozu.max(1e-9)
+        );
     }
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -369,13 +369,22 @@ fn intact_table_opens() {
 
 #[test]
 fn flipped_byte_in_pages_is_corrupt() {
-    for (file, page) in [
-        ("s0-layer-00.pages", 1u64),
-        ("s0-layer-02.pages", 0),
-        ("s0-layer-03.pages", 1),
+    // The second written page of each file (children never written are
+    // holes: all zero, never read).
+    for file in [
+        "s0-layer-00.pages",
+        "s0-layer-02.pages",
+        "s0-layer-03.pages",
     ] {
         let s = built();
         let mut data = s.read_file(file).expect(file);
+        let page = data
+            .chunks(4096)
+            .enumerate()
+            .filter(|(_, p)| p.iter().any(|&b| b != 0))
+            .nth(1)
+            .map(|(i, _)| i as u64)
+            .expect("two written pages");
         let at = (page * 4096 + 200) as usize;
         data[at] ^= 0x04;
         s.write_file(file, data);
@@ -409,13 +418,21 @@ fn wrong_magic_and_version() {
     s.write_file("sozu.header", h.clone());
     assert!(matches!(open_err(&s), SozuError::Corrupt { offset: 4, .. }));
     h[4] = b'S';
+    let major = h[12];
     h[12] = 9; // major version 9
     s.write_file("sozu.header", h.clone());
     assert!(matches!(
         open_err(&s),
         SozuError::UnsupportedVersion { major: 9, .. }
     ));
+    // A table of format 1 (before the written-children mask) is refused.
     h[12] = 1;
+    s.write_file("sozu.header", h.clone());
+    assert!(matches!(
+        open_err(&s),
+        SozuError::UnsupportedVersion { major: 1, .. }
+    ));
+    h[12] = major;
     h[30] ^= 1; // key byte: checksum no longer matches
     s.write_file("sozu.header", h);
     assert!(matches!(open_err(&s), SozuError::Corrupt { offset: 0, .. }));

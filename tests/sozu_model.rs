@@ -44,13 +44,16 @@ struct Harness {
     table: Option<SozuTable>,
     model_purged: HashSet<OutPoint>,
     sozu_purged: HashSet<OutPoint>,
+    /// Spill policy of this run (`SozuConfig::spill_fewest_children`).
+    fewest: bool,
 }
 
 impl Harness {
-    fn new(shards: u8) -> Self {
+    fn new(shards: u8, fewest: bool) -> Self {
         let storage = MemStorage::new();
         let cfg = SozuConfig {
             shards,
+            spill_fewest_children: fewest,
             ..small_config()
         };
         let table = SozuTable::open_with_storage(Box::new(storage.clone()), cfg).expect("create");
@@ -61,6 +64,7 @@ impl Harness {
             table: Some(table),
             model_purged: HashSet::new(),
             sozu_purged: HashSet::new(),
+            fewest,
         }
     }
 
@@ -70,8 +74,11 @@ impl Harness {
 
     fn reopen(&mut self) {
         self.table = None;
-        let t = SozuTable::open_with_storage(Box::new(self.storage.clone()), small_config())
-            .expect("reopen");
+        let cfg = SozuConfig {
+            spill_fewest_children: self.fewest,
+            ..small_config()
+        };
+        let t = SozuTable::open_with_storage(Box::new(self.storage.clone()), cfg).expect("reopen");
         self.table = Some(t);
     }
 
@@ -176,8 +183,8 @@ impl Harness {
     }
 }
 
-fn run(actions: Vec<Action>, shards: u8) -> Result<(), TestCaseError> {
-    let mut h = Harness::new(shards);
+fn run(actions: Vec<Action>, shards: u8, fewest: bool) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(shards, fewest);
     for a in actions {
         match a {
             Action::Extend(n, seed) => {
@@ -234,8 +241,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90), two_shards in any::<bool>()) {
-        run(actions, if two_shards { 2 } else { 1 })?;
+    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90), two_shards in any::<bool>(), seed_spill in any::<bool>()) {
+        run(actions, if two_shards { 2 } else { 1 }, !seed_spill)?;
     }
 }
 
@@ -257,8 +264,9 @@ fn long_sequence_with_purges() {
             _ => Action::Extend(1, rng.next()),
         });
     }
-    run(actions.clone(), 1).expect("long sequence");
-    run(actions, 2).expect("long sequence, two shards");
+    run(actions.clone(), 1, true).expect("long sequence");
+    run(actions.clone(), 2, true).expect("long sequence, two shards");
+    run(actions, 1, false).expect("long sequence, seed 000's literal spill");
 }
 
 /// Typed refusals: a spend of an unknown outpoint, a re-production with

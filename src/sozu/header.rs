@@ -6,7 +6,7 @@ use super::types::{BlockId, CommitTag};
 /// Magic at byte 4 of the header.
 pub const HEADER_MAGIC: [u8; 8] = *b"SOZUTBL\0";
 /// Major format version: a mismatch refuses to open.
-pub const FORMAT_MAJOR: u16 = 1;
+pub const FORMAT_MAJOR: u16 = 2;
 /// Minor format version.
 pub const FORMAT_MINOR: u16 = 0;
 /// Size of the header image in bytes.
@@ -199,8 +199,12 @@ pub struct PageImage {
     pub layer: u8,
     /// Page number in the layer file.
     pub page: u64,
-    /// The encoded page.
+    /// The encoded page (padded to the page size), or with `delta` the
+    /// page delta ([`super::page::page_delta`]).
     pub image: Vec<u8>,
+    /// `image` is a delta against the page's previous image in this
+    /// checkpoint generation, not a whole page.
+    pub delta: bool,
 }
 
 /// One records-file extent in a journal record.
@@ -231,14 +235,25 @@ pub struct CommitRecord {
 
 /// Length of a page image without its trailing zero bytes (the journal
 /// stores only that prefix; replay pads it back with zeros).
-fn trimmed_len(image: &[u8]) -> usize {
+/// Length of `image` without its trailing zero bytes.
+pub fn trimmed_len(image: &[u8]) -> usize {
     image.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1)
 }
 
 /// Encodes a commit record.
 pub fn encode_record(rec: &CommitRecord, page_size: usize) -> Vec<u8> {
     let _ = page_size;
-    let used: Vec<usize> = rec.pages.iter().map(|p| trimmed_len(&p.image)).collect();
+    let used: Vec<usize> = rec
+        .pages
+        .iter()
+        .map(|p| {
+            if p.delta {
+                p.image.len()
+            } else {
+                trimmed_len(&p.image)
+            }
+        })
+        .collect();
     let body_len: usize = used.iter().map(|u| 16 + u).sum::<usize>()
         + rec.extents.iter().map(|e| 24 + e.data.len()).sum::<usize>()
         + HEADER_LEN;
@@ -256,7 +271,8 @@ pub fn encode_record(rec: &CommitRecord, page_size: usize) -> Vec<u8> {
     for (p, u) in rec.pages.iter().zip(used) {
         b.push(p.shard);
         b.push(p.layer);
-        b.extend_from_slice(&[0u8; 2]);
+        b.push(u8::from(p.delta));
+        b.push(0);
         b.extend_from_slice(&(u as u32).to_le_bytes());
         b.extend_from_slice(&p.page.to_le_bytes());
         b.extend_from_slice(&p.image[..u]);
@@ -318,16 +334,20 @@ pub fn parse_record(b: &[u8], page_size: usize) -> Parsed {
             return Parsed::Invalid;
         }
         let used = u32_at(at + 4) as usize;
-        if used > page_size || at + 16 + used > end {
+        let kind = b[at + 2];
+        if used > page_size || at + 16 + used > end || kind > 1 || b[at + 3] != 0 {
             return Parsed::Invalid;
         }
         let mut image = b[at + 16..at + 16 + used].to_vec();
-        image.resize(page_size, 0);
+        if kind == 0 {
+            image.resize(page_size, 0);
+        }
         pages.push(PageImage {
             shard: b[at],
             layer: b[at + 1],
             page: u64_at(at + 8),
             image,
+            delta: kind == 1,
         });
         at += 16 + used;
     }

@@ -19,9 +19,11 @@
 //!
 //! - **Layers of one-page buckets.** Layer 0 has 2^b0 buckets (all
 //!   allocated, held in RAM with the next `ram_layers − 1` layers); layer
-//!   i+1 has 2^g times more. A bucket's 2^g children are allocated as one
-//!   group, lazily, the first time it spills, so empty subtrees cost no
-//!   disk. The bucket of a key at layer i is given by the top `b0 + i·g` bits
+//!   i+1 has 2^g times more. A bucket's 2^g children are numbered as one
+//!   group the first time it spills, and each child page is written only
+//!   when an entry first flows into it (a written-children mask in the
+//!   parent says which exist), so empty subtrees and empty siblings cost no
+//!   disk and lookups stop at the parent. The bucket of a key at layer i is given by the top `b0 + i·g` bits
 //!   of SipHash-2-4 keyed with a random 128-bit key stored in the header, so
 //!   no peer can aim outpoints at one bucket.
 //! - **Reads** ([`UtxoTable::get_batch`], [`SozuTable::get_batch_since`])
@@ -35,9 +37,12 @@
 //!   new keys go to layer 0. Buckets are then rewritten top-down, each once
 //!   per block: merge, purge the entries [`Entry::is_purgeable`] says are
 //!   final (handed to the callback), and if the bucket exceeds its layer's
-//!   capacity, spill in the seed's order (consumed on the best chain first,
-//!   then oldest max production height, then key) until it holds α ×
-//!   capacity; the spilled entries become inserts of the children,
+//!   capacity, spill until it holds α × capacity: the seed's order
+//!   (consumed on the best chain first, then oldest max production height,
+//!   then key) picks what should flow, and the spill goes to the fewest
+//!   children covering it, so a spill rewrites two pages, not 2^g + 1
+//!   (`SozuConfig::spill_fewest_children`; `docs/sozu-format.md`, "Spill
+//!   policy"). The spilled entries become inserts of the children,
 //!   processed in the next layer's pass.
 //! - **Scripts** longer than `inline_script_max` bytes live out of line in a
 //!   per-shard records file (seed 004's external records), so a 10,000-byte

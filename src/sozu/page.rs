@@ -11,7 +11,9 @@
 //! 9      1    reserved, 0
 //! 10     2    entry count n
 //! 12     4    max production height of any entry in the children (seed 000's Height(B))
-//! 16     8    children: 0 = nil, else (child group number + 1)
+//! 16     8    children: bits 0..48 = 0 (nil) or child group number + 1;
+//!             bits 48..64 = mask of the children written at least once
+//!             (bit c: child c; a child never written is empty and has no page)
 //! 24     ...  n entries, then zero padding to page_size
 //! ```
 //!
@@ -41,7 +43,9 @@ pub const PAGE_HEADER_LEN: usize = 24;
 /// Magic of a bucket page.
 pub const PAGE_MAGIC: [u8; 4] = *b"SZBK";
 /// Version of the page layout.
-pub const PAGE_VERSION: u8 = 1;
+pub const PAGE_VERSION: u8 = 2;
+/// Bits of the `children` field holding the group number + 1.
+pub const CHILDREN_GROUP_BITS: u32 = 48;
 /// Fixed part of an encoded entry, in bytes.
 pub const ENTRY_FIXED_LEN: usize = 53;
 /// Size of an out-of-line script reference inside an entry, in bytes.
@@ -85,8 +89,12 @@ impl Slot {
 pub struct Bucket {
     /// Highest production height of any entry ever spilled below this bucket.
     pub max_child_height: u32,
-    /// 0 = no children; else child group number + 1.
+    /// 0 = no children; else child group number + 1 (< 2^48).
     pub children: u64,
+    /// Bit c set: child c of the group has been written at least once (a
+    /// child whose bit is clear is empty and its page is never read).
+    /// Zero when `children` is 0; needs `growth_bits` ≤ 4.
+    pub child_mask: u16,
     /// The entries, in no particular order.
     pub slots: Vec<Slot>,
 }
@@ -175,7 +183,13 @@ pub fn encode_bucket(bucket: &Bucket, page_size: usize) -> Result<Vec<u8>, Encod
     page.push(0);
     page.extend_from_slice(&(bucket.slots.len() as u16).to_le_bytes());
     page.extend_from_slice(&bucket.max_child_height.to_le_bytes());
-    page.extend_from_slice(&bucket.children.to_le_bytes());
+    if bucket.children >> CHILDREN_GROUP_BITS != 0
+        || (bucket.children == 0 && bucket.child_mask != 0)
+    {
+        return Err(EncodeError::EntryBounds);
+    }
+    let children = bucket.children | (u64::from(bucket.child_mask) << CHILDREN_GROUP_BITS);
+    page.extend_from_slice(&children.to_le_bytes());
     for slot in &bucket.slots {
         let e = &slot.entry;
         if e.produced.is_empty()
@@ -298,7 +312,15 @@ pub fn decode_bucket_unchecked(page: &[u8]) -> Result<Bucket, PageError> {
     }
     let n = r.u16("entry count")? as usize;
     let max_child_height = r.u32("max child height")?;
-    let children = r.u64("children")?;
+    let children_field = r.u64("children")?;
+    let children = children_field & ((1u64 << CHILDREN_GROUP_BITS) - 1);
+    let child_mask = (children_field >> CHILDREN_GROUP_BITS) as u16;
+    if children == 0 && child_mask != 0 {
+        return Err(PageError::Malformed {
+            at: 16,
+            what: "written-children mask without children",
+        });
+    }
     let mut slots: Vec<Slot> = Vec::with_capacity(n.min(page.len() / ENTRY_FIXED_LEN));
     for _ in 0..n {
         let mut key = [0u8; 36];
@@ -395,8 +417,152 @@ pub fn decode_bucket_unchecked(page: &[u8]) -> Result<Bucket, PageError> {
     Ok(Bucket {
         max_child_height,
         children,
+        child_mask,
         slots,
     })
+}
+
+/// (key, the entry's encoded bytes) of one entry of an encoded page.
+type EntryBytes<'a> = (&'a [u8], &'a [u8]);
+
+/// The entries of an encoded page: (key, the entry's bytes), in page order.
+/// Only lengths are parsed; the page was produced by [`encode_bucket`] or
+/// checked by [`decode_bucket`].
+fn page_entries(page: &[u8]) -> Result<Vec<EntryBytes<'_>>, PageError> {
+    if page.len() < PAGE_HEADER_LEN {
+        return Err(PageError::Malformed {
+            at: 0,
+            what: "page shorter than its header",
+        });
+    }
+    let n = u16::from_le_bytes([page[10], page[11]]) as usize;
+    let mut at = PAGE_HEADER_LEN;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let e = page_entry(page, at)?;
+        out.push((&page[at..at + 36], &page[at..at + e]));
+        at += e;
+    }
+    Ok(out)
+}
+
+/// Length in bytes of the entry at `at` of `buf`.
+fn page_entry(buf: &[u8], at: usize) -> Result<usize, PageError> {
+    let bad = PageError::Malformed {
+        at,
+        what: "entry overruns its buffer",
+    };
+    let fixed = buf.get(at..at + ENTRY_FIXED_LEN).ok_or(bad.clone())?;
+    let flags = fixed[48];
+    let (np, nc) = (fixed[49] as usize, fixed[50] as usize);
+    let script = if flags & 2 != 0 {
+        EXTERNAL_REF_LEN
+    } else {
+        u16::from_le_bytes([fixed[51], fixed[52]]) as usize
+    };
+    let len = ENTRY_FIXED_LEN + script + 8 * np + 40 * nc;
+    if at + len > buf.len() {
+        return Err(bad);
+    }
+    Ok(len)
+}
+
+/// The journal delta turning page image `old` into `new` (both whole
+/// encoded pages of the same bucket): max child height (4) ‖ children
+/// field (8) ‖ deleted keys d (2) ‖ upserted entries u (2) ‖ d × 36-byte keys
+/// ‖ u entries in the page's entry encoding. Entries equal in both are left
+/// out, so a block that adds one consumption record to a page journals one
+/// entry, not the page.
+///
+/// # Errors
+/// [`PageError::Malformed`] if either image does not parse.
+pub fn page_delta(old: &[u8], new: &[u8]) -> Result<Vec<u8>, PageError> {
+    let before = page_entries(old)?;
+    let after = page_entries(new)?;
+    let old_map: std::collections::HashMap<&[u8], &[u8]> = before.iter().copied().collect();
+    let new_keys: std::collections::HashSet<&[u8]> = after.iter().map(|(k, _)| *k).collect();
+    let deleted: Vec<&[u8]> = before
+        .iter()
+        .map(|(k, _)| *k)
+        .filter(|k| !new_keys.contains(k))
+        .collect();
+    let upserted: Vec<&[u8]> = after
+        .iter()
+        .filter(|(k, e)| old_map.get(k) != Some(e))
+        .map(|(_, e)| *e)
+        .collect();
+    let mut d = Vec::with_capacity(
+        16 + 36 * deleted.len() + upserted.iter().map(|e| e.len()).sum::<usize>(),
+    );
+    d.extend_from_slice(&new[12..24]);
+    d.extend_from_slice(&(deleted.len() as u16).to_le_bytes());
+    d.extend_from_slice(&(upserted.len() as u16).to_le_bytes());
+    for k in deleted {
+        d.extend_from_slice(k);
+    }
+    for e in upserted {
+        d.extend_from_slice(e);
+    }
+    Ok(d)
+}
+
+/// Applies a [`page_delta`] to the page image `base`, giving the new whole
+/// page (checksum included).
+///
+/// # Errors
+/// [`PageError::Malformed`] when the delta does not parse, deletes a key
+/// the base lacks, or the result does not fit the page.
+pub fn apply_page_delta(base: &[u8], delta: &[u8], page_size: usize) -> Result<Vec<u8>, PageError> {
+    let bad = |at: usize, what: &'static str| PageError::Malformed { at, what };
+    if delta.len() < 16 {
+        return Err(bad(0, "delta shorter than its header"));
+    }
+    let n_del = u16::from_le_bytes([delta[12], delta[13]]) as usize;
+    let n_up = u16::from_le_bytes([delta[14], delta[15]]) as usize;
+    let mut entries: Vec<EntryBytes<'_>> = page_entries(base)?;
+    let mut at = 16;
+    for _ in 0..n_del {
+        let k = delta
+            .get(at..at + 36)
+            .ok_or(bad(at, "delta key overruns"))?;
+        let pos = entries
+            .iter()
+            .position(|(x, _)| *x == k)
+            .ok_or(bad(at, "delta deletes a key the page lacks"))?;
+        entries.remove(pos);
+        at += 36;
+    }
+    for _ in 0..n_up {
+        let len = page_entry(delta, at)?;
+        let e = &delta[at..at + len];
+        let k = &e[..36];
+        match entries.iter().position(|(x, _)| *x == k) {
+            Some(pos) => entries[pos] = (k, e),
+            None => entries.push((k, e)),
+        }
+        at += len;
+    }
+    if at != delta.len() {
+        return Err(bad(at, "trailing bytes after the delta"));
+    }
+    let used = PAGE_HEADER_LEN + entries.iter().map(|(_, e)| e.len()).sum::<usize>();
+    if used > page_size || entries.len() > u16::MAX as usize {
+        return Err(bad(0, "delta result does not fit the page"));
+    }
+    let mut page = Vec::with_capacity(page_size);
+    page.extend_from_slice(&[0u8; 4]);
+    page.extend_from_slice(&PAGE_MAGIC);
+    page.push(PAGE_VERSION);
+    page.push(0);
+    page.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+    page.extend_from_slice(&delta[..12]);
+    for (_, e) in entries {
+        page.extend_from_slice(e);
+    }
+    page.resize(page_size, 0);
+    let crc = crc32fast::hash(&page[4..]);
+    page[..4].copy_from_slice(&crc.to_le_bytes());
+    Ok(page)
 }
 
 #[cfg(test)]
@@ -437,14 +603,15 @@ mod tests {
         let b = Bucket {
             max_child_height: 0x01020304,
             children: 5,
+            child_mask: 0b1010,
             slots: vec![slot(1, 22), slot(2, 0)],
         };
         let page = encode_bucket(&b, 4096).unwrap();
         assert_eq!(&page[4..8], b"SZBK");
-        assert_eq!(page[8], 1);
+        assert_eq!(page[8], 2);
         assert_eq!(&page[10..12], &[2, 0]);
         assert_eq!(&page[12..16], &[4, 3, 2, 1]);
-        assert_eq!(&page[16..24], &[5, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&page[16..24], &[5, 0, 0, 0, 0, 0, 0b1010, 0]);
         // entry: key txid bytes then vout big-endian
         assert_eq!(&page[24..56], &[1u8; 32]);
         assert_eq!(&page[56..60], &[0, 0, 0, 1]);
@@ -457,6 +624,7 @@ mod tests {
         let b = Bucket {
             max_child_height: 0,
             children: 0,
+            child_mask: 0,
             slots: vec![slot(1, 30)],
         };
         let mut page = encode_bucket(&b, 4096).unwrap();
@@ -465,6 +633,37 @@ mod tests {
             decode_bucket(&page, 4096),
             Err(PageError::Checksum { .. })
         ));
+    }
+
+    #[test]
+    fn delta_turns_the_old_page_into_the_new() {
+        let old = Bucket {
+            max_child_height: 3,
+            children: 2,
+            child_mask: 1,
+            slots: (0..10).map(|i| slot(i, 22 + i as usize)).collect(),
+        };
+        let mut new = old.clone();
+        new.slots.remove(3); // spilled
+        new.slots[0].entry.consumed.clear(); // changed
+        new.slots.push(slot(40, 25)); // inserted
+        new.max_child_height = 9;
+        new.child_mask = 3;
+        let (a, b) = (
+            encode_bucket(&old, 4096).unwrap(),
+            encode_bucket(&new, 4096).unwrap(),
+        );
+        let d = page_delta(&a, &b).unwrap();
+        // one deletion, two upserts: far smaller than the page
+        assert_eq!(&d[12..16], &[1, 0, 2, 0]);
+        assert!(d.len() < 400, "{}", d.len());
+        let got = apply_page_delta(&a, &d, 4096).unwrap();
+        let mut got = decode_bucket(&got, 4096).unwrap();
+        got.slots.sort_by_key(|s| outpoint_key(&s.entry.outpoint));
+        new.slots.sort_by_key(|s| outpoint_key(&s.entry.outpoint));
+        assert_eq!(got, new);
+        // a deletion of a key the base lacks is refused
+        assert!(apply_page_delta(&b, &page_delta(&a, &b).unwrap()[..], 4096).is_err());
     }
 
     #[test]
@@ -486,7 +685,7 @@ mod tests {
             flips in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..8),
             n in 0u8..20,
         ) {
-            let b = Bucket { max_child_height: 3, children: 2, slots: (0..n).map(|i| slot(i, 22 + i as usize)).collect() };
+            let b = Bucket { max_child_height: 3, children: 2, child_mask: 1, slots: (0..n).map(|i| slot(i, 22 + i as usize)).collect() };
             let mut page = encode_bucket(&b, 4096).unwrap();
             for (at, x) in flips {
                 page[at] ^= x;

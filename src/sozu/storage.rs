@@ -30,6 +30,14 @@ pub trait Storage: Send {
     /// # Errors
     /// I/O failure.
     fn len(&mut self, name: &str) -> io::Result<u64>;
+    /// Bytes the file occupies on the medium (holes of a sparse file, i.e.
+    /// pages never written, cost nothing); by default its length.
+    ///
+    /// # Errors
+    /// I/O failure.
+    fn allocated(&mut self, name: &str) -> io::Result<u64> {
+        self.len(name)
+    }
     /// Reads exactly `buf.len()` bytes at `offset`.
     ///
     /// # Errors
@@ -120,6 +128,14 @@ impl Storage for FsStorage {
             return Ok(0);
         }
         Ok(self.file_opt(name, false)?.metadata()?.len())
+    }
+    fn allocated(&mut self, name: &str) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        if !self.exists(name)? {
+            return Ok(0);
+        }
+        // st_blocks counts 512-byte units (POSIX).
+        Ok(self.file_opt(name, false)?.metadata()?.blocks() * 512)
     }
     fn read_at(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;

@@ -77,6 +77,11 @@ pub struct SozuConfig {
     pub shards: u8,
     /// Decoded pages of disk layers kept in a read cache (default 4,096).
     pub cache_pages: usize,
+    /// Spill policy (`docs/sozu-format.md`, "Spill policy"): true (default)
+    /// sends an overflowing bucket's spill to as few children as possible,
+    /// chosen by the seed's order; false follows seed 000 literally (the
+    /// first entries in the seed's order, whatever child they go to).
+    pub spill_fewest_children: bool,
 }
 
 impl Default for SozuConfig {
@@ -105,6 +110,7 @@ impl Default for SozuConfig {
             verify_on_open: true,
             shards: 1,
             cache_pages: 4096,
+            spill_fewest_children: true,
         }
     }
 }
@@ -137,6 +143,11 @@ pub struct SozuStats {
     pub last_block_buckets_read: u64,
     /// Buckets rewritten by the last `write_block`.
     pub last_block_buckets_written: u64,
+    /// Buckets read (decoded or borrowed) by reads and writes since open.
+    pub buckets_read: u64,
+    /// Buckets rewritten since open (each becomes one page image in the
+    /// next commit).
+    pub buckets_written: u64,
     /// Page reads from the disk layers (not RAM, not the journal overlay)
     /// since open.
     pub disk_page_reads: u64,
@@ -160,6 +171,10 @@ pub struct SozuStats {
 }
 
 type Addr = (u8, u64);
+
+/// What a shard's commit encodes: journal page items, record extents, and
+/// the new whole image of every dirty page (for the overlay).
+type EncodedDirty = (Vec<PageImage>, Vec<Extent>, Vec<(Addr, Vec<u8>)>);
 
 /// One shard: an independent layered table over a hash-prefix range.
 struct Shard {
@@ -201,6 +216,7 @@ struct Geo {
     layers: Vec<LayerConfig>,
     inline_script_max: usize,
     cache_pages: usize,
+    spill_fewest_children: bool,
     hasher: SipHasher24,
 }
 
@@ -226,6 +242,11 @@ impl Geo {
         let bits = self.b0 + u32::from(layer) * self.g;
         (h >> (64 - bits)) & ((1u64 << self.g) - 1)
     }
+    /// Bit of the child covering `h` at `layer` ≥ 1 in its parent's
+    /// written-children mask.
+    fn child_bit(&self, h: u64, layer: u8) -> u16 {
+        1u16 << self.child_index(h, layer)
+    }
     /// Page of the child covering `h`; saturating, so a damaged `children`
     /// field reads past the file and is reported as corruption.
     fn child_page(&self, children: u64, h: u64, layer: u8) -> u64 {
@@ -247,13 +268,6 @@ impl Geo {
         LayerConfig {
             capacity: c.capacity.min(self.page_size - PAGE_HEADER_LEN),
             alpha: c.alpha,
-        }
-    }
-    fn pages_in(&self, state: &ShardState, layer: u8) -> u64 {
-        if layer == 0 {
-            self.layer0_pages()
-        } else {
-            state.groups[layer as usize] << self.g
         }
     }
 }
@@ -534,6 +548,7 @@ impl SozuTable {
             layers: config.layers.clone(),
             inline_script_max: config.inline_script_max,
             cache_pages: config.cache_pages,
+            spill_fewest_children: config.spill_fewest_children,
             hasher: SipHasher24::new_with_key(&header.key),
         };
         let mut shards: Vec<Shard> = (0..header.shards)
@@ -558,7 +573,29 @@ impl SozuTable {
                         "page image names a shard that does not exist",
                     )
                 })?;
-                shard.overlay.insert((p.layer, p.page), Arc::new(p.image));
+                let addr = (p.layer, p.page);
+                let image = if p.delta {
+                    let base = shard.overlay.get(&addr).ok_or_else(|| {
+                        corrupt(
+                            st.path_of(JOURNAL_FILE),
+                            0,
+                            format!(
+                                "page delta of layer {} page {} without an earlier image",
+                                p.layer, p.page
+                            ),
+                        )
+                    })?;
+                    super::page::apply_page_delta(base, &p.image, page_size).map_err(|e| {
+                        corrupt(
+                            st.path_of(JOURNAL_FILE),
+                            0,
+                            format!("page delta of layer {} page {}: {e}", p.layer, p.page),
+                        )
+                    })?
+                } else {
+                    p.image
+                };
+                shard.overlay.insert(addr, Arc::new(image));
             }
             for e in rec.extents {
                 let shard = shards.get_mut(e.shard as usize).ok_or_else(|| {
@@ -571,39 +608,29 @@ impl SozuTable {
                 shard.rec_overlay.insert(e.offset, e.data);
             }
         }
-        // Load the RAM layers, verify the rest if asked.
+        // Load the RAM layers, verify the rest if asked (a page that is
+        // missing or truncated is otherwise reported when first read).
+        let deepest = if config.verify_on_open {
+            geo.max_layer
+        } else {
+            geo.ram_layers.saturating_sub(1)
+        };
         for shard in &mut shards {
-            for layer in 0..=geo.max_layer {
-                let pages = geo.pages_in(&shard.state, layer);
-                if pages == 0 {
-                    break;
-                }
-                let in_ram = layer < geo.ram_layers;
-                if !in_ram && !config.verify_on_open {
-                    // Still check that the file is long enough.
-                    let name = layer_file(shard.id, layer);
-                    let len = st.len(&name).map_err(|e| io_err(st, &name, e))?;
-                    let needed = (0..pages)
-                        .rev()
-                        .find(|p| !shard.overlay.contains_key(&(layer, *p)));
-                    if let Some(p) = needed {
-                        if len < (p + 1) * page_size as u64 {
-                            return Err(corrupt(
-                                st.path_of(&name),
-                                len,
-                                format!("file truncated: page {p} missing"),
-                            ));
-                        }
+            let mut ram = HashMap::new();
+            let sh: &Shard = shard;
+            walk_shard(
+                &geo,
+                deepest,
+                &mut (&mut *st, &mut ram),
+                |(st, _), addr| read_committed(&mut **st, &geo, sh, addr),
+                |(_, ram), addr, b| {
+                    if addr.0 < geo.ram_layers {
+                        ram.insert(addr, b);
                     }
-                    continue;
-                }
-                for page in 0..pages {
-                    let b = read_committed(st, &geo, shard, (layer, page))?;
-                    if in_ram {
-                        shard.ram.insert((layer, page), b);
-                    }
-                }
-            }
+                    Ok(())
+                },
+            )?;
+            shard.ram = ram;
             for (off, data) in &shard.rec_overlay {
                 if off + data.len() as u64 > shard.state.records_len {
                     return Err(corrupt(
@@ -664,9 +691,9 @@ impl SozuTable {
                 reason: "page_size must be a power of two in 512..=1 MiB",
             });
         }
-        if !(1..=32).contains(&config.layer0_bits) || !(1..=8).contains(&config.growth_bits) {
+        if !(1..=32).contains(&config.layer0_bits) || !(1..=4).contains(&config.growth_bits) {
             return Err(SozuError::Config {
-                reason: "layer0_bits in 1..=32, growth_bits in 1..=8",
+                reason: "layer0_bits in 1..=32, growth_bits in 1..=4",
             });
         }
         let s = config.shards;
@@ -732,18 +759,17 @@ impl SozuTable {
         let mut payload = 0u64;
         let geo = self.geo.clone();
         let mut bytes_by_layer: Vec<u64> = Vec::new();
-        for si in 0..self.shards.len() {
-            for layer in 0..=geo.max_layer {
-                let pages = geo.pages_in(&self.shards[si].shard.state, layer);
-                if pages == 0 {
-                    break;
-                }
-                if layers.len() <= layer as usize {
-                    layers.push(LayerStats::default());
-                    bytes_by_layer.push(0);
-                }
-                for page in 0..pages {
-                    let b = self.shards[si].get_bucket(&geo, (layer, page), false)?;
+        for w in &mut self.shards {
+            walk_shard(
+                &geo,
+                geo.max_layer,
+                w,
+                |w, addr| w.get_bucket(&geo, addr, false),
+                |_, (layer, _), b| {
+                    while layers.len() <= layer as usize {
+                        layers.push(LayerStats::default());
+                        bytes_by_layer.push(0);
+                    }
                     let ls = &mut layers[layer as usize];
                     ls.buckets += 1;
                     ls.entries += b.slots.len() as u64;
@@ -760,8 +786,9 @@ impl SozuTable {
                                 + 8 * s.entry.produced.len()
                                 + 40 * s.entry.consumed.len()) as u64;
                     }
-                }
-            }
+                    Ok(())
+                },
+            )?;
         }
         let cap = (geo.page_size - PAGE_HEADER_LEN) as f64;
         for (l, ls) in layers.iter_mut().enumerate() {
@@ -784,9 +811,21 @@ impl SozuTable {
         for n in names {
             bytes_on_disk += self
                 .storage
-                .len(&n)
+                .allocated(&n)
                 .map_err(|e| io_err(self.storage.as_ref(), &n, e))?;
         }
+        Ok(SozuStats {
+            layers,
+            bytes_on_disk,
+            journal_file_bytes,
+            payload_bytes: payload,
+            ..self.counters()
+        })
+    }
+
+    /// The counters of [`SozuTable::stats`] without the scan: `layers` is
+    /// empty and `bytes_on_disk`, `journal_file_bytes`, `payload_bytes` are 0.
+    pub fn counters(&self) -> SozuStats {
         let mut c = Counters::default();
         for w in &self.shards {
             let x = &w.counters;
@@ -797,13 +836,15 @@ impl SozuTable {
             c.children_allocated += x.children_allocated;
             c.purges += x.purges;
         }
-        Ok(SozuStats {
-            layers,
-            bytes_on_disk,
-            journal_file_bytes,
-            payload_bytes: payload,
+        SozuStats {
+            layers: Vec::new(),
+            bytes_on_disk: 0,
+            journal_file_bytes: 0,
+            payload_bytes: 0,
             last_block_buckets_read: self.block_counters.0,
             last_block_buckets_written: self.block_counters.1,
+            buckets_read: self.buckets_read(),
+            buckets_written: self.buckets_written(),
             disk_page_reads: c.disk_page_reads,
             deep_lookups: c.deep_lookups,
             deep_lookup_pages: c.deep_lookup_pages,
@@ -813,7 +854,7 @@ impl SozuTable {
             commits: self.commits,
             checkpoints: self.checkpoints,
             journal_bytes: self.journal_bytes,
-        })
+        }
     }
 
     /// Reads every page and out-of-line script and checks its checksum and
@@ -948,9 +989,11 @@ impl SozuTable {
         let encoded = run_per_shard(&mut self.shards, work, |w, _| w.shard.encode_dirty(ps))?;
         let mut pages = Vec::new();
         let mut extents = Vec::new();
-        for (p, e) in encoded {
+        let mut images = Vec::new();
+        for (p, e, i) in encoded {
             pages.extend(p);
             extents.extend(e);
+            images.push(i);
         }
         let mut header = self.committed.clone();
         header.commit_seq += 1;
@@ -979,9 +1022,11 @@ impl SozuTable {
         self.journal_bytes += bytes.len() as u64;
         self.committed = header;
         self.commits += 1;
-        for p in rec.pages {
-            let shard = &mut self.shards[p.shard as usize].shard;
-            shard.overlay.insert((p.layer, p.page), Arc::new(p.image));
+        drop(rec);
+        for (w, imgs) in self.shards.iter_mut().zip(images) {
+            for (addr, image) in imgs {
+                w.shard.overlay.insert(addr, Arc::new(image));
+            }
         }
         for shard in self.shards.iter_mut().map(|w| &mut w.shard) {
             shard.dirty_ram.clear();
@@ -999,10 +1044,15 @@ impl SozuTable {
 
 impl Shard {
     /// Encodes the pages and records changed since the last commit.
-    fn encode_dirty(&self, ps: usize) -> Result<(Vec<PageImage>, Vec<Extent>), SozuError> {
+    /// Journal items are whole images for a page's first write in this
+    /// checkpoint generation, deltas against its overlay image afterwards
+    /// (when smaller); the third list holds every new whole image, for the
+    /// overlay.
+    fn encode_dirty(&self, ps: usize) -> Result<EncodedDirty, SozuError> {
         let shard = self;
         let mut pages = Vec::new();
         let mut extents = Vec::new();
+        let mut images = Vec::new();
         let mut dirty: Vec<(&Addr, &Bucket)> = shard.dirty.iter().collect();
         dirty.sort_by_key(|(a, _)| **a);
         // RAM-layer pages first, then disk pages in address order.
@@ -1019,12 +1069,27 @@ impl Shard {
                 layer: addr.0,
                 page: addr.1,
             })?;
+            let delta = match shard.overlay.get(addr) {
+                Some(old) => {
+                    let d = super::page::page_delta(old, &image).map_err(|e| {
+                        corrupt(
+                            PathBuf::from(JOURNAL_FILE),
+                            0,
+                            format!("overlay image of layer {} page {}: {e}", addr.0, addr.1),
+                        )
+                    })?;
+                    (d.len() < super::header::trimmed_len(&image)).then_some(d)
+                }
+                None => None,
+            };
             pages.push(PageImage {
                 shard: shard.id,
                 layer: addr.0,
                 page: addr.1,
-                image,
+                image: delta.clone().unwrap_or_else(|| image.clone()),
+                delta: delta.is_some(),
             });
+            images.push((*addr, image));
         }
         for (off, data) in &shard.rec_pending {
             extents.push(Extent {
@@ -1033,7 +1098,7 @@ impl Shard {
                 data: data.clone(),
             });
         }
-        Ok((pages, extents))
+        Ok((pages, extents, images))
     }
 }
 
@@ -1084,9 +1149,10 @@ impl Worker {
                             path: std::mem::take(&mut paths[qi]),
                             slot: bucket.slots[pos].clone(),
                         });
-                    } else if bucket.children != 0
+                    } else if layer < geo.max_layer
+                        && bucket.children != 0
+                        && bucket.child_mask & geo.child_bit(h, layer + 1) != 0
                         && bucket.max_child_height >= min_h
-                        && layer < geo.max_layer
                     {
                         paths[qi].push(page);
                         next.push((geo.child_page(bucket.children, h, layer + 1), qi));
@@ -1388,46 +1454,96 @@ impl Worker {
                 }
                 b.max_child_height = b.max_child_height.max(w.raise);
                 // Purge loop (MergeEntries).
-                let mut kept = Vec::with_capacity(b.slots.len());
-                for slot in std::mem::take(&mut b.slots) {
-                    if slot.entry.is_purgeable(oracle) {
-                        self.counters.purges += 1;
-                        purged(self.resolve(slot)?);
-                    } else {
-                        kept.push(slot);
+                // Most buckets purge nothing: test first, move only if needed.
+                if b.slots.iter().any(|s| s.entry.is_purgeable(oracle)) {
+                    let mut kept = Vec::with_capacity(b.slots.len());
+                    for slot in std::mem::take(&mut b.slots) {
+                        if slot.entry.is_purgeable(oracle) {
+                            self.counters.purges += 1;
+                            purged(self.resolve(slot)?);
+                        } else {
+                            kept.push(slot);
+                        }
                     }
+                    b.slots = kept;
                 }
-                b.slots = kept;
-                // Spill (GetSpill) in the seed's order.
+                // Spill (GetSpill): the seed's order picks what should flow
+                // (consumed on the best chain first, then oldest max
+                // production height, then key); the spill then goes to as
+                // few children as possible — the child holding most of that
+                // prefix first — so one spill rewrites two pages, not 2^g + 1
+                // (docs/sozu-format.md, "Spill policy").
                 let cfg = geo.layer_cfg(layer);
                 if b.payload_len() > cfg.capacity && layer < geo.max_layer {
                     let target = (cfg.alpha * cfg.capacity as f64) as usize;
-                    let mut order: Vec<(u8, u32, OutPointKey, Slot)> = std::mem::take(&mut b.slots)
-                        .into_iter()
-                        .map(|s| {
+                    // Sort keys with slot indices; the slots move once.
+                    let mut order: Vec<(u8, u32, OutPointKey, u64, usize, usize)> = b
+                        .slots
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| {
                             let best = if s.entry.is_consumed_on_best(oracle) {
                                 0
                             } else {
                                 1
                             };
+                            let key = outpoint_key(&s.entry.outpoint);
+                            let h = geo.hash(&key);
                             (
                                 best,
                                 s.entry.max_production_height(),
-                                outpoint_key(&s.entry.outpoint),
-                                s,
+                                key,
+                                h,
+                                s.encoded_len(),
+                                i,
                             )
                         })
                         .collect();
-                    order.sort_by_key(|o| (o.0, o.1, o.2));
-                    let mut size: usize = order.iter().map(|o| o.3.encoded_len()).sum();
-                    let mut spilled = Vec::new();
-                    let mut rest = Vec::new();
-                    for o in order {
+                    order.sort_unstable_by_key(|o| (o.0, o.1, o.2));
+                    let total: usize = order.iter().map(|o| o.4).sum();
+                    let fanout = 1usize << geo.g;
+                    let mut prefix = vec![0usize; fanout];
+                    let mut bytes = vec![0usize; fanout];
+                    let mut size = total;
+                    for o in &order {
+                        let c = geo.child_index(o.3, layer + 1) as usize;
+                        bytes[c] += o.4;
                         if size > target {
-                            size -= o.3.encoded_len();
-                            spilled.push(o.3);
-                        } else {
-                            rest.push(o.3);
+                            size -= o.4;
+                            prefix[c] += o.4;
+                        }
+                    }
+                    let mut by_pref: Vec<usize> = (0..fanout).collect();
+                    by_pref.sort_unstable_by_key(|&c| {
+                        (std::cmp::Reverse(prefix[c]), std::cmp::Reverse(bytes[c]), c)
+                    });
+                    let mut chosen = if geo.spill_fewest_children {
+                        0u16
+                    } else {
+                        u16::MAX
+                    };
+                    let mut size = total;
+                    for c in by_pref {
+                        if size <= target {
+                            break;
+                        }
+                        chosen |= 1 << c;
+                        size = size.saturating_sub(bytes[c]);
+                    }
+                    let mut size = total;
+                    let mut spill_h: Vec<Option<u64>> = vec![None; b.slots.len()];
+                    for o in &order {
+                        if size > target && chosen & geo.child_bit(o.3, layer + 1) != 0 {
+                            size -= o.4;
+                            spill_h[o.5] = Some(o.3);
+                        }
+                    }
+                    let mut spilled = Vec::new();
+                    let mut rest = Vec::with_capacity(b.slots.len());
+                    for (slot, sh) in std::mem::take(&mut b.slots).into_iter().zip(spill_h) {
+                        match sh {
+                            Some(h) => spilled.push((h, slot)),
+                            None => rest.push(slot),
                         }
                     }
                     b.slots = rest;
@@ -1437,18 +1553,19 @@ impl Worker {
                         state.groups[layer as usize + 1] += 1;
                         b.children = group + 1;
                         self.counters.children_allocated += 1;
-                        for c in 0..(1u64 << geo.g) {
-                            let addr = (layer + 1, (group << geo.g) + c);
-                            self.put_bucket(geo, addr, Bucket::default());
-                            self.counters.buckets_written -= 1;
-                        }
                     }
-                    for s in spilled {
+                    for (h, s) in spilled {
                         self.counters.spills += 1;
                         b.max_child_height =
                             b.max_child_height.max(s.entry.max_production_height());
-                        let h = geo.hash(&outpoint_key(&s.entry.outpoint));
+                        let bit = geo.child_bit(h, layer + 1);
                         let child = geo.child_page(b.children, h, layer + 1);
+                        if b.child_mask & bit == 0 {
+                            // First write of this child: it has no page yet.
+                            b.child_mask |= bit;
+                            self.put_bucket(geo, (layer + 1, child), Bucket::default());
+                            self.counters.buckets_written -= 1;
+                        }
                         work[layer as usize + 1]
                             .entry(child)
                             .or_default()
@@ -1535,6 +1652,41 @@ fn write_header_file(st: &mut dyn Storage, h: &Header) -> Result<(), SozuError> 
     st.rename(HEADER_TMP, HEADER_FILE)
         .map_err(|e| io_err(st, HEADER_FILE, e))?;
     st.sync_dir().map_err(|e| io_err(st, HEADER_FILE, e))
+}
+
+/// Visits the pages of one shard that exist, layer by layer from layer 0
+/// down to `deepest`, in page order within a layer, following each bucket's
+/// written-children mask (a child never written has no page). `read` loads
+/// a page, `visit` receives it.
+fn walk_shard<S>(
+    geo: &Geo,
+    deepest: u8,
+    s: &mut S,
+    read: impl Fn(&mut S, Addr) -> Result<Bucket, SozuError>,
+    mut visit: impl FnMut(&mut S, Addr, Bucket) -> Result<(), SozuError>,
+) -> Result<(), SozuError> {
+    let mut pages: Vec<u64> = (0..geo.layer0_pages()).collect();
+    for layer in 0..=deepest.min(geo.max_layer) {
+        if pages.is_empty() {
+            break;
+        }
+        pages.sort_unstable();
+        let mut next = Vec::new();
+        for page in pages {
+            let b = read(s, (layer, page))?;
+            if b.children != 0 && layer < geo.max_layer {
+                let base = (b.children - 1).saturating_mul(1 << geo.g);
+                for c in 0..(1u64 << geo.g) {
+                    if b.child_mask & (1 << c) != 0 {
+                        next.push(base.saturating_add(c));
+                    }
+                }
+            }
+            visit(s, (layer, page), b)?;
+        }
+        pages = next;
+    }
+    Ok(())
 }
 
 /// Reads a committed page (journal overlay first, then the page file) and
@@ -1675,20 +1827,20 @@ impl UtxoTable for SozuTable {
     fn for_each(&mut self, f: &mut dyn FnMut(&Entry)) -> Result<(), SozuError> {
         self.check_poison()?;
         let geo = self.geo.clone();
-        for si in 0..self.shards.len() {
-            for layer in 0..=geo.max_layer {
-                let pages = geo.pages_in(&self.shards[si].shard.state, layer);
-                if pages == 0 {
-                    break;
-                }
-                for page in 0..pages {
-                    let b = self.shards[si].get_bucket(&geo, (layer, page), false)?;
+        for w in &mut self.shards {
+            walk_shard(
+                &geo,
+                geo.max_layer,
+                w,
+                |w, addr| w.get_bucket(&geo, addr, false),
+                |w, _, b| {
                     for slot in b.slots {
-                        let e = self.shards[si].resolve(slot)?;
+                        let e = w.resolve(slot)?;
                         f(&e);
                     }
-                }
-            }
+                    Ok(())
+                },
+            )?;
         }
         Ok(())
     }

@@ -272,6 +272,7 @@ pub fn small_config() -> SozuConfig {
         verify_on_open: true,
         shards: 1,
         cache_pages: 16,
+        spill_fewest_children: true,
     }
 }
 
