@@ -49,6 +49,10 @@ const GETHEADERS_ANSWER_WAIT: Duration = Duration::from_secs(60);
 const WRITE_BATCH: usize = 1 << 20;
 /// Blocks listed in answer to `getblocks` (Core: 500).
 pub const MAX_GETBLOCKS: usize = 500;
+/// Longest user agent (`version` subver) accepted, in bytes (Core's
+/// `MAX_SUBVERSION_LENGTH`, read with `LIMITED_STRING` in
+/// net_processing.cpp). A longer one disconnects and discourages the peer.
+pub const MAX_SUBVERSION_LENGTH: usize = 256;
 
 /// Commands from the network to a peer task.
 pub(crate) enum PeerCmd {
@@ -70,6 +74,15 @@ pub enum Misbehaviour {
     BeforeVersion {
         /// The command.
         command: &'static str,
+    },
+    /// A `version` whose user agent is longer than
+    /// [`MAX_SUBVERSION_LENGTH`] bytes.
+    #[error("user agent of {len} bytes, limit {max}")]
+    UserAgentTooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        max: usize,
     },
     /// A second `version`.
     #[error("duplicate version")]
@@ -428,6 +441,12 @@ impl Peer {
                     if self.version.is_some() {
                         return Err(misbehaving(Misbehaviour::DuplicateVersion));
                     }
+                    if v.user_agent.len() > MAX_SUBVERSION_LENGTH {
+                        return Err(misbehaving(Misbehaviour::UserAgentTooLong {
+                            len: v.user_agent.len(),
+                            max: MAX_SUBVERSION_LENGTH,
+                        }));
+                    }
                     if v.version < super::MIN_PEER_PROTOCOL_VERSION {
                         return Err(Disconnect::ObsoleteVersion(v.version));
                     }
@@ -437,7 +456,7 @@ impl Peer {
                     self.best_height = v.start_height.max(0) as u32;
                     if let Some(info) = lock(&self.net.shared.peers).get_mut(&self.id) {
                         info.services = v.services.to_u64();
-                        info.user_agent = v.user_agent.chars().take(256).collect();
+                        info.user_agent.clone_from(&v.user_agent);
                         info.start_height = v.start_height;
                     }
                     let their_version = v.version;
