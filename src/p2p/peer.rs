@@ -38,12 +38,16 @@ pub const MAX_GETCFILTERS: u32 = 1_000;
 /// Maximum filter headers per `getcfheaders` (BIP157 `MAX_GETCFHEADERS_SIZE`).
 pub const MAX_GETCFHEADERS: u32 = 2_000;
 /// Unconnecting `headers` messages tolerated in a row (Core's
-/// `MAX_NUM_UNCONNECTING_HEADERS_MSGS`).
+/// `MAX_NUM_UNCONNECTING_HEADERS_MSGS`); the next one disconnects and
+/// discourages. Counted also while our `getheaders` is unanswered; reset
+/// by any `headers` message that connects.
 pub const MAX_UNCONNECTING_HEADERS: u32 = 10;
 /// Headers sent in a `headers` announcement before falling back to `inv`
 /// (Core's `MAX_BLOCKS_TO_ANNOUNCE`).
 pub const MAX_BLOCKS_TO_ANNOUNCE: usize = 8;
-/// How long an unanswered `getheaders` excuses unconnecting `headers`.
+/// How long an unanswered `getheaders` stops unconnecting `headers` from
+/// triggering another `getheaders` (they are still counted against
+/// [`MAX_UNCONNECTING_HEADERS`]).
 const GETHEADERS_ANSWER_WAIT: Duration = Duration::from_secs(60);
 /// Bytes gathered before a write when sending many messages.
 const WRITE_BATCH: usize = 1 << 20;
@@ -978,19 +982,26 @@ impl Peer {
                 self.request_blocks().await
             }
             Err(HeadersError::Unconnected { .. }) => {
-                // While our `getheaders` is unanswered, announcements racing
-                // it are expected not to connect: wait for the answer.
-                if self
-                    .getheaders_at
-                    .is_some_and(|t| t.elapsed() < GETHEADERS_ANSWER_WAIT)
-                {
-                    return Ok(());
-                }
+                // Every unconnecting message counts, also while our
+                // `getheaders` is unanswered (Core's
+                // `MAX_NUM_UNCONNECTING_HEADERS_MSGS`); any message that
+                // connects, the answer included, resets the count. An
+                // honest peer's announcements racing our request are a few
+                // per round trip, far below the limit.
                 self.unconnecting += 1;
                 if self.unconnecting > MAX_UNCONNECTING_HEADERS {
                     return Err(misbehaving(Misbehaviour::Unconnecting {
                         count: self.unconnecting,
                     }));
+                }
+                // While our `getheaders` is unanswered, announcements racing
+                // it are expected not to connect: wait for the answer rather
+                // than ask again.
+                if self
+                    .getheaders_at
+                    .is_some_and(|t| t.elapsed() < GETHEADERS_ANSWER_WAIT)
+                {
+                    return Ok(());
                 }
                 let loc = self.locator();
                 self.send_getheaders(loc).await
