@@ -91,19 +91,58 @@ async fn serve(node: &Node) -> (P2p, std::net::SocketAddr) {
     (p, addr)
 }
 
+/// Waits until `node`'s tip is `want`. Polls with `try_read` and sleeps
+/// while the node's writer holds the chain state: a blocking read here
+/// would stall a tokio worker (and on a current-thread runtime, everything).
 async fn wait_for_tip(node: &Node, want: (u32, BlockHash)) -> Duration {
     let started = Instant::now();
+    let mut seen = None;
     loop {
-        if node.tip() == want {
+        match node.chain.try_read() {
+            Ok(cs) => {
+                let t = cs.index().tip();
+                seen = Some((t.height, t.hash));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {}
+            Err(std::sync::TryLockError::Poisoned(_)) => panic!("chain state lock poisoned"),
+        }
+        if seen == Some(want) {
             return started.elapsed();
         }
         assert!(
             started.elapsed() < SYNC_TIMEOUT,
-            "no sync to {want:?} within {SYNC_TIMEOUT:?}: at {:?}",
-            node.tip()
+            "no sync to {want:?} within {SYNC_TIMEOUT:?}: at {seen:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// `wait_for_tip` does not block its runtime while the chain state is
+/// write-locked: on a current-thread runtime, a task spawned beside it must
+/// run (and it is what lets the lock holder go) before the wait ends.
+#[tokio::test(flavor = "current_thread")]
+async fn wait_for_tip_does_not_block_the_runtime_while_the_chain_is_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::open(dir.path(), ChainParams::new(Network::Regtest));
+    let genesis = node.tip();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let chain = node.chain.clone();
+    let holder = std::thread::spawn(move || {
+        let guard = chain.write().unwrap();
+        locked_tx.send(()).unwrap();
+        // Released by the task below, or after 10 s if it never runs.
+        let released = release_rx.recv_timeout(Duration::from_secs(10)).is_ok();
+        drop(guard);
+        released
+    });
+    locked_rx.recv().unwrap();
+    tokio::spawn(async move { release_tx.send(()).ok() });
+    wait_for_tip(&node, genesis).await;
+    assert!(
+        holder.join().unwrap(),
+        "the runtime was blocked: the releasing task never ran"
+    );
 }
 
 fn blocks_file() -> PathBuf {
