@@ -673,7 +673,7 @@ impl NodeBackend for NodeP2p {
         let ids = branch(&cs, 0, stop)?;
         let mut out = Vec::new();
         for (height, id) in ids.iter().enumerate() {
-            if height > 0 && height as u32 % super::CFCHECKPT_INTERVAL == 0 {
+            if height > 0 && (height as u32).is_multiple_of(super::CFCHECKPT_INTERVAL) {
                 out.push(filter_of(&cs, *id)?.1);
             }
         }
