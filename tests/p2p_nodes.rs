@@ -91,19 +91,58 @@ async fn serve(node: &Node) -> (P2p, std::net::SocketAddr) {
     (p, addr)
 }
 
+/// Waits until `node`'s tip is `want`. Polls with `try_read` and sleeps
+/// while the node's writer holds the chain state: a blocking read here
+/// would stall a tokio worker (and on a current-thread runtime, everything).
 async fn wait_for_tip(node: &Node, want: (u32, BlockHash)) -> Duration {
     let started = Instant::now();
+    let mut seen = None;
     loop {
-        if node.tip() == want {
+        match node.chain.try_read() {
+            Ok(cs) => {
+                let t = cs.index().tip();
+                seen = Some((t.height, t.hash));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {}
+            Err(std::sync::TryLockError::Poisoned(_)) => panic!("chain state lock poisoned"),
+        }
+        if seen == Some(want) {
             return started.elapsed();
         }
         assert!(
             started.elapsed() < SYNC_TIMEOUT,
-            "no sync to {want:?} within {SYNC_TIMEOUT:?}: at {:?}",
-            node.tip()
+            "no sync to {want:?} within {SYNC_TIMEOUT:?}: at {seen:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// `wait_for_tip` does not block its runtime while the chain state is
+/// write-locked: on a current-thread runtime, a task spawned beside it must
+/// run (and it is what lets the lock holder go) before the wait ends.
+#[tokio::test(flavor = "current_thread")]
+async fn wait_for_tip_does_not_block_the_runtime_while_the_chain_is_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::open(dir.path(), ChainParams::new(Network::Regtest));
+    let genesis = node.tip();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let chain = node.chain.clone();
+    let holder = std::thread::spawn(move || {
+        let guard = chain.write().unwrap();
+        locked_tx.send(()).unwrap();
+        // Released by the task below, or after 10 s if it never runs.
+        let released = release_rx.recv_timeout(Duration::from_secs(10)).is_ok();
+        drop(guard);
+        released
+    });
+    locked_rx.recv().unwrap();
+    tokio::spawn(async move { release_tx.send(()).ok() });
+    wait_for_tip(&node, genesis).await;
+    assert!(
+        holder.join().unwrap(),
+        "the runtime was blocked: the releasing task never ran"
+    );
 }
 
 fn blocks_file() -> PathBuf {
@@ -342,6 +381,91 @@ fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
     assert_eq!(node.tip().0, 0);
     let backend = NodeP2p::new(node.chain.clone());
     assert_eq!(backend.best_header_tip(), (1200, best[1199].block_hash()));
+}
+
+/// A first-seen header whose block arrives mutated stays headers-only (as in
+/// Core), and the download plan then follows an equal-work competitor rather
+/// than keep asking for it: regtest-a's first depth-1 reorg, whose stale
+/// block's header is seen first, then the best chain's (driven directly
+/// through the backend).
+#[test]
+fn plan_follows_the_equal_work_competitor_of_a_mutated_block() {
+    use kakehi::p2p::backend::{SubmitError, SubmitOutcome};
+    use std::collections::HashMap;
+
+    let params = ChainParams::new(Network::Regtest);
+    let records = read_file(&blocks_file(), &params).expect("read blocks.dat");
+    let by_hash: HashMap<BlockHash, &bitcoin::Block> = records
+        .iter()
+        .map(|r| (r.block.block_hash(), &r.block))
+        .collect();
+    let chain = json("regtest-a/chain.json");
+    let entries = chain["blocks"].as_array().unwrap();
+    let hash =
+        |b: &serde_json::Value, k: &str| -> BlockHash { b[k].as_str().unwrap().parse().unwrap() };
+    let best: HashMap<u32, BlockHash> = entries
+        .iter()
+        .filter(|b| b["on_best_chain"].as_bool().unwrap())
+        .map(|b| (b["height"].as_u64().unwrap() as u32, hash(b, "hash")))
+        .collect();
+    // The first stale block whose parent is on the best chain.
+    let stale = entries
+        .iter()
+        .find(|b| {
+            !b["on_best_chain"].as_bool().unwrap()
+                && best.get(&(b["height"].as_u64().unwrap() as u32 - 1))
+                    == Some(&hash(b, "prev_hash"))
+        })
+        .expect("a depth-1 fork in regtest-a");
+    let height = stale["height"].as_u64().unwrap() as u32;
+    let (stale, rival) = (by_hash[&hash(stale, "hash")], by_hash[&best[&height]]);
+    assert_eq!(stale.header.work(), rival.header.work());
+
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::open(dir.path(), params);
+    let backend = NodeP2p::new(node.chain.clone());
+    let below: Vec<&bitcoin::Block> = (1..height).map(|h| by_hash[&best[&h]]).collect();
+    let headers: Vec<_> = below.iter().map(|b| b.header).collect();
+    backend
+        .accept_headers(&headers)
+        .expect("best chain headers");
+    for b in &below {
+        backend
+            .submit_block((*b).clone())
+            .expect("best chain block");
+    }
+    assert_eq!(node.tip(), (height - 1, best[&(height - 1)]));
+    // First seen: the stale header, then its equal-work rival.
+    backend.accept_headers(&[stale.header]).unwrap();
+    backend.accept_headers(&[rival.header]).unwrap();
+    assert_eq!(backend.blocks_to_fetch(10), vec![stale.block_hash()]);
+    // The stale block arrives mutated (its last transaction repeated: a
+    // CVE-2012-2459 duplicate or a merkle root mismatch): refused, and its
+    // header stays headers-only, not invalid.
+    let mut mutated = stale.clone();
+    mutated
+        .txdata
+        .push(mutated.txdata[mutated.txdata.len() - 1].clone());
+    assert!(matches!(
+        backend.submit_block(mutated),
+        Err(SubmitError::Invalid { .. })
+    ));
+    {
+        let cs = node.chain.read().unwrap();
+        let id = cs.index().id_of(&stale.block_hash()).expect("stored");
+        assert_eq!(
+            cs.index().get(id).map(|e| e.status),
+            Some(kakehi::chain::index::BlockStatus::HeadersOnly)
+        );
+    }
+    // The plan now follows the rival, which connects.
+    assert_eq!(backend.blocks_to_fetch(10), vec![rival.block_hash()]);
+    assert!(matches!(
+        backend.submit_block(rival.clone()),
+        Ok(SubmitOutcome::NewTip { .. })
+    ));
+    assert_eq!(node.tip(), (height, rival.block_hash()));
+    assert!(backend.blocks_to_fetch(10).is_empty());
 }
 
 /// The kyoto light client (`bip157` crate) syncs headers, filter headers and

@@ -479,7 +479,7 @@ impl BlockIndex {
         let pow_limit_bits = pow.max_attainable_target.to_compact_lossy();
         let interval = (pow.pow_target_timespan / pow.pow_target_spacing) as u32;
         let height = prev.height + 1;
-        if height % interval != 0 {
+        if !height.is_multiple_of(interval) {
             if pow.allow_min_difficulty_blocks {
                 // Testnet: a block more than 2 * spacing after its parent may
                 // use the minimum difficulty.
@@ -489,7 +489,7 @@ impl BlockIndex {
                 // Otherwise the last non-min-difficulty block's bits.
                 let mut e = prev;
                 while let Some(parent) = e.prev.and_then(|p| self.get(p)) {
-                    if e.height % interval == 0 || e.header.bits != pow_limit_bits {
+                    if e.height.is_multiple_of(interval) || e.header.bits != pow_limit_bits {
                         break;
                     }
                     e = parent;
@@ -569,7 +569,7 @@ impl BlockIndex {
         let interval =
             (self.params.pow.pow_target_timespan / self.params.pow.pow_target_spacing) as u32;
         if self.params.enforce_bip94
-            && height % interval == 0
+            && height.is_multiple_of(interval)
             && header.time < prev.header.time.saturating_sub(MAX_TIMEWARP)
         {
             return Err(HeaderError::TimeWarp { hash });

@@ -52,7 +52,7 @@ pub use net::run;
 pub use node_backend::{start_p2p, NodeP2p};
 pub use peer::{
     Disconnect, Misbehaviour, MAX_BLOCKS_TO_ANNOUNCE, MAX_GETBLOCKS, MAX_GETCFHEADERS,
-    MAX_GETCFILTERS, MAX_UNCONNECTING_HEADERS,
+    MAX_GETCFILTERS, MAX_SUBVERSION_LENGTH, MAX_UNCONNECTING_HEADERS,
 };
 pub use sync::{PeerId, DOWNLOAD_WINDOW, MAX_IN_FLIGHT_PER_PEER};
 
@@ -204,7 +204,8 @@ pub struct PeerInfo {
     pub inbound: bool,
     /// Its `version` (when the handshake got that far): service bits.
     pub services: u64,
-    /// Its user agent (truncated to 256 bytes).
+    /// Its user agent (at most [`MAX_SUBVERSION_LENGTH`] bytes; a longer one
+    /// disconnects, as in Core).
     pub user_agent: String,
     /// The height it announced in `version`.
     pub start_height: i32,

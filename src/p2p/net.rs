@@ -350,7 +350,7 @@ pub async fn run(
                 if net.config.connect.is_empty()
                     && net.config.dns_seeds
                     && !net.backend.params().dns_seeds.is_empty()
-                    && last_seed.map_or(true, |t: Instant| t.elapsed() > SEED_INTERVAL)
+                    && last_seed.is_none_or(|t: Instant| t.elapsed() > SEED_INTERVAL)
                     && lock(&net.addrs).len() < 100
                 {
                     last_seed = Some(Instant::now());

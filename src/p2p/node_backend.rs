@@ -16,7 +16,7 @@
 //! headers presync, simplified: see [`PRESYNC_MAX_HEADERS`]) and stored only
 //! once their chain passes it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ use super::backend::{
     FilterQueryError, HeadersError, HeadersOutcome, NodeBackend, SubmitError, SubmitOutcome,
 };
 use super::{P2pConfig, P2pError, P2pHandle};
-use crate::chain::index::{BlockIndex, BlockStatus};
+use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
 use crate::chain::ChainParams;
 use crate::pipeline::{self, Chainstate};
 use crate::sozu::BlockId;
@@ -49,6 +49,9 @@ pub const PRESYNC_MAX_HEADERS: usize = 500_000;
 /// Most presync chains held at once (one per peer in practice); the oldest
 /// is dropped beyond this.
 pub const PRESYNC_MAX_CHAINS: usize = 8;
+/// Most hashes remembered as "body arrived mutated" (oldest forgotten
+/// first). Each one cost its sender a discouragement.
+pub const MUTATED_MEMORY: usize = 64;
 /// Period of the tip watcher started by [`start_p2p`], milliseconds.
 pub const TIP_WATCH_INTERVAL_MS: u64 = 500;
 
@@ -87,8 +90,15 @@ struct View {
     rejected_seen: u64,
     /// Height of every header of the index.
     heights: HashMap<BlockHash, u32>,
-    /// The most-work non-invalid header.
+    /// The most-work non-invalid header; among equal work the first seen,
+    /// unless its body arrived mutated and another's did not (below).
     best: Option<(BlockId, Work)>,
+    /// Headers whose body arrived mutated (bad merkle root, witness
+    /// commitment, CVE-2012-2459 duplicates) and that stayed headers-only,
+    /// as in Core: at most [`MUTATED_MEMORY`], oldest first. They lose ties
+    /// for `best`, so the download plan follows an equal-work competitor
+    /// instead of a block no honest peer may have.
+    mutated: VecDeque<BlockHash>,
     /// The chain ending at `best`, by height: (id, hash).
     header_chain: Vec<(BlockId, BlockHash)>,
     tip: (u32, BlockHash),
@@ -109,6 +119,7 @@ impl Default for View {
             rejected_seen: 0,
             heights: HashMap::new(),
             best: None,
+            mutated: VecDeque::new(),
             header_chain: Vec::new(),
             tip: (0, BlockHash::all_zeros()),
             locator: Vec::new(),
@@ -138,16 +149,12 @@ impl View {
         if self.best.is_none() || stats.blocks_rejected != self.rejected_seen {
             self.best = None;
             for e in entries {
-                if !e.status.is_invalid() && self.best.map_or(true, |(_, w)| e.chainwork > w) {
-                    self.best = Some((e.id, e.chainwork));
-                }
+                self.consider(index, e);
             }
             self.rejected_seen = stats.blocks_rejected;
         } else {
             for e in &entries[self.scanned.min(entries.len())..] {
-                if !e.status.is_invalid() && self.best.map_or(true, |(_, w)| e.chainwork > w) {
-                    self.best = Some((e.id, e.chainwork));
-                }
+                self.consider(index, e);
             }
         }
         for e in &entries[self.scanned.min(entries.len())..] {
@@ -187,6 +194,42 @@ impl View {
             Some((id, _)) => !index.get(*id).is_some_and(|e| e.status.has_data()),
         };
         self.archive_ready = super::archive::node_ready(cs, best_height);
+    }
+
+    /// Makes `e` the best header if it has more work, or equal work and the
+    /// current best's body arrived mutated while `e`'s did not.
+    fn consider(&mut self, index: &BlockIndex, e: &IndexEntry) {
+        if e.status.is_invalid() {
+            return;
+        }
+        let better = match self.best {
+            None => true,
+            Some((_, w)) if e.chainwork > w => true,
+            Some((id, w)) if e.chainwork == w && !self.mutated.is_empty() => {
+                let best_mutated = index
+                    .get(id)
+                    .is_some_and(|b| self.mutated.contains(&b.hash));
+                best_mutated && !self.mutated.contains(&e.hash)
+            }
+            Some(_) => false,
+        };
+        if better {
+            self.best = Some((e.id, e.chainwork));
+        }
+    }
+
+    /// Remembers that `hash`'s body arrived mutated (or forgets it, when a
+    /// valid body was stored).
+    fn note_mutated(&mut self, hash: BlockHash, mutated: bool) {
+        self.mutated.retain(|h| *h != hash);
+        if mutated {
+            if self.mutated.len() == MUTATED_MEMORY {
+                self.mutated.pop_front();
+            }
+            self.mutated.push_back(hash);
+        }
+        // Re-choose the best header from scratch at the next refresh.
+        self.best = None;
     }
 
     /// Rewrites `header_chain` to end at `best` (O(reorg depth)).
@@ -536,6 +579,27 @@ impl NodeBackend for NodeP2p {
         }
         let before = cs.index().tip().id;
         let result = cs.submit_block(&block);
+        match &result {
+            // Rejected but not invalid: the body was mutated, the header
+            // stays headers-only (see `View::mutated`).
+            Ok(pipeline::SubmitOutcome::Rejected { .. }) => {
+                let headers_only = cs
+                    .index()
+                    .id_of(&hash)
+                    .and_then(|id| cs.index().get(id))
+                    .is_some_and(|e| e.status == BlockStatus::HeadersOnly);
+                if headers_only {
+                    lock(&self.view).note_mutated(hash, true);
+                }
+            }
+            Ok(pipeline::SubmitOutcome::Accepted { .. }) => {
+                let mut v = lock(&self.view);
+                if v.mutated.contains(&hash) {
+                    v.note_mutated(hash, false);
+                }
+            }
+            _ => {}
+        }
         self.refresh_after_write(&cs);
         match result {
             Err(e) => Err(SubmitError::Storage { source: e.into() }),
@@ -609,7 +673,7 @@ impl NodeBackend for NodeP2p {
         let ids = branch(&cs, 0, stop)?;
         let mut out = Vec::new();
         for (height, id) in ids.iter().enumerate() {
-            if height > 0 && height as u32 % super::CFCHECKPT_INTERVAL == 0 {
+            if height > 0 && (height as u32).is_multiple_of(super::CFCHECKPT_INTERVAL) {
                 out.push(filter_of(&cs, *id)?.1);
             }
         }

@@ -38,17 +38,25 @@ pub const MAX_GETCFILTERS: u32 = 1_000;
 /// Maximum filter headers per `getcfheaders` (BIP157 `MAX_GETCFHEADERS_SIZE`).
 pub const MAX_GETCFHEADERS: u32 = 2_000;
 /// Unconnecting `headers` messages tolerated in a row (Core's
-/// `MAX_NUM_UNCONNECTING_HEADERS_MSGS`).
+/// `MAX_NUM_UNCONNECTING_HEADERS_MSGS`); the next one disconnects and
+/// discourages. Counted also while our `getheaders` is unanswered; reset
+/// by any `headers` message that connects.
 pub const MAX_UNCONNECTING_HEADERS: u32 = 10;
 /// Headers sent in a `headers` announcement before falling back to `inv`
 /// (Core's `MAX_BLOCKS_TO_ANNOUNCE`).
 pub const MAX_BLOCKS_TO_ANNOUNCE: usize = 8;
-/// How long an unanswered `getheaders` excuses unconnecting `headers`.
+/// How long an unanswered `getheaders` stops unconnecting `headers` from
+/// triggering another `getheaders` (they are still counted against
+/// [`MAX_UNCONNECTING_HEADERS`]).
 const GETHEADERS_ANSWER_WAIT: Duration = Duration::from_secs(60);
 /// Bytes gathered before a write when sending many messages.
 const WRITE_BATCH: usize = 1 << 20;
 /// Blocks listed in answer to `getblocks` (Core: 500).
 pub const MAX_GETBLOCKS: usize = 500;
+/// Longest user agent (`version` subver) accepted, in bytes (Core's
+/// `MAX_SUBVERSION_LENGTH`, read with `LIMITED_STRING` in
+/// net_processing.cpp). A longer one disconnects and discourages the peer.
+pub const MAX_SUBVERSION_LENGTH: usize = 256;
 
 /// Commands from the network to a peer task.
 pub(crate) enum PeerCmd {
@@ -70,6 +78,15 @@ pub enum Misbehaviour {
     BeforeVersion {
         /// The command.
         command: &'static str,
+    },
+    /// A `version` whose user agent is longer than
+    /// [`MAX_SUBVERSION_LENGTH`] bytes.
+    #[error("user agent of {len} bytes, limit {max}")]
+    UserAgentTooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        max: usize,
     },
     /// A second `version`.
     #[error("duplicate version")]
@@ -428,6 +445,12 @@ impl Peer {
                     if self.version.is_some() {
                         return Err(misbehaving(Misbehaviour::DuplicateVersion));
                     }
+                    if v.user_agent.len() > MAX_SUBVERSION_LENGTH {
+                        return Err(misbehaving(Misbehaviour::UserAgentTooLong {
+                            len: v.user_agent.len(),
+                            max: MAX_SUBVERSION_LENGTH,
+                        }));
+                    }
                     if v.version < super::MIN_PEER_PROTOCOL_VERSION {
                         return Err(Disconnect::ObsoleteVersion(v.version));
                     }
@@ -437,7 +460,7 @@ impl Peer {
                     self.best_height = v.start_height.max(0) as u32;
                     if let Some(info) = lock(&self.net.shared.peers).get_mut(&self.id) {
                         info.services = v.services.to_u64();
-                        info.user_agent = v.user_agent.chars().take(256).collect();
+                        info.user_agent.clone_from(&v.user_agent);
                         info.start_height = v.start_height;
                     }
                     let their_version = v.version;
@@ -959,19 +982,26 @@ impl Peer {
                 self.request_blocks().await
             }
             Err(HeadersError::Unconnected { .. }) => {
-                // While our `getheaders` is unanswered, announcements racing
-                // it are expected not to connect: wait for the answer.
-                if self
-                    .getheaders_at
-                    .is_some_and(|t| t.elapsed() < GETHEADERS_ANSWER_WAIT)
-                {
-                    return Ok(());
-                }
+                // Every unconnecting message counts, also while our
+                // `getheaders` is unanswered (Core's
+                // `MAX_NUM_UNCONNECTING_HEADERS_MSGS`); any message that
+                // connects, the answer included, resets the count. An
+                // honest peer's announcements racing our request are a few
+                // per round trip, far below the limit.
                 self.unconnecting += 1;
                 if self.unconnecting > MAX_UNCONNECTING_HEADERS {
                     return Err(misbehaving(Misbehaviour::Unconnecting {
                         count: self.unconnecting,
                     }));
+                }
+                // While our `getheaders` is unanswered, announcements racing
+                // it are expected not to connect: wait for the answer rather
+                // than ask again.
+                if self
+                    .getheaders_at
+                    .is_some_and(|t| t.elapsed() < GETHEADERS_ANSWER_WAIT)
+                {
+                    return Ok(());
                 }
                 let loc = self.locator();
                 self.send_getheaders(loc).await

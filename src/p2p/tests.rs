@@ -664,6 +664,91 @@ async fn malformed_traffic_disconnects_sender_only() {
     malformed_case("80 junk 4 MB messages", junk, true).await;
 }
 
+fn version_with_agent(addr: SocketAddr, user_agent: String) -> NetworkMessage {
+    let me: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    NetworkMessage::Version(VersionMessage {
+        version: 70016,
+        services: ServiceFlags::NETWORK | ServiceFlags::WITNESS,
+        timestamp: 0,
+        receiver: Address::new(&addr, ServiceFlags::NONE),
+        sender: Address::new(&me, ServiceFlags::NONE),
+        nonce: 43,
+        user_agent,
+        start_height: 0,
+        relay: false,
+    })
+}
+
+/// Core reads the user agent with `LIMITED_STRING(.., MAX_SUBVERSION_LENGTH)`
+/// (256 bytes): longer is refused, not truncated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_long_user_agent_disconnects() {
+    // Exactly 256 bytes (multi-byte characters count in bytes): accepted.
+    let a = Node::start(MockBackend::genesis_only(), test_config()).await;
+    let agent = "é".repeat(MAX_SUBVERSION_LENGTH / 2);
+    assert_eq!(agent.len(), MAX_SUBVERSION_LENGTH);
+    let mut p = TestPeer::connect(a.addr).await;
+    p.send(version_with_agent(a.addr, agent.clone())).await;
+    p.send(NetworkMessage::Verack).await;
+    p.recv_until(|m| matches!(m, NetworkMessage::Verack).then_some(()))
+        .await;
+    assert!(p.ping(5).await < Duration::from_secs(2));
+    assert_eq!(a.handle.peers()[0].user_agent, agent);
+    a.stop().await;
+
+    let addr: SocketAddr = "127.0.0.1:8333".parse().unwrap();
+    // 129 two-byte characters: 258 bytes but 129 chars.
+    let v = version_with_agent(addr, "é".repeat(MAX_SUBVERSION_LENGTH / 2 + 1));
+    malformed_case("258-byte user agent", encode_message(M, v), false).await;
+    // Just under the 4,000,000-byte payload cap.
+    let v = version_with_agent(addr, "x".repeat(3_999_000));
+    malformed_case("3,999,000-byte user agent", encode_message(M, v), false).await;
+}
+
+/// Unconnecting `headers` count also while our `getheaders` to that peer is
+/// unanswered: 11 in a row disconnect (Core's
+/// `MAX_NUM_UNCONNECTING_HEADERS_MSGS` = 10), and a connecting message
+/// resets the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unconnecting_headers_count_while_getheaders_unanswered() {
+    let data = dataset();
+    let by_hash: std::collections::HashMap<_, _> = data.blocks.iter().cloned().collect();
+    let header = |height: usize| -> Header {
+        bitcoin::consensus::deserialize(&by_hash[&data.best_chain[height]][..80]).unwrap()
+    };
+    let a = Node::start(MockBackend::genesis_only(), test_config()).await;
+    let mut p = TestPeer::connect(a.addr).await;
+    // A full node claiming a higher chain: A starts header sync with it.
+    let mut v = version_with_agent(a.addr, "/test/".into());
+    if let NetworkMessage::Version(v) = &mut v {
+        v.start_height = 100;
+    }
+    p.send(v).await;
+    p.send(NetworkMessage::Verack).await;
+    p.recv_until(|m| matches!(m, NetworkMessage::GetHeaders(_)).then_some(()))
+        .await;
+    // Our getheaders is unanswered; 10 unconnecting messages are tolerated.
+    for h in 50..60 {
+        p.send(NetworkMessage::Headers(vec![header(h)])).await;
+    }
+    assert!(p.ping(6).await < Duration::from_secs(2));
+    // A connecting answer resets the count: 10 more are tolerated.
+    p.send(NetworkMessage::Headers((1..=5).map(header).collect()))
+        .await;
+    for h in 60..70 {
+        p.send(NetworkMessage::Headers(vec![header(h)])).await;
+    }
+    assert!(p.ping(7).await < Duration::from_secs(2));
+    assert_eq!(a.handle.peer_count(), 1);
+    // The 11th in a row disconnects.
+    p.send(NetworkMessage::Headers(vec![header(70)])).await;
+    assert!(
+        p.closed_within(Duration::from_secs(2)).await,
+        "11 unconnecting headers messages tolerated"
+    );
+    a.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_peer_hits_handshake_timeout_and_unknown_commands_are_ignored() {
     let a = Node::start(MockBackend::genesis_only(), test_config()).await;
