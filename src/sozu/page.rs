@@ -582,7 +582,7 @@ mod tests {
                     value: 5000,
                     script_pubkey: vec![0x51; script_len],
                     height: 7,
-                    coinbase: i % 2 == 0,
+                    coinbase: i.is_multiple_of(2),
                 },
                 produced: vec![Production {
                     block: BlockId(3),
