@@ -36,8 +36,6 @@ use common::data;
 use kakehi::chain::ChainParams;
 use kakehi::import::import_files;
 use kakehi::node::{open_chainstate, DataDir};
-use kakehi::p2p::{start_p2p, P2pConfig};
-use tokio::sync::watch;
 
 /// Upper bound of one script run (debug build, 2 shared cores).
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
@@ -97,24 +95,8 @@ fn core_test_framework_against_kakehi() {
     .expect("import regtest-a");
     assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let mut config = P2pConfig::default();
-    config.listen = Some("127.0.0.1:0".parse().expect("addr"));
-    config.dns_seeds = false;
-    // Default limits otherwise: every test peer comes from 127.0.0.1 and the
-    // checks stay within the per-IP cap (8).
-    let (stop, stop_rx) = watch::channel(false);
-    let (handle, task) = runtime.block_on(async { start_p2p(chain.clone(), config, stop_rx) });
-    let addr = runtime
-        .block_on(async {
-            tokio::time::timeout(Duration::from_secs(10), handle.local_addr()).await
-        })
-        .expect("listener up within 10 s")
-        .expect("listen address");
+    let p2p = common::ListeningP2p::start(chain.clone());
+    let addr = p2p.addr;
 
     // In this order: `filters` extends the chain, `malformed` gets
     // 127.0.0.1 discouraged.
@@ -126,12 +108,7 @@ fn core_test_framework_against_kakehi() {
         }
     }
     // The node is still healthy and stops cleanly.
-    stop.send(true).ok();
-    let ended =
-        runtime.block_on(async { tokio::time::timeout(Duration::from_secs(20), task).await });
-    assert!(
-        matches!(ended, Ok(Ok(Ok(())))),
-        "p2p task did not stop cleanly: {ended:?}"
-    );
+    let ended = p2p.stop();
+    assert!(ended.is_ok(), "p2p task did not stop cleanly: {ended:?}");
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -31,9 +31,7 @@ use common::{data, json};
 use kakehi::chain::ChainParams;
 use kakehi::import::read_file;
 use kakehi::node::{open_chainstate, DataDir};
-use kakehi::p2p::{start_p2p, P2pConfig};
 use kakehi::pipeline::Chainstate;
-use tokio::sync::watch;
 
 /// Upper bound of the final sync after the last kill.
 const FINAL_SYNC_TIMEOUT: Duration = Duration::from_secs(120);
@@ -268,22 +266,8 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
     };
     assert_eq!(first_tip.1, old_tip.to_string());
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let mut config = P2pConfig::default();
-    config.listen = Some("127.0.0.1:0".parse().expect("addr"));
-    config.dns_seeds = false;
-    let (stop, stop_rx) = watch::channel(false);
-    let (handle, task) = runtime.block_on(async { start_p2p(a.clone(), config, stop_rx) });
-    let addr = runtime
-        .block_on(async {
-            tokio::time::timeout(Duration::from_secs(10), handle.local_addr()).await
-        })
-        .expect("listener up within 10 s")
-        .expect("listen address");
+    let p2p = common::ListeningP2p::start(a.clone());
+    let addr = p2p.addr;
 
     // B: killed at random moments of its sync.
     let home = tempfile::tempdir().expect("tempdir");
@@ -390,8 +374,7 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "B's exit: {status}\n{}", tail(&log));
-    stop.send(true).ok();
-    let _ = runtime.block_on(async { tokio::time::timeout(Duration::from_secs(20), task).await });
+    let _ = p2p.stop();
 
     // B's datadir, through the binary: the UTXO dump, byte for byte.
     let out = kakehi(home.path())

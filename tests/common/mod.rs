@@ -55,3 +55,57 @@ impl TestNode {
         import_files(&self.chain, files, &AtomicBool::new(false), false).expect("import")
     }
 }
+
+/// A node's P2P layer listening on an OS-chosen 127.0.0.1 port, on a
+/// runtime of its own (2 workers): no DNS seeds, default limits otherwise
+/// (every test peer comes from 127.0.0.1, so the per-IP cap of 8 applies).
+pub struct ListeningP2p {
+    /// The runtime the P2P tasks run on.
+    pub runtime: tokio::runtime::Runtime,
+    /// The listening address.
+    pub addr: std::net::SocketAddr,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), kakehi::p2p::P2pError>>,
+}
+
+impl ListeningP2p {
+    /// Starts P2P for `chain` and waits (≤ 10 s) until it listens.
+    pub fn start(chain: std::sync::Arc<RwLock<Chainstate>>) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let mut config = kakehi::p2p::P2pConfig::default();
+        config.listen = Some("127.0.0.1:0".parse().expect("addr"));
+        config.dns_seeds = false;
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let (handle, task) =
+            runtime.block_on(async { kakehi::p2p::start_p2p(chain, config, stop_rx) });
+        let addr = runtime
+            .block_on(async {
+                tokio::time::timeout(std::time::Duration::from_secs(10), handle.local_addr()).await
+            })
+            .expect("listener up within 10 s")
+            .expect("listen address");
+        Self {
+            runtime,
+            addr,
+            stop,
+            task,
+        }
+    }
+
+    /// Stops the P2P layer; `Ok` if its task ended without error within 20 s,
+    /// else what happened.
+    pub fn stop(self) -> Result<(), String> {
+        self.stop.send(true).ok();
+        let ended = self.runtime.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(20), self.task).await
+        });
+        match ended {
+            Ok(Ok(Ok(()))) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    }
+}
