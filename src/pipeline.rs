@@ -1491,4 +1491,14 @@ impl Chainstate {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         Ok(t.sozu_stats()?)
     }
+
+    /// The UTXO table's counters without a scan (spills, purges, commits,
+    /// journal bytes, …; see [`crate::sozu::UtxoTable::sozu_counters`]):
+    /// cheap, but takes the table's lock for that moment.
+    pub fn table_counters(&self) -> Option<crate::sozu::SozuStats> {
+        self.table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .sozu_counters()
+    }
 }

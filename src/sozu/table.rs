@@ -1725,6 +1725,10 @@ impl UtxoTable for SozuTable {
         self.stats().map(Some)
     }
 
+    fn sozu_counters(&self) -> Option<SozuStats> {
+        Some(self.counters())
+    }
+
     fn get_batch(&mut self, keys: &[OutPoint]) -> Result<Vec<Option<Entry>>, SozuError> {
         let q: Vec<(OutPoint, u32)> = keys.iter().map(|k| (*k, 0)).collect();
         self.get_batch_since(&q)
