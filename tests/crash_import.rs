@@ -52,28 +52,22 @@ fn kill_9_during_import_then_resume_reaches_the_reference_state() {
     let dir = tempfile::tempdir().unwrap();
     let blocks = data("regtest-a/blocks.dat");
 
-    // Calibrate: how long does a full import take here?
+    // Calibrate: how long does a full import take here, and how long a run
+    // that finds every block already stored (start-up, the file scan, exit)?
     let calib = tempfile::tempdir().unwrap();
-    let t = Instant::now();
-    let ok = kakehi(calib.path())
-        .arg("import")
-        .arg(&blocks)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    let full = t.elapsed();
-    // ... and how long a run that finds every block already stored (start-up,
-    // the file scan, exit)?
-    let t = Instant::now();
-    let ok = kakehi(calib.path())
-        .arg("import")
-        .arg(&blocks)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    let noop = t.elapsed();
+    let timed_import = || {
+        let t = Instant::now();
+        let ok = kakehi(calib.path())
+            .arg("import")
+            .arg(&blocks)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        t.elapsed()
+    };
+    let full = timed_import();
+    let noop = timed_import();
     drop(calib);
     // Each round is killed after the start-up plus a random share of the
     // work averaging 1/kills of it, so the kills spread over the whole
