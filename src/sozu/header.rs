@@ -5,8 +5,11 @@ use super::types::{BlockId, CommitTag};
 
 /// Magic at byte 4 of the header.
 pub const HEADER_MAGIC: [u8; 8] = *b"SOZUTBL\0";
-/// Major format version: a mismatch refuses to open.
-pub const FORMAT_MAJOR: u16 = 2;
+/// Major format version: a mismatch refuses to open. 3: journal page
+/// deltas may rest on the page files' images, and checkpoints double-write
+/// through `sozu.ckpt` (2: every page's first journal item in a generation
+/// was a whole image; 1: no written-children mask).
+pub const FORMAT_MAJOR: u16 = 3;
 /// Minor format version.
 pub const FORMAT_MINOR: u16 = 0;
 /// Size of the header image in bytes.
@@ -298,6 +301,18 @@ pub enum Parsed {
     Ok(CommitRecord, usize),
     /// Not a valid record here (torn tail, garbage, or end of file).
     Invalid,
+}
+
+/// The generation in the fixed head of a record at the start of `b`, if
+/// that head (48 bytes) is intact, whatever its body.
+pub fn record_generation(b: &[u8]) -> Option<u64> {
+    let head = b.get(..RECORD_HEADER_LEN)?;
+    let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    (head[..4] == RECORD_MAGIC && crc == crc32fast::hash(&head[8..])).then(|| {
+        let mut g = [0u8; 8];
+        g.copy_from_slice(&head[8..16]);
+        u64::from_le_bytes(g)
+    })
 }
 
 /// Parses one record starting at the beginning of `b`.

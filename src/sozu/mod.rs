@@ -47,13 +47,16 @@
 //! - **Scripts** longer than `inline_script_max` bytes live out of line in a
 //!   per-shard records file (seed 004's external records), so a 10,000-byte
 //!   script never breaks a page.
-//! - **Durability** ([`UtxoTable::commit`]): a redo journal of page images.
+//! - **Durability** ([`UtxoTable::commit`]): a redo journal of page deltas.
 //!   A commit appends one record — every page changed since the last commit
-//!   (RAM layers included), the appended scripts, and the new header — with a
-//!   CRC-32, and fsyncs once. Open replays the committed records over the
-//!   page files and ignores a torn tail. The journal is checkpointed lazily
-//!   into the page files (header replaced by an atomic rename). A crash at
-//!   any instant leaves exactly the last committed state; checksums are
+//!   (RAM layers included) as a delta against its committed image, the
+//!   appended scripts, and the new header — with a CRC-32, and fsyncs once.
+//!   Open replays the committed records over the page files and ignores a
+//!   torn tail. The journal is checkpointed lazily into the page files with
+//!   a double write (images to a checkpoint file, synced, then the header
+//!   switch by atomic rename, then the page files), so the page files are a
+//!   consistent base for the next generation's deltas. A crash at any
+//!   instant leaves exactly the last committed state; checksums are
 //!   verified on every page read and, by default, on every page at open.
 //! - **Sharding** by hash prefix (seed 000): each shard is an independent
 //!   tree with its own files and storage handle; `get_batch`, `write_block`

@@ -26,6 +26,20 @@ use super::{SozuError, UtxoReader, UtxoTable};
 const HEADER_FILE: &str = "sozu.header";
 const HEADER_TMP: &str = "sozu.header.tmp";
 const JOURNAL_FILE: &str = "sozu.journal";
+/// The checkpoint (double-write) file of generation `g`: two files used in
+/// turn, so a generation's file is never rewritten before the next
+/// generation's header is durable (a table recovered from a checkpoint
+/// interrupted before its home writes ended still needs it until then).
+fn ckpt_file(generation: u64) -> &'static str {
+    if generation % 2 == 0 {
+        "sozu.ckpt.0"
+    } else {
+        "sozu.ckpt.1"
+    }
+}
+/// Page images per record of the checkpoint file (bounds the memory a
+/// checkpoint's double write needs to ~4 MiB at a time).
+const CKPT_PAGES_PER_RECORD: usize = 1024;
 
 fn layer_file(shard: u8, layer: u8) -> String {
     format!("s{shard}-layer-{layer:02}.pages")
@@ -599,7 +613,11 @@ impl SozuTable {
                 cache: FxHashMap::default(),
             })
             .collect();
-        for rec in records {
+        // A checkpoint interrupted after its header switch: its double
+        // write holds the images the page files may lack; then the
+        // journal's records of this generation on top.
+        let ckpt = read_checkpoint_file(st, &file_header, page_size)?;
+        for rec in ckpt.into_iter().chain(records) {
             for p in rec.pages {
                 let shard = shards.get_mut(p.shard as usize).ok_or_else(|| {
                     corrupt(
@@ -610,16 +628,21 @@ impl SozuTable {
                 })?;
                 let addr = (p.layer, p.page);
                 let image = if p.delta {
-                    let base = shard.overlay.page(&addr).ok_or_else(|| {
-                        corrupt(
-                            st.path_of(JOURNAL_FILE),
-                            0,
-                            format!(
-                                "page delta of layer {} page {} without an earlier image",
-                                p.layer, p.page
-                            ),
-                        )
-                    })?;
+                    let base = match shard.overlay.page(&addr) {
+                        Some(img) => img,
+                        None => Arc::new(home_image(st, p.shard, addr, page_size)?.ok_or_else(
+                            || {
+                                corrupt(
+                                    st.path_of(JOURNAL_FILE),
+                                    0,
+                                    format!(
+                                        "page delta of layer {} page {} without a base page",
+                                        p.layer, p.page
+                                    ),
+                                )
+                            },
+                        )?),
+                    };
                     Arc::new(
                         super::page::apply_page_delta(&base, &p.image, page_size).map_err(|e| {
                             corrupt(
@@ -922,15 +945,92 @@ impl SozuTable {
         }
     }
 
+    /// Moves the overlay into the page files and starts a new generation
+    /// (`docs/sozu-format.md`, "Checkpoint"): a double write, so the page
+    /// files are consistent at every generation start and journal deltas
+    /// can apply to them.
     fn checkpoint(&mut self) -> Result<(), SozuError> {
-        let ps = self.geo.page_size as u64;
+        let ps = self.geo.page_size;
+        let mut h = self.committed.clone();
+        h.generation += 1;
+        let header_image = h.encode();
+        let ckpt = ckpt_file(h.generation);
         let st = self.storage.as_mut();
+        // 1. Every overlay image and extent into the checkpoint file,
+        //    synced: from the header switch on, open applies it.
+        st.set_len(ckpt, 0).map_err(|e| io_err(st, ckpt, e))?;
+        // (file position, records written)
+        let mut at = (0u64, 0u64);
+        let flush = |st: &mut dyn Storage,
+                     at: &mut (u64, u64),
+                     pages: Vec<PageImage>,
+                     extents: Vec<Extent>|
+         -> Result<(), SozuError> {
+            at.1 += 1;
+            let rec = CommitRecord {
+                generation: h.generation,
+                seq: at.1,
+                pages,
+                extents,
+                header: header_image.clone(),
+            };
+            let bytes = encode_record(&rec, ps);
+            st.write_at(ckpt, at.0, &bytes)
+                .map_err(|e| io_err(st, ckpt, e))?;
+            at.0 += bytes.len() as u64;
+            Ok(())
+        };
+        for shard in self.shards.iter().map(|w| &w.shard) {
+            let overlay = shard.overlay.pages();
+            let mut addrs: Vec<&Addr> = overlay.keys().collect();
+            addrs.sort_unstable();
+            for part in addrs.chunks(CKPT_PAGES_PER_RECORD) {
+                let pages = part
+                    .iter()
+                    .map(|a| PageImage {
+                        shard: shard.id,
+                        layer: a.0,
+                        page: a.1,
+                        image: overlay[*a].clone(),
+                        delta: false,
+                    })
+                    .collect();
+                flush(st, &mut at, pages, Vec::new())?;
+            }
+            let extents: Vec<Extent> = shard
+                .overlay
+                .records()
+                .iter()
+                .map(|(off, data)| Extent {
+                    shard: shard.id,
+                    offset: *off,
+                    data: data.clone(),
+                })
+                .collect();
+            if !extents.is_empty() {
+                flush(st, &mut at, Vec::new(), extents)?;
+            }
+        }
+        if at.1 == 0 {
+            flush(st, &mut at, Vec::new(), Vec::new())?;
+        }
+        st.sync(ckpt).map_err(|e| io_err(st, ckpt, e))?;
+        // 2. The new generation's header; the journal's records (of the old
+        //    generation) are skipped from here on, so it can be emptied.
+        write_header_file(st, &h)?;
+        st.set_len(JOURNAL_FILE, 0)
+            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+        self.committed = h;
+        self.journal_pos = 0;
+        self.journal_truncate = false;
+        // 3. The images into their home files (runs of consecutive pages
+        //    in one write of at most 1 MiB), synced.
+        let psz = ps as u64;
         let mut touched: BTreeSet<String> = BTreeSet::new();
         for shard in self.shards.iter().map(|w| &w.shard) {
             let overlay = shard.overlay.pages();
             let mut pages: Vec<(&Addr, &Arc<Vec<u8>>)> = overlay.iter().collect();
             pages.sort_by_key(|(a, _)| **a);
-            // Runs of consecutive pages go out in one write (≤ 1 MiB).
             let mut i = 0;
             while i < pages.len() {
                 let ((layer, first), _) = pages[i];
@@ -938,16 +1038,16 @@ impl SozuTable {
                 while j < pages.len()
                     && pages[j].0 .0 == *layer
                     && pages[j].0 .1 == first + (j - i) as u64
-                    && ((j - i + 1) as u64) * ps <= 1 << 20
+                    && ((j - i + 1) as u64) * psz <= 1 << 20
                 {
                     j += 1;
                 }
-                let mut buf = Vec::with_capacity((j - i) * ps as usize);
+                let mut buf = Vec::with_capacity((j - i) * ps);
                 for (_, img) in &pages[i..j] {
                     buf.extend_from_slice(img);
                 }
                 let name = layer_file(shard.id, *layer);
-                st.write_at(&name, first * ps, &buf)
+                st.write_at(&name, first * psz, &buf)
                     .map_err(|e| io_err(st, &name, e))?;
                 touched.insert(name);
                 i = j;
@@ -962,14 +1062,9 @@ impl SozuTable {
         for name in &touched {
             st.sync(name).map_err(|e| io_err(st, name, e))?;
         }
-        let mut h = self.committed.clone();
-        h.generation += 1;
-        write_header_file(st, &h)?;
-        st.set_len(JOURNAL_FILE, 0)
-            .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
-        self.committed = h;
-        self.journal_pos = 0;
-        self.journal_truncate = false;
+        // 4. The checkpoint file is spent (if this truncation is lost, open
+        //    applies the same images again).
+        st.set_len(ckpt, 0).map_err(|e| io_err(st, ckpt, e))?;
         // The files now hold every overlay image: readers that miss one
         // here read the same bytes from the file.
         for shard in self.shards.iter().map(|w| &w.shard) {
@@ -986,7 +1081,9 @@ impl SozuTable {
         }
         let ps = self.geo.page_size;
         let work: Vec<Vec<()>> = self.shards.iter().map(|_| vec![()]).collect();
-        let encoded = run_per_shard(&mut self.shards, work, |w, _| w.shard.encode_dirty(ps))?;
+        let encoded = run_per_shard(&mut self.shards, work, |w, _| {
+            w.shard.encode_dirty(w.storage.as_mut(), ps)
+        })?;
         let mut pages = Vec::new();
         let mut extents = Vec::new();
         let mut images = Vec::new();
@@ -1044,11 +1141,12 @@ impl SozuTable {
 
 impl Shard {
     /// Encodes the pages and records changed since the last commit.
-    /// Journal items are whole images for a page's first write in this
-    /// checkpoint generation, deltas against its overlay image afterwards
-    /// (when smaller); the third list holds every new whole image, for the
-    /// overlay.
-    fn encode_dirty(&self, ps: usize) -> Result<EncodedDirty, SozuError> {
+    /// Journal items are deltas against the page's committed image (its
+    /// overlay image, else its page file's, which a checkpoint leaves
+    /// consistent) when smaller, whole images otherwise (a page never
+    /// written before); the third list holds every new whole image, for
+    /// the overlay.
+    fn encode_dirty(&self, st: &mut dyn Storage, ps: usize) -> Result<EncodedDirty, SozuError> {
         let shard = self;
         let mut pages = Vec::new();
         let mut extents = Vec::new();
@@ -1069,7 +1167,11 @@ impl Shard {
                 layer: addr.0,
                 page: addr.1,
             })?);
-            let delta = match shard.overlay.page(addr) {
+            let base = match shard.overlay.page(addr) {
+                Some(img) => Some(img),
+                None => home_image(st, shard.id, *addr, ps)?.map(Arc::new),
+            };
+            let delta = match base {
                 Some(old) => {
                     let d = super::page::page_delta(&old, &image).map_err(|e| {
                         corrupt(
@@ -1313,10 +1415,8 @@ impl Worker {
         oracle: &dyn BlockOracle,
         purged: &mut dyn FnMut(Entry),
     ) -> Result<(), SozuError> {
-        let min_h = oracle
-            .tip_height()
-            .min(write.height)
-            .saturating_sub(PURGE_DEPTH);
+        let tip = oracle.tip_height();
+        let min_h = tip.min(write.height).saturating_sub(PURGE_DEPTH);
         // 1. Batched lookups of every key that may be present.
         let lookup_idx: Vec<usize> = ops
             .iter()
@@ -1432,7 +1532,7 @@ impl Worker {
                 // buckets purge nothing).
                 let final_slots: Vec<Slot> = b
                     .slots
-                    .extract_if(.., |s| s.entry.is_purgeable(oracle))
+                    .extract_if(.., |s| s.entry.is_purgeable_at(oracle, tip))
                     .collect();
                 for slot in final_slots {
                     self.counters.purges += 1;
@@ -1759,7 +1859,12 @@ impl LayerScan {
 
 /// (Bytes the table's files occupy on disk, length of the journal file).
 fn file_bytes(st: &mut dyn Storage, geo: &Geo, shards: u8) -> Result<(u64, u64), SozuError> {
-    let mut names = vec![HEADER_FILE.to_string(), JOURNAL_FILE.to_string()];
+    let mut names = vec![
+        HEADER_FILE.to_string(),
+        JOURNAL_FILE.to_string(),
+        ckpt_file(0).to_string(),
+        ckpt_file(1).to_string(),
+    ];
     for s in 0..shards {
         names.push(records_file(s));
         for l in 0..=geo.max_layer {
@@ -1774,6 +1879,98 @@ fn file_bytes(st: &mut dyn Storage, geo: &Geo, shards: u8) -> Result<(u64, u64),
         total += st.allocated(&n).map_err(|e| io_err(st, &n, e))?;
     }
     Ok((total, journal))
+}
+
+/// The records of the checkpoint file if they belong to the header's
+/// generation `h` (a checkpoint whose header switch happened: its images
+/// must be applied), else none (an older, spent one, or one torn before
+/// its header switch: the page files are consistent without it).
+///
+/// # Errors
+/// [`SozuError::Corrupt`] when a record of generation `h` is damaged or
+/// followed by anything but another (it was synced before the switch).
+fn read_checkpoint_file(
+    st: &mut dyn Storage,
+    h: &Header,
+    page_size: usize,
+) -> Result<Vec<CommitRecord>, SozuError> {
+    let file = ckpt_file(h.generation);
+    let len = st.len(file).map_err(|e| io_err(st, file, e))?;
+    let len = usize::try_from(len)
+        .map_err(|_| corrupt(st.path_of(file), 0, "checkpoint file too large"))?;
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let mut buf = vec![0u8; len];
+    st.read_at(file, 0, &mut buf)
+        .map_err(|e| io_err(st, file, e))?;
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    while pos < buf.len() {
+        match parse_record(&buf[pos..], page_size) {
+            Parsed::Ok(rec, n) if rec.generation == h.generation => {
+                if rec.pages.iter().any(|p| p.delta) {
+                    return Err(corrupt(
+                        st.path_of(file),
+                        pos as u64,
+                        "checkpoint record holds a page delta",
+                    ));
+                }
+                out.push(rec);
+                pos += n;
+            }
+            // Not this generation's checkpoint at all (older and spent, or
+            // torn before its header switch): ignore the file; unless its
+            // first record's checksummed head says it is this generation's.
+            _ if pos == 0 && super::header::record_generation(&buf) != Some(h.generation) => {
+                return Ok(Vec::new())
+            }
+            _ => {
+                return Err(corrupt(
+                    st.path_of(file),
+                    pos as u64,
+                    "damaged checkpoint record",
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The committed image of a page in its home file, checksum verified;
+/// `None` if the page was never written there (past the end, or a hole).
+///
+/// # Errors
+/// [`SozuError::Corrupt`] for a written page whose checksum fails, I/O.
+fn home_image(
+    st: &mut dyn Storage,
+    shard: u8,
+    addr: Addr,
+    page_size: usize,
+) -> Result<Option<Vec<u8>>, SozuError> {
+    let name = layer_file(shard, addr.0);
+    let offset = addr.1.saturating_mul(page_size as u64);
+    let mut buf = vec![0u8; page_size];
+    match st.read_at(&name, offset, &mut buf) {
+        Ok(()) => {}
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::NotFound
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(io_err(st, &name, e)),
+    }
+    if buf.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    let stored = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    if stored != crc32fast::hash(&buf[4..]) {
+        return Err(corrupt(st.path_of(&name), offset, "page checksum mismatch"));
+    }
+    Ok(Some(buf))
 }
 
 /// Reads a committed page (journal overlay first, then the page file) and

@@ -163,7 +163,13 @@ impl Entry {
     /// chain at least [`PURGE_DEPTH`] below the tip, so no allowed reorg can
     /// bring them back).
     pub fn is_purgeable(&self, oracle: &dyn BlockOracle) -> bool {
-        let tip = oracle.tip_height();
+        self.is_purgeable_at(oracle, oracle.tip_height())
+    }
+
+    /// [`Entry::is_purgeable`] with the best tip's height `tip` already
+    /// asked of `oracle` (the table tests every entry of a bucket it
+    /// rewrites, and asks once).
+    pub fn is_purgeable_at(&self, oracle: &dyn BlockOracle, tip: u32) -> bool {
         let deep = |h: u32| h.saturating_add(PURGE_DEPTH) <= tip;
         let permanently_consumed = || {
             self.consumed
