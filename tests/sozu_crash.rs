@@ -322,6 +322,81 @@ fn kill_minus_9() {
     assert!(model_h > 0, "the child never committed");
 }
 
+// ------------------------------------------------- concurrent readers
+
+/// A reader thread looks up outputs that no block ever spends, over and
+/// over, while the writer commits 160 more blocks on real files: entries
+/// spill to deeper layers and the journal is checkpointed several times
+/// meanwhile. Every read must find every output with its coin (a reader
+/// that saw a half-moved entry, a page torn by a checkpoint, or the
+/// writer's uncommitted state would miss some).
+#[test]
+fn reader_during_writes_and_checkpoints() {
+    let seed = 7u64;
+    let last = 180u32;
+    let blocks: Vec<BlockWrite> = (1..=last).map(|h| kill_block(seed, h)).collect();
+    let spent: std::collections::HashSet<OutPoint> = blocks
+        .iter()
+        .flat_map(|w| w.spent.iter().map(|(o, _)| *o))
+        .collect();
+    let watched: Vec<(OutPoint, u64)> = blocks[..20]
+        .iter()
+        .flat_map(|w| w.created.iter())
+        .filter(|n| !spent.contains(&n.outpoint))
+        .map(|n| (n.outpoint, n.coin.value))
+        .collect();
+    assert!(watched.len() > 10, "{}", watched.len());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = SozuConfig {
+        shards: 2,
+        ..kill_config()
+    };
+    let mut t = SozuTable::open(dir.path(), cfg).expect("open");
+    let write = |t: &mut SozuTable, w: &BlockWrite| {
+        t.write_block(w, &Linear(w.height), &mut |_| {})
+            .expect("write");
+        t.commit(tag(w.height, w.height)).expect("commit");
+    };
+    for w in &blocks[..20] {
+        write(&mut t, w);
+    }
+    let reader = t.reader();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let keys: Vec<OutPoint> = watched.iter().map(|(o, _)| *o).collect();
+    let n_keys = keys.len();
+    let handle = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut rounds = 0u32;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) || rounds == 0 {
+                let got = reader.get_batch(&keys).expect("reader get_batch");
+                for ((op, value), e) in watched.iter().zip(got) {
+                    let e = e.unwrap_or_else(|| panic!("round {rounds}: {op} not found"));
+                    assert_eq!(e.coin.value, *value, "{op}");
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let checkpoints_before = t.counters().checkpoints;
+    for w in &blocks[20..] {
+        write(&mut t, w);
+    }
+    let stats = t.counters();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let rounds = handle.join().expect("reader thread");
+    assert!(
+        stats.checkpoints > checkpoints_before + 1 && stats.spills > 0,
+        "the workload must checkpoint and spill: {stats:?}"
+    );
+    eprintln!(
+        "{rounds} reader rounds of {n_keys} keys during {} blocks, {} checkpoints",
+        last - 20,
+        stats.checkpoints - checkpoints_before
+    );
+}
+
 // ------------------------------------------------------------ corruption
 
 /// A table with checkpointed pages in several layers and an empty journal

@@ -143,6 +143,14 @@ impl Harness {
             .table()
             .get_batch(&keys)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        // The concurrent reader (committed state: everything is committed
+        // here) returns exactly what the writer's own reads return.
+        let via_reader = self
+            .table()
+            .reader()
+            .get_batch(&keys)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(&via_reader, &got, "reader and writer disagree");
         let want = self.model.get_batch(&keys).expect("model");
         let view = self.chain.view(self.chain.best);
         for ((k, g), w) in keys.iter().zip(got).zip(want) {

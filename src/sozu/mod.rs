@@ -60,6 +60,10 @@
 //!   and the page encoding of `commit` run one scoped worker thread per
 //!   shard; one journal record and one fsync cover all shards, so a commit
 //!   stays atomic across them.
+//! - **Concurrent readers** ([`UtxoTable::reader`], [`SozuReader`]): the
+//!   committed state, read from the journal's in-memory overlay or the
+//!   page files, never from the writer's buckets; no lock is held during a
+//!   file read (`docs/sozu-format.md`, "Concurrent readers").
 //!
 //! Size arithmetic (bytes per entry, layers for 10M and 180M live entries)
 //! and the byte layout are in `docs/sozu-format.md`; measurements in
@@ -73,8 +77,10 @@ pub mod table;
 pub mod types;
 
 pub use storage::{FsStorage, MemStorage, Storage};
-pub use table::{LayerConfig, LayerStats, SozuConfig, SozuStats, SozuTable};
+pub use table::{LayerConfig, LayerStats, SozuConfig, SozuReader, SozuStats, SozuTable};
 pub use types::*;
+
+use std::sync::Arc;
 
 use bitcoin::OutPoint;
 
@@ -164,9 +170,39 @@ pub enum SozuError {
     },
 }
 
+/// Concurrent reads of a UTXO table's committed state, for readers that
+/// must never hold up the one writer (HTTP, P2P serving): any number of
+/// threads, at any time, including while a block is being written. A read
+/// sees the state as of a recent commit — never a block written and not yet
+/// committed — and may see commits made after the caller's chain snapshot:
+/// interpret entries under the caller's view ([`Entry::status_in`]), which
+/// ignores blocks it does not contain.
+pub trait UtxoReader: Send + Sync {
+    /// The committed entries of `keys` (any order, duplicates allowed);
+    /// `None` where the table holds none.
+    ///
+    /// # Errors
+    /// Storage failure or corruption.
+    fn get_batch(&self, keys: &[OutPoint]) -> Result<Vec<Option<Entry>>, SozuError>;
+
+    /// Layer statistics ([`SozuStats::layers`], payload and bytes on disk)
+    /// from a scan of the committed state, without the writer's counters;
+    /// `None` for a table that keeps none. O(table size): callers cache it.
+    ///
+    /// # Errors
+    /// Storage failure or corruption during the scan.
+    fn scan_stats(&self) -> Result<Option<SozuStats>, SozuError> {
+        Ok(None)
+    }
+}
+
 /// The operations the block pipeline needs from a UTXO table. Implemented by
 /// the Sozu table and by [`model::ModelTable`].
 pub trait UtxoTable {
+    /// A handle for concurrent readers of the committed state (cheap: an
+    /// `Arc` shared by every caller).
+    fn reader(&self) -> Arc<dyn UtxoReader>;
+
     /// Reads the entries of `keys` (any order, duplicates allowed); `None`
     /// where the table holds no entry. Entries are returned whole: interpret
     /// them under a view with [`Entry::status_in`].

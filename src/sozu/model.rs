@@ -7,18 +7,54 @@
 //! agree on every unspent read under every allowed view.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use bitcoin::OutPoint;
 
 use super::types::{BlockOracle, BlockWrite, CommitTag, Entry, Production, ViewStatus};
-use super::{SozuError, UtxoTable};
+use super::{SozuError, UtxoReader, UtxoTable};
+
+type Map = BTreeMap<OutPoint, Entry>;
 
 /// The in-memory model: a sorted map and a committed snapshot.
-#[derive(Default, Debug, Clone)]
+#[derive(Default, Debug)]
 pub struct ModelTable {
-    live: BTreeMap<OutPoint, Entry>,
-    committed: BTreeMap<OutPoint, Entry>,
+    live: Map,
+    /// The state of the last commit, shared with [`ModelTable::reader`]s
+    /// (replaced whole at each commit).
+    committed: Arc<RwLock<Arc<Map>>>,
     tag: Option<CommitTag>,
+}
+
+/// A clone is independent: its commits are not the original's.
+impl Clone for ModelTable {
+    fn clone(&self) -> Self {
+        let committed = self
+            .committed
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Self {
+            live: self.live.clone(),
+            committed: Arc::new(RwLock::new(committed)),
+            tag: self.tag,
+        }
+    }
+}
+
+/// [`UtxoReader`] of a [`ModelTable`]: its last committed map.
+#[derive(Debug)]
+struct ModelReader(Arc<RwLock<Arc<Map>>>);
+
+impl UtxoReader for ModelReader {
+    fn get_batch(&self, keys: &[OutPoint]) -> Result<Vec<Option<Entry>>, SozuError> {
+        let map = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Ok(keys.iter().map(|k| map.get(k).cloned()).collect())
+    }
 }
 
 impl ModelTable {
@@ -29,7 +65,12 @@ impl ModelTable {
 
     /// Drops everything written since the last commit (what a crash does).
     pub fn crash(&mut self) {
-        self.live = self.committed.clone();
+        let committed = self
+            .committed
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        self.live = Map::clone(&committed);
     }
 
     /// Number of entries (spent ones not yet purged included).
@@ -44,6 +85,10 @@ impl ModelTable {
 }
 
 impl UtxoTable for ModelTable {
+    fn reader(&self) -> Arc<dyn UtxoReader> {
+        Arc::new(ModelReader(self.committed.clone()))
+    }
+
     fn get_batch(&mut self, keys: &[OutPoint]) -> Result<Vec<Option<Entry>>, SozuError> {
         Ok(keys.iter().map(|k| self.live.get(k).cloned()).collect())
     }
@@ -104,7 +149,10 @@ impl UtxoTable for ModelTable {
     }
 
     fn commit(&mut self, tag: CommitTag) -> Result<(), SozuError> {
-        self.committed = self.live.clone();
+        *self
+            .committed
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(self.live.clone());
         self.tag = Some(tag);
         Ok(())
     }

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bitcoin::OutPoint;
 use siphasher::sip::SipHasher24;
@@ -20,7 +20,7 @@ use super::types::{
     outpoint_key, BlockOracle, BlockWrite, Coin, CommitTag, Consumption, Entry, OutPointKey,
     Production, PURGE_DEPTH,
 };
-use super::{SozuError, UtxoTable};
+use super::{SozuError, UtxoReader, UtxoTable};
 
 const HEADER_FILE: &str = "sozu.header";
 const HEADER_TMP: &str = "sozu.header.tmp";
@@ -176,6 +176,39 @@ type Addr = (u8, u64);
 /// the new whole image of every dirty page (for the overlay).
 type EncodedDirty = (Vec<PageImage>, Vec<Extent>, Vec<(Addr, Vec<u8>)>);
 
+/// A shard's committed state that its files do not hold yet: the page
+/// images and out-of-line script extents of the commits since the last
+/// checkpoint (the journal's overlay). Shared with every [`SozuReader`]:
+/// the writer adds to it only after a commit's fsync and clears it only
+/// after a checkpoint has written and synced it into the files, so a reader
+/// that misses a page here finds the same committed image in its file.
+#[derive(Debug, Default)]
+struct Overlay {
+    pages: RwLock<HashMap<Addr, Arc<Vec<u8>>>>,
+    records: RwLock<BTreeMap<u64, Vec<u8>>>,
+}
+
+impl Overlay {
+    // A poisoned lock only means a panic elsewhere while it was held; the
+    // maps are updated one insert at a time and stay consistent.
+    fn pages(&self) -> RwLockReadGuard<'_, HashMap<Addr, Arc<Vec<u8>>>> {
+        self.pages.read().unwrap_or_else(PoisonError::into_inner)
+    }
+    fn pages_mut(&self) -> RwLockWriteGuard<'_, HashMap<Addr, Arc<Vec<u8>>>> {
+        self.pages.write().unwrap_or_else(PoisonError::into_inner)
+    }
+    fn records(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Vec<u8>>> {
+        self.records.read().unwrap_or_else(PoisonError::into_inner)
+    }
+    fn records_mut(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, Vec<u8>>> {
+        self.records.write().unwrap_or_else(PoisonError::into_inner)
+    }
+    /// The committed image of `addr`, if the overlay holds one.
+    fn page(&self, addr: &Addr) -> Option<Arc<Vec<u8>>> {
+        self.pages().get(addr).cloned()
+    }
+}
+
 /// One shard: an independent layered table over a hash-prefix range.
 struct Shard {
     id: u8,
@@ -186,10 +219,9 @@ struct Shard {
     dirty_ram: BTreeSet<Addr>,
     /// Disk-layer pages changed since the last commit.
     dirty: HashMap<Addr, Bucket>,
-    /// Committed page images not yet checkpointed into the page files.
-    overlay: HashMap<Addr, Arc<Vec<u8>>>,
-    /// Committed records-file extents not yet checkpointed.
-    rec_overlay: BTreeMap<u64, Vec<u8>>,
+    /// Committed page images and records-file extents not yet
+    /// checkpointed into the files, shared with [`SozuReader`]s.
+    overlay: Arc<Overlay>,
     /// Records-file extents written since the last commit.
     rec_pending: BTreeMap<u64, Vec<u8>>,
     /// Read cache of decoded disk pages (committed content only).
@@ -332,6 +364,8 @@ pub struct SozuTable {
     commits: u64,
     checkpoints: u64,
     journal_bytes: u64,
+    /// The handle [`UtxoTable::reader`] hands out.
+    reader: Arc<SozuReader>,
 }
 
 impl std::fmt::Debug for SozuTable {
@@ -558,8 +592,7 @@ impl SozuTable {
                 ram: HashMap::new(),
                 dirty_ram: BTreeSet::new(),
                 dirty: HashMap::new(),
-                overlay: HashMap::new(),
-                rec_overlay: BTreeMap::new(),
+                overlay: Arc::default(),
                 rec_pending: BTreeMap::new(),
                 cache: HashMap::new(),
             })
@@ -575,7 +608,7 @@ impl SozuTable {
                 })?;
                 let addr = (p.layer, p.page);
                 let image = if p.delta {
-                    let base = shard.overlay.get(&addr).ok_or_else(|| {
+                    let base = shard.overlay.page(&addr).ok_or_else(|| {
                         corrupt(
                             st.path_of(JOURNAL_FILE),
                             0,
@@ -585,7 +618,7 @@ impl SozuTable {
                             ),
                         )
                     })?;
-                    super::page::apply_page_delta(base, &p.image, page_size).map_err(|e| {
+                    super::page::apply_page_delta(&base, &p.image, page_size).map_err(|e| {
                         corrupt(
                             st.path_of(JOURNAL_FILE),
                             0,
@@ -595,7 +628,7 @@ impl SozuTable {
                 } else {
                     p.image
                 };
-                shard.overlay.insert(addr, Arc::new(image));
+                shard.overlay.pages_mut().insert(addr, Arc::new(image));
             }
             for e in rec.extents {
                 let shard = shards.get_mut(e.shard as usize).ok_or_else(|| {
@@ -605,7 +638,7 @@ impl SozuTable {
                         "extent names a shard that does not exist",
                     )
                 })?;
-                shard.rec_overlay.insert(e.offset, e.data);
+                shard.overlay.records_mut().insert(e.offset, e.data);
             }
         }
         // Load the RAM layers, verify the rest if asked (a page that is
@@ -622,7 +655,7 @@ impl SozuTable {
                 &geo,
                 deepest,
                 &mut (&mut *st, &mut ram),
-                |(st, _), addr| read_committed(&mut **st, &geo, sh, addr),
+                |(st, _), addr| read_committed(&mut **st, &geo, (sh.id, &sh.overlay), addr),
                 |(_, ram), addr, b| {
                     if addr.0 < geo.ram_layers {
                         ram.insert(addr, b);
@@ -631,7 +664,8 @@ impl SozuTable {
                 },
             )?;
             shard.ram = ram;
-            for (off, data) in &shard.rec_overlay {
+            let records = shard.overlay.records();
+            for (off, data) in records.iter() {
                 if off + data.len() as u64 > shard.state.records_len {
                     return Err(corrupt(
                         st.path_of(JOURNAL_FILE),
@@ -642,12 +676,12 @@ impl SozuTable {
             }
             let name = records_file(shard.id);
             let rlen = st.len(&name).map_err(|e| io_err(st, &name, e))?;
-            let covered = shard
-                .rec_overlay
+            let covered = records
                 .iter()
                 .map(|(o, d)| o + d.len() as u64)
                 .max()
                 .unwrap_or(0);
+            drop(records);
             if rlen < shard.state.records_len && covered < shard.state.records_len {
                 return Err(corrupt(
                     st.path_of(&name),
@@ -659,6 +693,12 @@ impl SozuTable {
                 ));
             }
         }
+        let reader = Arc::new(SozuReader {
+            geo: geo.clone(),
+            overlays: shards.iter().map(|s| s.overlay.clone()).collect(),
+            handles: Mutex::new(Vec::new()),
+            template: Mutex::new(st.try_clone().map_err(|e| io_err(st, HEADER_FILE, e))?),
+        });
         let mut workers = Vec::with_capacity(shards.len());
         for shard in shards {
             let handle = st.try_clone().map_err(|e| io_err(st, HEADER_FILE, e))?;
@@ -681,6 +721,7 @@ impl SozuTable {
             commits: 0,
             checkpoints: 0,
             journal_bytes: 0,
+            reader,
         })
     }
 
@@ -755,72 +796,22 @@ impl SozuTable {
     /// # Errors
     /// Storage failure or corruption during the scan.
     pub fn stats(&mut self) -> Result<SozuStats, SozuError> {
-        let mut layers: Vec<LayerStats> = Vec::new();
-        let mut payload = 0u64;
         let geo = self.geo.clone();
-        let mut bytes_by_layer: Vec<u64> = Vec::new();
+        let mut scan = LayerScan::default();
         for w in &mut self.shards {
             walk_shard(
                 &geo,
                 geo.max_layer,
                 w,
                 |w, addr| w.get_bucket(&geo, addr, false),
-                |_, (layer, _), b| {
-                    while layers.len() <= layer as usize {
-                        layers.push(LayerStats::default());
-                        bytes_by_layer.push(0);
-                    }
-                    let ls = &mut layers[layer as usize];
-                    ls.buckets += 1;
-                    ls.entries += b.slots.len() as u64;
-                    bytes_by_layer[layer as usize] += b.payload_len() as u64;
-                    for s in &b.slots {
-                        let script = s
-                            .external
-                            .map_or(s.entry.coin.script_pubkey.len(), |(_, l)| l as usize);
-                        payload +=
-                            (36 + 8
-                                + 4
-                                + 1
-                                + script
-                                + 8 * s.entry.produced.len()
-                                + 40 * s.entry.consumed.len()) as u64;
-                    }
+                |_, addr, b| {
+                    scan.add(addr, &b);
                     Ok(())
                 },
             )?;
         }
-        let cap = (geo.page_size - PAGE_HEADER_LEN) as f64;
-        for (l, ls) in layers.iter_mut().enumerate() {
-            if ls.buckets > 0 {
-                ls.fill = bytes_by_layer[l] as f64 / (ls.buckets as f64 * cap);
-            }
-        }
-        let mut bytes_on_disk = 0u64;
-        let mut names = vec![HEADER_FILE.to_string(), JOURNAL_FILE.to_string()];
-        for s in 0..self.shards.len() as u8 {
-            names.push(records_file(s));
-            for l in 0..=geo.max_layer {
-                names.push(layer_file(s, l));
-            }
-        }
-        let journal_file_bytes = self
-            .storage
-            .len(JOURNAL_FILE)
-            .map_err(|e| io_err(self.storage.as_ref(), JOURNAL_FILE, e))?;
-        for n in names {
-            bytes_on_disk += self
-                .storage
-                .allocated(&n)
-                .map_err(|e| io_err(self.storage.as_ref(), &n, e))?;
-        }
-        Ok(SozuStats {
-            layers,
-            bytes_on_disk,
-            journal_file_bytes,
-            payload_bytes: payload,
-            ..self.counters()
-        })
+        let files = file_bytes(self.storage.as_mut(), &geo, self.shards.len() as u8)?;
+        Ok(scan.finish(&geo, files, self.counters()))
     }
 
     /// The counters of [`SozuTable::stats`] without the scan: `layers` is
@@ -930,7 +921,8 @@ impl SozuTable {
         let st = self.storage.as_mut();
         let mut touched: BTreeSet<String> = BTreeSet::new();
         for shard in self.shards.iter().map(|w| &w.shard) {
-            let mut pages: Vec<(&Addr, &Arc<Vec<u8>>)> = shard.overlay.iter().collect();
+            let overlay = shard.overlay.pages();
+            let mut pages: Vec<(&Addr, &Arc<Vec<u8>>)> = overlay.iter().collect();
             pages.sort_by_key(|(a, _)| **a);
             // Runs of consecutive pages go out in one write (≤ 1 MiB).
             let mut i = 0;
@@ -955,7 +947,7 @@ impl SozuTable {
                 i = j;
             }
             let name = records_file(shard.id);
-            for (off, data) in &shard.rec_overlay {
+            for (off, data) in shard.overlay.records().iter() {
                 st.write_at(&name, *off, data)
                     .map_err(|e| io_err(st, &name, e))?;
                 touched.insert(name.clone());
@@ -972,9 +964,11 @@ impl SozuTable {
         self.committed = h;
         self.journal_pos = 0;
         self.journal_truncate = false;
-        for shard in self.shards.iter_mut().map(|w| &mut w.shard) {
-            shard.overlay.clear();
-            shard.rec_overlay.clear();
+        // The files now hold every overlay image: readers that miss one
+        // here read the same bytes from the file.
+        for shard in self.shards.iter().map(|w| &w.shard) {
+            shard.overlay.pages_mut().clear();
+            shard.overlay.records_mut().clear();
         }
         self.checkpoints += 1;
         Ok(())
@@ -1025,7 +1019,7 @@ impl SozuTable {
         drop(rec);
         for (w, imgs) in self.shards.iter_mut().zip(images) {
             for (addr, image) in imgs {
-                w.shard.overlay.insert(addr, Arc::new(image));
+                w.shard.overlay.pages_mut().insert(addr, Arc::new(image));
             }
         }
         for shard in self.shards.iter_mut().map(|w| &mut w.shard) {
@@ -1036,7 +1030,7 @@ impl SozuTable {
                 }
             }
             let pending = std::mem::take(&mut shard.rec_pending);
-            shard.rec_overlay.extend(pending);
+            shard.overlay.records_mut().extend(pending);
         }
         Ok(())
     }
@@ -1069,9 +1063,9 @@ impl Shard {
                 layer: addr.0,
                 page: addr.1,
             })?;
-            let delta = match shard.overlay.get(addr) {
+            let delta = match shard.overlay.page(addr) {
                 Some(old) => {
-                    let d = super::page::page_delta(old, &image).map_err(|e| {
+                    let d = super::page::page_delta(&old, &image).map_err(|e| {
                         corrupt(
                             PathBuf::from(JOURNAL_FILE),
                             0,
@@ -1194,10 +1188,10 @@ impl Worker {
             return shard.dirty.get(&addr).ok_or(SozuError::Poisoned);
         }
         if !shard.cache.contains_key(&addr) {
-            if !shard.overlay.contains_key(&addr) {
+            if !shard.overlay.pages().contains_key(&addr) {
                 self.counters.disk_page_reads += 1;
             }
-            let b = read_committed(self.storage.as_mut(), geo, shard, addr)?;
+            let b = read_committed(self.storage.as_mut(), geo, (shard.id, &shard.overlay), addr)?;
             if shard.cache.len() >= geo.cache_pages.max(1) {
                 // Evict an arbitrary eighth (hash order), keeping the rest warm.
                 let n = (shard.cache.len() / 8).max(1);
@@ -1250,38 +1244,13 @@ impl Worker {
 
     fn read_record(&mut self, ext: ExternalScript, len: u16) -> Result<Vec<u8>, SozuError> {
         let shard = &self.shard;
-        let name = records_file(shard.id);
-        let len = len as usize;
-        let from_map = |m: &BTreeMap<u64, Vec<u8>>| -> Option<Vec<u8>> {
-            let (off, d) = m.range(..=ext.offset).next_back()?;
-            let start = (ext.offset - off) as usize;
-            d.get(start..start + len).map(<[u8]>::to_vec)
-        };
-        let data = match from_map(&shard.rec_pending).or_else(|| from_map(&shard.rec_overlay)) {
-            Some(d) => d,
-            None => {
-                let mut buf = vec![0u8; len];
-                self.storage
-                    .read_at(&name, ext.offset, &mut buf)
-                    .map_err(|e| match e.kind() {
-                        std::io::ErrorKind::UnexpectedEof => corrupt(
-                            self.storage.path_of(&name),
-                            ext.offset,
-                            "records file truncated",
-                        ),
-                        _ => io_err(self.storage.as_ref(), &name, e),
-                    })?;
-                buf
-            }
-        };
-        if crc32fast::hash(&data) != ext.crc {
-            return Err(corrupt(
-                self.storage.path_of(&name),
-                ext.offset,
-                "out-of-line script checksum mismatch",
-            ));
-        }
-        Ok(data)
+        read_script(
+            self.storage.as_mut(),
+            (shard.id, &shard.overlay),
+            Some(&shard.rec_pending),
+            ext,
+            len,
+        )
     }
 
     fn append_record(&mut self, script: &[u8]) -> ExternalScript {
@@ -1689,18 +1658,133 @@ fn walk_shard<S>(
     Ok(())
 }
 
+/// Reads and checks an out-of-line script: from `pending` (extents written
+/// since the last commit, the writer's own), the shard's committed overlay,
+/// or its records file.
+fn read_script(
+    st: &mut dyn Storage,
+    (shard, overlay): (u8, &Overlay),
+    pending: Option<&BTreeMap<u64, Vec<u8>>>,
+    ext: ExternalScript,
+    len: u16,
+) -> Result<Vec<u8>, SozuError> {
+    let name = records_file(shard);
+    let len = len as usize;
+    let from_map = |m: &BTreeMap<u64, Vec<u8>>| -> Option<Vec<u8>> {
+        let (off, d) = m.range(..=ext.offset).next_back()?;
+        let start = (ext.offset - off) as usize;
+        d.get(start..start + len).map(<[u8]>::to_vec)
+    };
+    let data = match pending
+        .and_then(from_map)
+        .or_else(|| from_map(&overlay.records()))
+    {
+        Some(d) => d,
+        None => {
+            let mut buf = vec![0u8; len];
+            st.read_at(&name, ext.offset, &mut buf)
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => {
+                        corrupt(st.path_of(&name), ext.offset, "records file truncated")
+                    }
+                    _ => io_err(st, &name, e),
+                })?;
+            buf
+        }
+    };
+    if crc32fast::hash(&data) != ext.crc {
+        return Err(corrupt(
+            st.path_of(&name),
+            ext.offset,
+            "out-of-line script checksum mismatch",
+        ));
+    }
+    Ok(data)
+}
+
+/// Per-layer counts of a walk over the pages ([`SozuStats::layers`],
+/// [`SozuStats::payload_bytes`]).
+#[derive(Default)]
+struct LayerScan {
+    layers: Vec<LayerStats>,
+    bytes_by_layer: Vec<u64>,
+    payload: u64,
+}
+
+impl LayerScan {
+    fn add(&mut self, (layer, _): Addr, b: &Bucket) {
+        while self.layers.len() <= layer as usize {
+            self.layers.push(LayerStats::default());
+            self.bytes_by_layer.push(0);
+        }
+        let ls = &mut self.layers[layer as usize];
+        ls.buckets += 1;
+        ls.entries += b.slots.len() as u64;
+        self.bytes_by_layer[layer as usize] += b.payload_len() as u64;
+        for s in &b.slots {
+            let script = s
+                .external
+                .map_or(s.entry.coin.script_pubkey.len(), |(_, l)| l as usize);
+            self.payload += (36
+                + 8
+                + 4
+                + 1
+                + script
+                + 8 * s.entry.produced.len()
+                + 40 * s.entry.consumed.len()) as u64;
+        }
+    }
+
+    /// The statistics: these layer counts, `files` = (bytes on disk,
+    /// journal file bytes), and the counters of `counters`.
+    fn finish(mut self, geo: &Geo, files: (u64, u64), counters: SozuStats) -> SozuStats {
+        let cap = (geo.page_size - PAGE_HEADER_LEN) as f64;
+        for (ls, bytes) in self.layers.iter_mut().zip(&self.bytes_by_layer) {
+            if ls.buckets > 0 {
+                ls.fill = *bytes as f64 / (ls.buckets as f64 * cap);
+            }
+        }
+        SozuStats {
+            layers: self.layers,
+            bytes_on_disk: files.0,
+            journal_file_bytes: files.1,
+            payload_bytes: self.payload,
+            ..counters
+        }
+    }
+}
+
+/// (Bytes the table's files occupy on disk, length of the journal file).
+fn file_bytes(st: &mut dyn Storage, geo: &Geo, shards: u8) -> Result<(u64, u64), SozuError> {
+    let mut names = vec![HEADER_FILE.to_string(), JOURNAL_FILE.to_string()];
+    for s in 0..shards {
+        names.push(records_file(s));
+        for l in 0..=geo.max_layer {
+            names.push(layer_file(s, l));
+        }
+    }
+    let journal = st
+        .len(JOURNAL_FILE)
+        .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
+    let mut total = 0u64;
+    for n in names {
+        total += st.allocated(&n).map_err(|e| io_err(st, &n, e))?;
+    }
+    Ok((total, journal))
+}
+
 /// Reads a committed page (journal overlay first, then the page file) and
 /// verifies it.
 fn read_committed(
     st: &mut dyn Storage,
     geo: &Geo,
-    shard: &Shard,
+    (shard, overlay): (u8, &Overlay),
     addr: Addr,
 ) -> Result<Bucket, SozuError> {
-    let name = layer_file(shard.id, addr.0);
+    let name = layer_file(shard, addr.0);
     let offset = addr.1.saturating_mul(geo.page_size as u64);
-    if let Some(img) = shard.overlay.get(&addr) {
-        return decode_bucket(img, geo.page_size).map_err(|e| {
+    if let Some(img) = overlay.page(&addr) {
+        return decode_bucket(&img, geo.page_size).map_err(|e| {
             corrupt(
                 st.path_of(JOURNAL_FILE),
                 0,
@@ -1720,7 +1804,165 @@ fn read_committed(
         .map_err(|e| corrupt(st.path_of(&name), offset, e.to_string()))
 }
 
+/// Concurrent reads of a [`SozuTable`]'s committed state, from any thread
+/// while the writer works ([`UtxoTable::reader`]). Every page comes from
+/// its shard's committed overlay (the commits since the last checkpoint)
+/// or from its file — never from the writer's uncommitted buckets — and no
+/// lock is held while a file is read: the writer never waits for a reader
+/// longer than the copy of one pointer. A lookup descends top-down, so an
+/// entry that a commit moves to a deeper layer meanwhile is still found
+/// (the page above is read first; if it no longer holds the entry, the
+/// child read after it already does). Cost: each page visited is read
+/// (one `pread` unless in the overlay) and decoded once per batch.
+pub struct SozuReader {
+    geo: Geo,
+    overlays: Vec<Arc<Overlay>>,
+    /// Idle storage handles, reused across calls (a call takes one).
+    handles: Mutex<Vec<Box<dyn Storage>>>,
+    /// Cloned for a call when no idle handle is left.
+    template: Mutex<Box<dyn Storage>>,
+}
+
+impl std::fmt::Debug for SozuReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SozuReader")
+            .field("shards", &self.overlays.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Idle handles a [`SozuReader`] keeps for reuse.
+const READER_IDLE_HANDLES: usize = 16;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl SozuReader {
+    fn with_handle<R>(
+        &self,
+        f: impl FnOnce(&mut dyn Storage) -> Result<R, SozuError>,
+    ) -> Result<R, SozuError> {
+        let popped = lock(&self.handles).pop();
+        let mut st = match popped {
+            Some(h) => h,
+            None => {
+                let t = lock(&self.template);
+                t.try_clone()
+                    .map_err(|e| io_err(t.as_ref(), HEADER_FILE, e))?
+            }
+        };
+        let r = f(st.as_mut());
+        let mut idle = lock(&self.handles);
+        if idle.len() < READER_IDLE_HANDLES {
+            idle.push(st);
+        }
+        r
+    }
+
+    /// A committed page. A file read can race a checkpoint rewriting that
+    /// very page (a torn read fails its checksum); it is retried, and by
+    /// then the overlay or the file holds the whole image.
+    fn page(&self, st: &mut dyn Storage, shard: u8, addr: Addr) -> Result<Bucket, SozuError> {
+        let overlay = self
+            .overlays
+            .get(shard as usize)
+            .ok_or(SozuError::Poisoned)?;
+        let mut tries = 0;
+        loop {
+            match read_committed(st, &self.geo, (shard, overlay), addr) {
+                Err(SozuError::Corrupt { .. }) if tries < 2 => tries += 1,
+                r => return r,
+            }
+        }
+    }
+
+    fn lookup(
+        &self,
+        st: &mut dyn Storage,
+        keys: &[OutPoint],
+    ) -> Result<Vec<Option<Entry>>, SozuError> {
+        let geo = &self.geo;
+        let mut out: Vec<Option<Entry>> = vec![None; keys.len()];
+        let hashes: Vec<u64> = keys.iter().map(|k| geo.hash(&outpoint_key(k))).collect();
+        // (shard, page, key index), one layer at a time: each page once.
+        let mut pending: Vec<(u8, u64, usize)> = hashes
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (geo.shard_of(*h), geo.layer0_page(*h), i))
+            .collect();
+        for layer in 0..=geo.max_layer {
+            if pending.is_empty() {
+                break;
+            }
+            pending.sort_unstable();
+            let mut next = Vec::new();
+            let mut i = 0;
+            while i < pending.len() {
+                let (shard, page, _) = pending[i];
+                let b = self.page(st, shard, (layer, page))?;
+                while i < pending.len() && pending[i].0 == shard && pending[i].1 == page {
+                    let qi = pending[i].2;
+                    let h = hashes[qi];
+                    if let Some(pos) = b.find(&keys[qi]) {
+                        let slot = b.slots[pos].clone();
+                        let mut entry = slot.entry;
+                        if let Some((ext, len)) = slot.external {
+                            let overlay = &self.overlays[shard as usize];
+                            entry.coin.script_pubkey =
+                                read_script(st, (shard, overlay), None, ext, len)?;
+                        }
+                        out[qi] = Some(entry);
+                    } else if layer < geo.max_layer
+                        && b.children != 0
+                        && b.child_mask & geo.child_bit(h, layer + 1) != 0
+                    {
+                        next.push((shard, geo.child_page(b.children, h, layer + 1), qi));
+                    }
+                    i += 1;
+                }
+            }
+            pending = next;
+        }
+        Ok(out)
+    }
+}
+
+impl UtxoReader for SozuReader {
+    fn get_batch(&self, keys: &[OutPoint]) -> Result<Vec<Option<Entry>>, SozuError> {
+        self.with_handle(|st| self.lookup(st, keys))
+    }
+
+    /// Layers, payload and bytes on disk from a walk over the committed
+    /// pages (commits landing during the walk may be half counted); the
+    /// counters are the writer's ([`UtxoTable::sozu_counters`]) and are 0 here.
+    fn scan_stats(&self) -> Result<Option<SozuStats>, SozuError> {
+        self.with_handle(|mut st| {
+            let geo = &self.geo;
+            let mut scan = LayerScan::default();
+            for shard in 0..self.overlays.len() as u8 {
+                walk_shard(
+                    geo,
+                    geo.max_layer,
+                    &mut st,
+                    |st, addr| self.page(&mut **st, shard, addr),
+                    |_, addr, b| {
+                        scan.add(addr, &b);
+                        Ok(())
+                    },
+                )?;
+            }
+            let files = file_bytes(st, geo, self.overlays.len() as u8)?;
+            Ok(Some(scan.finish(geo, files, SozuStats::default())))
+        })
+    }
+}
+
 impl UtxoTable for SozuTable {
+    fn reader(&self) -> Arc<dyn UtxoReader> {
+        self.reader.clone()
+    }
+
     fn sozu_stats(&mut self) -> Result<Option<SozuStats>, SozuError> {
         self.stats().map(Some)
     }
