@@ -32,7 +32,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bitcoin::bip158::{BlockFilter, FilterHeader};
@@ -47,8 +47,8 @@ use crate::chain::index::{BlockIndex, BlockStatus, ChainIndex, IndexEntry};
 use crate::chain::ChainParams;
 use crate::filters;
 use crate::sozu::{
-    BlockId, BlockWrite, ChainView, Coin, CommitTag, Consumption, NewOutput, SozuError, UtxoTable,
-    ViewStatus, PURGE_DEPTH,
+    BlockId, BlockWrite, ChainView, Coin, CommitTag, Consumption, NewOutput, SozuError, UtxoReader,
+    UtxoTable, ViewStatus, PURGE_DEPTH,
 };
 use crate::store::{
     sync_concurrently, BlockRecord, FileLoc, FlatFiles, FlatPos, FlatReader, Store, StoreError,
@@ -184,36 +184,6 @@ pub struct UtxoStats {
     pub height: u32,
 }
 
-/// The UTXO table, shared by the writer and (until the table offers
-/// concurrent reads of its committed state) the snapshots' reads, which
-/// lock it for one batch read at a time.
-type SharedTable = Arc<Mutex<Box<dyn UtxoTable + Send>>>;
-
-/// The table behind its mutex (a poisoned lock only means a panic
-/// elsewhere; the table's own state is guarded by its commits).
-fn lock_table(m: &Mutex<Box<dyn UtxoTable + Send>>) -> MutexGuard<'_, Box<dyn UtxoTable + Send>> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Reads of the UTXO table for snapshots: entries as of the table's last
-/// commit, interpreted by the snapshot under its own active view.
-#[derive(Clone)]
-struct UtxoReads {
-    table: SharedTable,
-}
-
-impl UtxoReads {
-    /// The entries of `keys` (`None` where absent).
-    fn get_batch(&self, keys: &[OutPoint]) -> Result<Vec<Option<crate::sozu::Entry>>, SozuError> {
-        lock_table(&self.table).get_batch(keys)
-    }
-
-    /// Layer statistics from a scan of the table's pages.
-    fn scan_stats(&self) -> Result<Option<crate::sozu::SozuStats>, SozuError> {
-        lock_table(&self.table).sozu_stats()
-    }
-}
-
 /// An immutable state of the chain as of one committed block boundary:
 /// the block index's read core, the per-block metadata, read handles on
 /// the stores and the sealed archive epochs. The writer publishes one at
@@ -237,7 +207,9 @@ pub struct ChainSnapshot {
     filters: Arc<FlatReader>,
     spent: Arc<FlatReader>,
     archive: crate::archive::Archive,
-    utxo: UtxoReads,
+    /// Concurrent reads of the UTXO table's committed state (which may be
+    /// ahead of this snapshot: entries are read under its view).
+    utxo: Arc<dyn UtxoReader>,
     stats: PipelineStats,
     table_counters: Option<crate::sozu::SozuStats>,
     datadir: Arc<Path>,
@@ -275,7 +247,11 @@ pub struct Chainstate {
     blocks: FlatFiles,
     filters: FlatFiles,
     spent: FlatFiles,
-    table: SharedTable,
+    /// The UTXO table: only this writer reaches it; readers go through its
+    /// [`UtxoReader`] (in every snapshot).
+    table: Box<dyn UtxoTable + Send>,
+    /// The table's reader, taken once at open.
+    utxo: Arc<dyn UtxoReader>,
     refused_tips: HashSet<BlockId>,
     stats: PipelineStats,
     datadir: Arc<Path>,
@@ -457,7 +433,7 @@ impl Chainstate {
         };
         let archive =
             crate::archive::Archive::open(&datadir.join("archive"), params.archive_epoch_length)?;
-        let table: SharedTable = Arc::new(Mutex::new(table));
+        let utxo = table.reader();
         let datadir: Arc<Path> = Arc::from(datadir);
         let first = ChainSnapshot {
             index: index.core().clone(),
@@ -467,9 +443,7 @@ impl Chainstate {
             filters: filters.reader(),
             spent: spent.reader(),
             archive: archive.clone(),
-            utxo: UtxoReads {
-                table: table.clone(),
-            },
+            utxo: utxo.clone(),
             stats: PipelineStats::default(),
             table_counters: None,
             datadir: datadir.clone(),
@@ -483,6 +457,7 @@ impl Chainstate {
             filters,
             spent,
             table,
+            utxo,
             refused_tips: HashSet::new(),
             stats: PipelineStats::default(),
             datadir,
@@ -515,7 +490,7 @@ impl Chainstate {
             return Ok(());
         };
         let last = BlockId(last);
-        let committed = lock_table(&self.table).committed().map(|t| t.block);
+        let committed = self.table.committed().map(|t| t.block);
         if committed == Some(last) {
             return Ok(());
         }
@@ -547,9 +522,10 @@ impl Chainstate {
             height: entry.height,
             block_hash: entry.hash.to_byte_array(),
         };
-        lock_table(&self.table).write_block(&write, self.index.core(), &mut |_| {})?;
-        lock_table(&self.table).commit(tag)?;
-        if lock_table(&self.table).committed().map(|t| t.block) != Some(last) {
+        self.table
+            .write_block(&write, self.index.core(), &mut |_| {})?;
+        self.table.commit(tag)?;
+        if self.table.committed().map(|t| t.block) != Some(last) {
             return Err(PipelineError::Inconsistent {
                 reason: "UTXO table commit did not take".into(),
             });
@@ -591,11 +567,9 @@ impl Chainstate {
             filters: self.filters.reader(),
             spent: self.spent.reader(),
             archive: self.archive.clone(),
-            utxo: UtxoReads {
-                table: self.table.clone(),
-            },
+            utxo: self.utxo.clone(),
             stats: self.stats.clone(),
-            table_counters: lock_table(&self.table).sozu_counters(),
+            table_counters: self.table.sozu_counters(),
             datadir: self.datadir.clone(),
         }
     }
@@ -659,7 +633,7 @@ impl Chainstate {
         f: &mut dyn FnMut(&OutPoint, &Coin, u32),
     ) -> Result<(), PipelineError> {
         let view = self.index.view(self.index.tip().id);
-        lock_table(&self.table).for_each(&mut |e| {
+        self.table.for_each(&mut |e| {
             if let ViewStatus::Unspent = e.status_in(&view) {
                 let h = e.creation_height_in(&view).unwrap_or(e.coin.height);
                 f(&e.outpoint, &e.coin, h);
@@ -941,7 +915,7 @@ impl Chainstate {
                 }
             }
         }
-        let entries = lock_table(&self.table).get_batch(&keys)?;
+        let entries = self.table.get_batch(&keys)?;
         let view = self.index.view(parent);
         let mut coins = HashMap::with_capacity(keys.len());
         for e in entries.into_iter().flatten() {
@@ -1125,7 +1099,7 @@ impl Chainstate {
                 &mut self.spent,
                 &self.store,
             );
-            let mut table = lock_table(&self.table);
+            let table = &mut self.table;
             let index = self.index.core();
             let span = tracing::Span::current();
             std::thread::scope(|s| {
@@ -1159,8 +1133,7 @@ impl Chainstate {
             height: entry.height,
             block_hash: entry.hash.to_byte_array(),
         };
-        let committed = lock_table(&self.table).commit(tag);
-        if let Err(e) = committed {
+        if let Err(e) = self.table.commit(tag) {
             self.failed = Some(e.to_string());
             return Err(e.into());
         }
