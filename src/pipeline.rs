@@ -28,6 +28,16 @@
 //! each block a boundary; a block that fails marks its branch invalid and
 //! the node returns to the best valid tip. Reorgs deeper than
 //! [`PURGE_DEPTH`] blocks are refused.
+//!
+//! Readers never touch the writer: at the end of every committed boundary
+//! (and of `open`, of every submission and header batch) the writer
+//! publishes a [`ChainSnapshot`] through [`Snapshots`] (`arc_swap`), an
+//! immutable state that readers load without a lock and keep as long as
+//! they like. It shares the writer's persistent index and metadata (O(1) to
+//! publish) and reads the stores through shared handles, filtered through
+//! its own index so that data committed after it stays invisible. Every
+//! read method is defined once, on the snapshot; the writer uses the same
+//! ones on a snapshot of its own current state.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
@@ -1158,7 +1168,7 @@ impl Chainstate {
     /// Seals every complete epoch of final blocks not sealed yet: final
     /// height = tip height − [`PURGE_DEPTH`] (100 blocks); epoch n is sealed
     /// once its last height `(n+1)·L − 1` is final, with the leaves of the
-    /// active chain's blocks in its range ([`Chainstate::archive_leaves`]).
+    /// active chain's blocks in its range ([`ChainSnapshot::archive_leaves`]).
     /// Called at the end of every block boundary (`connect`, `switch_tip`)
     /// and by [`Chainstate::open`], which re-drives a seal a crash
     /// interrupted: [`crate::archive::Archive::seal`] is idempotent and the
