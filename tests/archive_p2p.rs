@@ -610,10 +610,12 @@ async fn two_nodes_synced_over_p2p_report_the_same_commitment() {
         let t = cs.index().tip();
         (t.height, t.hash)
     };
+    // B's published snapshots: polling them never waits for B's writer.
+    let b_snapshots = b.chain.lock().unwrap().snapshots();
     let started = Instant::now();
     loop {
         let tip = {
-            let cs = b.chain.lock().unwrap();
+            let cs = b_snapshots.load();
             let t = cs.index().tip();
             (t.height, t.hash)
         };
