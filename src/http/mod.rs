@@ -223,7 +223,7 @@ pub const FILTER_CACHE_BYTES: usize = 32 << 20;
 /// at most [`FILTER_CACHE_BYTES`] (oldest inserted evicted first). A
 /// block's BIP-158 filter is fixed by the block and the outputs it spends,
 /// so an entry never goes stale (reorgs included); a hit is answered without
-/// the chain state's lock or a blocking thread.
+/// a snapshot read or a blocking thread.
 #[derive(Default)]
 pub(crate) struct FilterCache {
     inner: std::sync::Mutex<FilterCacheInner>,
