@@ -369,7 +369,7 @@ struct SozuBackend {
     best: Vec<u32>,
     lookup_absent: bool,
     connect_times: Vec<Duration>,
-    /// Time in get_batch, write_block, commit.
+    /// Time in get_batch, write_block, commit during the measured blocks.
     phase: [Duration; 3],
     /// Counters when the measured blocks started.
     at_measure: Option<SozuStats>,
@@ -460,6 +460,7 @@ impl Backend for SozuBackend {
     }
     fn measure_start(&mut self) {
         self.at_measure = Some(self.table.counters());
+        self.phase = [Duration::ZERO; 3];
     }
 }
 
@@ -595,7 +596,8 @@ fn run_sozu(
     let stats = sozu.table.stats().expect("stats");
     let rss_sozu = peak_rss_mib();
     let per_block = t_sozu / n as u32;
-    println!("{label}: fill {fill:.2?}, {n} blocks in {t_sozu:.2?} ({per_block:.2?}/block, CPU {:.1} ms/block); time in get_batch {:.2?}, write_block {:.2?}, commit {:.2?} (fill included)", 1000.0 * cpu / n as f64, sozu.phase[0], sozu.phase[1], sozu.phase[2]);
+    let [read, write, commit] = sozu.phase.map(|d| d / n as u32);
+    println!("{label}: fill {fill:.2?}, {n} blocks in {t_sozu:.2?} ({per_block:.2?}/block, CPU {:.1} ms/block); per measured block: get_batch {read:.2?}, write_block {write:.2?}, commit {commit:.2?}", 1000.0 * cpu / n as f64);
     if let Some(m) = &sozu.at_measure {
         let nb = n as f64;
         println!(

@@ -201,7 +201,7 @@ pub struct PageImage {
     pub page: u64,
     /// The encoded page (padded to the page size), or with `delta` the
     /// page delta ([`super::page::page_delta`]).
-    pub image: Vec<u8>,
+    pub image: std::sync::Arc<Vec<u8>>,
     /// `image` is a delta against the page's previous image in this
     /// checkpoint generation, not a whole page.
     pub delta: bool,
@@ -346,7 +346,7 @@ pub fn parse_record(b: &[u8], page_size: usize) -> Parsed {
             shard: b[at],
             layer: b[at + 1],
             page: u64_at(at + 8),
-            image,
+            image: std::sync::Arc::new(image),
             delta: kind == 1,
         });
         at += 16 + used;

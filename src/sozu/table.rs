@@ -3,11 +3,12 @@
 //! See the module docs of [`crate::sozu`] for the design and
 //! `docs/sozu-format.md` for the bytes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bitcoin::OutPoint;
+use rustc_hash::FxHashMap;
 use siphasher::sip::SipHasher24;
 
 use super::header::{
@@ -174,7 +175,7 @@ type Addr = (u8, u64);
 
 /// What a shard's commit encodes: journal page items, record extents, and
 /// the new whole image of every dirty page (for the overlay).
-type EncodedDirty = (Vec<PageImage>, Vec<Extent>, Vec<(Addr, Vec<u8>)>);
+type EncodedDirty = (Vec<PageImage>, Vec<Extent>, Vec<(Addr, Arc<Vec<u8>>)>);
 
 /// A shard's committed state that its files do not hold yet: the page
 /// images and out-of-line script extents of the commits since the last
@@ -184,17 +185,17 @@ type EncodedDirty = (Vec<PageImage>, Vec<Extent>, Vec<(Addr, Vec<u8>)>);
 /// that misses a page here finds the same committed image in its file.
 #[derive(Debug, Default)]
 struct Overlay {
-    pages: RwLock<HashMap<Addr, Arc<Vec<u8>>>>,
+    pages: RwLock<FxHashMap<Addr, Arc<Vec<u8>>>>,
     records: RwLock<BTreeMap<u64, Vec<u8>>>,
 }
 
 impl Overlay {
     // A poisoned lock only means a panic elsewhere while it was held; the
     // maps are updated one insert at a time and stay consistent.
-    fn pages(&self) -> RwLockReadGuard<'_, HashMap<Addr, Arc<Vec<u8>>>> {
+    fn pages(&self) -> RwLockReadGuard<'_, FxHashMap<Addr, Arc<Vec<u8>>>> {
         self.pages.read().unwrap_or_else(PoisonError::into_inner)
     }
-    fn pages_mut(&self) -> RwLockWriteGuard<'_, HashMap<Addr, Arc<Vec<u8>>>> {
+    fn pages_mut(&self) -> RwLockWriteGuard<'_, FxHashMap<Addr, Arc<Vec<u8>>>> {
         self.pages.write().unwrap_or_else(PoisonError::into_inner)
     }
     fn records(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Vec<u8>>> {
@@ -214,18 +215,18 @@ struct Shard {
     id: u8,
     state: ShardState,
     /// Every page of the RAM layers, decoded.
-    ram: HashMap<Addr, Bucket>,
+    ram: FxHashMap<Addr, Bucket>,
     /// RAM pages changed since the last commit.
     dirty_ram: BTreeSet<Addr>,
     /// Disk-layer pages changed since the last commit.
-    dirty: HashMap<Addr, Bucket>,
+    dirty: FxHashMap<Addr, Bucket>,
     /// Committed page images and records-file extents not yet
     /// checkpointed into the files, shared with [`SozuReader`]s.
     overlay: Arc<Overlay>,
     /// Records-file extents written since the last commit.
     rec_pending: BTreeMap<u64, Vec<u8>>,
     /// Read cache of decoded disk pages (committed content only).
-    cache: HashMap<Addr, Bucket>,
+    cache: FxHashMap<Addr, Bucket>,
 }
 
 /// A shard with its own storage handle and counters, so shards can work
@@ -322,7 +323,8 @@ struct Found {
     page: u64,
     /// Pages visited above `layer` (index = layer).
     path: Vec<u64>,
-    slot: Slot,
+    /// The entry's slot, for callers that asked for it.
+    slot: Option<Slot>,
 }
 
 /// Operation on one key in a block.
@@ -589,12 +591,12 @@ impl SozuTable {
             .map(|id| Shard {
                 id,
                 state: header.shard_state[id as usize],
-                ram: HashMap::new(),
+                ram: FxHashMap::default(),
                 dirty_ram: BTreeSet::new(),
-                dirty: HashMap::new(),
+                dirty: FxHashMap::default(),
                 overlay: Arc::default(),
                 rec_pending: BTreeMap::new(),
-                cache: HashMap::new(),
+                cache: FxHashMap::default(),
             })
             .collect();
         for rec in records {
@@ -618,17 +620,19 @@ impl SozuTable {
                             ),
                         )
                     })?;
-                    super::page::apply_page_delta(&base, &p.image, page_size).map_err(|e| {
-                        corrupt(
-                            st.path_of(JOURNAL_FILE),
-                            0,
-                            format!("page delta of layer {} page {}: {e}", p.layer, p.page),
-                        )
-                    })?
+                    Arc::new(
+                        super::page::apply_page_delta(&base, &p.image, page_size).map_err(|e| {
+                            corrupt(
+                                st.path_of(JOURNAL_FILE),
+                                0,
+                                format!("page delta of layer {} page {}: {e}", p.layer, p.page),
+                            )
+                        })?,
+                    )
                 } else {
                     p.image
                 };
-                shard.overlay.pages_mut().insert(addr, Arc::new(image));
+                shard.overlay.pages_mut().insert(addr, image);
             }
             for e in rec.extents {
                 let shard = shards.get_mut(e.shard as usize).ok_or_else(|| {
@@ -649,7 +653,7 @@ impl SozuTable {
             geo.ram_layers.saturating_sub(1)
         };
         for shard in &mut shards {
-            let mut ram = HashMap::new();
+            let mut ram = FxHashMap::default();
             let sh: &Shard = shard;
             walk_shard(
                 &geo,
@@ -884,11 +888,13 @@ impl SozuTable {
         let results = run_per_shard(&mut self.shards, by_shard, |w, qs| {
             let q: Vec<(OutPointKey, u64, u32)> =
                 qs.iter().map(|(_, k, h, m)| (*k, *h, *m)).collect();
-            let found = w.locate(geo, &q)?;
+            let found = w.locate(geo, &q, true)?;
             let mut got = Vec::new();
             for ((i, _, _, _), f) in qs.into_iter().zip(found) {
                 if let Some(f) = f {
-                    got.push((i, w.resolve(f.slot)?));
+                    if let Some(slot) = f.slot {
+                        got.push((i, w.resolve(slot)?));
+                    }
                 }
             }
             Ok(got)
@@ -1019,7 +1025,7 @@ impl SozuTable {
         drop(rec);
         for (w, imgs) in self.shards.iter_mut().zip(images) {
             for (addr, image) in imgs {
-                w.shard.overlay.pages_mut().insert(addr, Arc::new(image));
+                w.shard.overlay.pages_mut().insert(addr, image);
             }
         }
         for shard in self.shards.iter_mut().map(|w| &mut w.shard) {
@@ -1059,10 +1065,10 @@ impl Shard {
         });
         for item in ram.chain(dirty.into_iter().map(Ok)) {
             let (addr, b) = item?;
-            let image = encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
+            let image = Arc::new(encode_bucket(b, ps).map_err(|_| SozuError::BucketFull {
                 layer: addr.0,
                 page: addr.1,
-            })?;
+            })?);
             let delta = match shard.overlay.page(addr) {
                 Some(old) => {
                     let d = super::page::page_delta(&old, &image).map_err(|e| {
@@ -1080,8 +1086,8 @@ impl Shard {
                 shard: shard.id,
                 layer: addr.0,
                 page: addr.1,
-                image: delta.clone().unwrap_or_else(|| image.clone()),
                 delta: delta.is_some(),
+                image: delta.map_or_else(|| image.clone(), Arc::new),
             });
             images.push((*addr, image));
         }
@@ -1097,11 +1103,13 @@ impl Shard {
 }
 
 impl Worker {
-    /// Batched descent: each bucket read at most once.
+    /// Batched descent: each bucket read at most once. With `want_slot`
+    /// each found entry's slot is cloned into its [`Found`].
     fn locate(
         &mut self,
         geo: &Geo,
         q: &[(OutPointKey, u64, u32)],
+        want_slot: bool,
     ) -> Result<Vec<Option<Found>>, SozuError> {
         let mut out: Vec<Option<Found>> = (0..q.len()).map(|_| None).collect();
         let mut paths: Vec<Vec<u64>> = vec![Vec::new(); q.len()];
@@ -1141,7 +1149,7 @@ impl Worker {
                             layer,
                             page,
                             path: std::mem::take(&mut paths[qi]),
-                            slot: bucket.slots[pos].clone(),
+                            slot: want_slot.then(|| bucket.slots[pos].clone()),
                         });
                     } else if layer < geo.max_layer
                         && bucket.children != 0
@@ -1323,12 +1331,10 @@ impl Worker {
                 (op.key, op.h, if op.create.is_some() { min_h } else { 0 })
             })
             .collect();
-        let found = self.locate(geo, &q)?;
-        let mut found_by_op: HashMap<usize, Found> = HashMap::new();
+        let found = self.locate(geo, &q, false)?;
+        let mut found_by_op: Vec<Option<Found>> = (0..ops.len()).map(|_| None).collect();
         for (i, f) in lookup_idx.into_iter().zip(found) {
-            if let Some(f) = f {
-                found_by_op.insert(i, f);
-            }
+            found_by_op[i] = f;
         }
         // 2. Gather the work per bucket.
         let mut work: Vec<BTreeMap<u64, Work>> =
@@ -1343,7 +1349,7 @@ impl Worker {
             } else {
                 Vec::new()
             };
-            match found_by_op.remove(&i) {
+            match found_by_op[i].take() {
                 Some(f) => {
                     if op.create.is_some() {
                         for (layer, page) in f.path.iter().enumerate() {
@@ -1422,19 +1428,15 @@ impl Worker {
                     }
                 }
                 b.max_child_height = b.max_child_height.max(w.raise);
-                // Purge loop (MergeEntries).
-                // Most buckets purge nothing: test first, move only if needed.
-                if b.slots.iter().any(|s| s.entry.is_purgeable(oracle)) {
-                    let mut kept = Vec::with_capacity(b.slots.len());
-                    for slot in std::mem::take(&mut b.slots) {
-                        if slot.entry.is_purgeable(oracle) {
-                            self.counters.purges += 1;
-                            purged(self.resolve(slot)?);
-                        } else {
-                            kept.push(slot);
-                        }
-                    }
-                    b.slots = kept;
+                // Purge loop (MergeEntries): only purged slots move (most
+                // buckets purge nothing).
+                let final_slots: Vec<Slot> = b
+                    .slots
+                    .extract_if(.., |s| s.entry.is_purgeable(oracle))
+                    .collect();
+                for slot in final_slots {
+                    self.counters.purges += 1;
+                    purged(self.resolve(slot)?);
                 }
                 // Spill (GetSpill): the seed's order picks what should flow
                 // (consumed on the best chain first, then oldest max
@@ -1507,15 +1509,16 @@ impl Worker {
                             spill_h[o.5] = Some(o.3);
                         }
                     }
-                    let mut spilled = Vec::new();
-                    let mut rest = Vec::with_capacity(b.slots.len());
-                    for (slot, sh) in std::mem::take(&mut b.slots).into_iter().zip(spill_h) {
-                        match sh {
-                            Some(h) => spilled.push((h, slot)),
-                            None => rest.push(slot),
-                        }
-                    }
-                    b.slots = rest;
+                    // Only the spilled slots move, in bucket order.
+                    let mut at = 0;
+                    let flowing: Vec<Slot> = b
+                        .slots
+                        .extract_if(.., |_| {
+                            at += 1;
+                            spill_h[at - 1].is_some()
+                        })
+                        .collect();
+                    let spilled = spill_h.into_iter().flatten().zip(flowing);
                     if b.children == 0 {
                         let state = &mut self.shard.state;
                         let group = state.groups[layer as usize + 1];

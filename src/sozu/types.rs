@@ -165,15 +165,23 @@ impl Entry {
     pub fn is_purgeable(&self, oracle: &dyn BlockOracle) -> bool {
         let tip = oracle.tip_height();
         let deep = |h: u32| h.saturating_add(PURGE_DEPTH) <= tip;
-        let permanently_consumed = self
-            .consumed
-            .iter()
-            .any(|c| oracle.best_height(c.block).is_some_and(deep));
-        let dead = !self.produced.is_empty()
-            && self.produced.iter().all(|p| {
-                oracle.best_height(p.block).is_none() && oracle.height(p.block).is_some_and(deep)
-            });
-        permanently_consumed || dead
+        let permanently_consumed = || {
+            self.consumed
+                .iter()
+                .any(|c| oracle.best_height(c.block).is_some_and(deep))
+        };
+        // The stored production height (the producing block's height) is
+        // tested first: a recent production cannot be dead, and most
+        // entries a write looks at are recent, so most need no oracle call.
+        let dead = || {
+            !self.produced.is_empty()
+                && self.produced.iter().all(|p| {
+                    deep(p.height)
+                        && oracle.best_height(p.block).is_none()
+                        && oracle.height(p.block).is_some_and(deep)
+                })
+        };
+        permanently_consumed() || dead()
     }
 
     /// Whether the entry is consumed on the best chain (the first key of the
