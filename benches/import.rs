@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::RwLock;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use bitcoin::Network;
@@ -36,7 +36,7 @@ fn main() {
 
         let dir = tempfile::tempdir().expect("tempdir");
         let datadir = DataDir::open(dir.path()).expect("datadir");
-        let chain = RwLock::new(open_chainstate(params.clone(), &datadir).expect("open"));
+        let chain = Mutex::new(open_chainstate(params.clone(), &datadir).expect("open"));
         let t = Instant::now();
         let s = import_files(
             &chain,

@@ -26,7 +26,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bitcoin::p2p::address::Address;
@@ -50,7 +50,7 @@ const MAGIC: Magic = Magic::REGTEST;
 const SYNC_LIMIT: Duration = Duration::from_secs(300);
 
 struct Node {
-    chain: Arc<RwLock<Chainstate>>,
+    chain: Arc<Mutex<Chainstate>>,
     _datadir: DataDir,
 }
 
@@ -59,13 +59,13 @@ impl Node {
         let datadir = DataDir::open(path).expect("datadir");
         let chain = open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open");
         Node {
-            chain: Arc::new(RwLock::new(chain)),
+            chain: Arc::new(Mutex::new(chain)),
             _datadir: datadir,
         }
     }
 
     fn tip(&self) -> (u32, BlockHash) {
-        let cs = self.chain.read().expect("lock");
+        let cs = self.chain.lock().expect("lock");
         let t = cs.index().tip();
         (t.height, t.hash)
     }
@@ -120,13 +120,14 @@ async fn run(file: &Path) -> (f64, f64, Node, tempfile::TempDir) {
     let want = a.tip();
     let t = Instant::now();
     let (_hb, task_b, stop_b) = start(&b, config(false, vec![addr]));
-    // Polled with `try_read`: a blocking read on the executor would stall a
-    // worker thread for as long as B's pipeline holds the write lock.
+    // Polled from B's published snapshots, which never wait for its writer.
+    let snapshots = b.chain.lock().expect("lock").snapshots();
     loop {
-        let at = b.chain.try_read().ok().map(|cs| {
+        let at = {
+            let cs = snapshots.load();
             let t = cs.index().tip();
-            (t.height, t.hash)
-        });
+            Some((t.height, t.hash))
+        };
         if at == Some(want) {
             break;
         }
@@ -135,7 +136,7 @@ async fn run(file: &Path) -> (f64, f64, Node, tempfile::TempDir) {
     }
     let sync_secs = t.elapsed().as_secs_f64();
     let (connected, submit_secs) = {
-        let cs = b.chain.read().expect("lock");
+        let cs = b.chain.lock().expect("lock");
         (
             cs.stats().blocks_connected,
             cs.stats().submit_micros as f64 / 1e6,
@@ -151,8 +152,8 @@ async fn run(file: &Path) -> (f64, f64, Node, tempfile::TempDir) {
     let _ = tokio::time::timeout(Duration::from_secs(20), task_b).await;
     let _ = tokio::time::timeout(Duration::from_secs(20), task_a).await;
     assert_eq!(
-        a.chain.read().expect("lock").utxo_stats(),
-        b.chain.read().expect("lock").utxo_stats()
+        a.chain.lock().expect("lock").snapshot().utxo_stats(),
+        b.chain.lock().expect("lock").snapshot().utxo_stats()
     );
     drop(b);
     drop(dir_b);
@@ -222,7 +223,7 @@ impl Client {
 /// getcfilters batches of 1,000 from A for `secs` seconds.
 async fn bench_getcfilters(a: &Node, secs: f64) {
     let stops: Vec<(u32, BlockHash)> = {
-        let cs = a.chain.read().expect("lock");
+        let cs = a.chain.lock().expect("lock");
         [1u32, 501]
             .iter()
             .map(|&start| {

@@ -220,17 +220,20 @@ pub struct ImportSummary {
 /// # Errors
 /// [`ImportError`]: a bad file (nothing of it imported) or a storage failure.
 pub fn import_files(
-    chain: &std::sync::RwLock<Chainstate>,
+    chain: &std::sync::Mutex<Chainstate>,
     paths: &[PathBuf],
     stop: &AtomicBool,
     progress: bool,
 ) -> Result<ImportSummary, ImportError> {
     let started = Instant::now();
-    let params = chain
-        .read()
-        .map(|c| c.params().clone())
-        .unwrap_or_else(|p| p.into_inner().params().clone());
-    let reorgs_before = chain.read().map(|c| c.stats().reorgs).unwrap_or(0);
+    // Progress and the summary read published snapshots; the writer's
+    // mutex is taken per block only.
+    let snapshots = chain
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .snapshots();
+    let params = snapshots.load().params().clone();
+    let reorgs_before = snapshots.load().stats().reorgs;
     let mut summary = ImportSummary::default();
     for path in paths {
         let records = read_file(path, &params)?;
@@ -257,7 +260,7 @@ pub fn import_files(
             summary.blocks_read += 1;
             let hash = rec.block.block_hash();
             let outcome = {
-                let mut cs = chain.write().map_err(|_| PipelineError::Inconsistent {
+                let mut cs = chain.lock().map_err(|_| PipelineError::Inconsistent {
                     reason: "lock poisoned".into(),
                 })?;
                 cs.submit_block(&rec.block)?
@@ -276,7 +279,7 @@ pub fn import_files(
             bar.inc(1);
             if last_log.elapsed().as_secs() >= 10 {
                 let rate = (i + 1) as f64 / file_started.elapsed().as_secs_f64().max(1e-9);
-                let height = chain.read().map(|c| c.index().tip_height()).unwrap_or(0);
+                let height = snapshots.load().index().tip_height();
                 let remaining = bar.length().unwrap_or(0).saturating_sub(bar.position());
                 tracing::info!(
                     height,
@@ -293,12 +296,11 @@ pub fn import_files(
             break;
         }
     }
-    if let Ok(cs) = chain.read() {
-        let tip = cs.index().tip();
-        summary.tip_hash = Some(tip.hash);
-        summary.tip_height = tip.height;
-        summary.reorgs = cs.stats().reorgs - reorgs_before;
-    }
+    let cs = snapshots.load();
+    let tip = cs.index().tip();
+    summary.tip_hash = Some(tip.hash);
+    summary.tip_height = tip.height;
+    summary.reorgs = cs.stats().reorgs - reorgs_before;
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
 }

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use bitcoin::Network;
@@ -347,7 +347,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         ms = started.elapsed().as_millis() as u64,
         "chain state opened"
     );
-    let chain = Arc::new(RwLock::new(chain));
+    let chain = Arc::new(Mutex::new(chain));
     match command {
         Command::Import { files } => {
             let summary = kakehi::import::import_files(
@@ -362,7 +362,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::Run { import, .. } => run_node(&runtime, chain, import, &config, stop),
         Command::DumpUtxos { output } => {
             let mut cs = chain
-                .write()
+                .lock()
                 .map_err(|_| anyhow::anyhow!("chain state lock poisoned"))?;
             match output {
                 Some(p) => {
@@ -382,7 +382,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
 /// `kakehi run`: imports, then P2P and HTTP until a shutdown request.
 fn run_node(
     runtime: &tokio::runtime::Runtime,
-    chain: Arc<RwLock<Chainstate>>,
+    chain: Arc<Mutex<Chainstate>>,
     import: Vec<PathBuf>,
     config: &Config,
     stop: Arc<AtomicBool>,
@@ -423,8 +423,12 @@ fn run_node(
     };
 
     let addr = config.http.address;
+    let snapshots = chain
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .snapshots();
     let state = kakehi::http::AppState {
-        chain,
+        snapshots,
         p2p: Some(p2p),
     };
     let stop2 = stop.clone();

@@ -28,10 +28,21 @@
 //! each block a boundary; a block that fails marks its branch invalid and
 //! the node returns to the best valid tip. Reorgs deeper than
 //! [`PURGE_DEPTH`] blocks are refused.
+//!
+//! Readers never touch the writer: at the end of every committed boundary
+//! (and of `open`, of every submission and header batch) the writer
+//! publishes a [`ChainSnapshot`] through [`Snapshots`] (`arc_swap`), an
+//! immutable state that readers load without a lock and keep as long as
+//! they like. It shares the writer's persistent index and metadata (O(1) to
+//! publish) and reads the stores through shared handles, filtered through
+//! its own index so that data committed after it stays invisible. Every
+//! read method is defined once, on the snapshot; the writer uses the same
+//! ones on a snapshot of its own current state.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bitcoin::bip158::{BlockFilter, FilterHeader};
@@ -40,16 +51,18 @@ use bitcoin::hashes::Hash;
 use bitcoin::pow::Work;
 use bitcoin::{Block, BlockHash, OutPoint};
 
-use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
+use arc_swap::ArcSwap;
+
+use crate::chain::index::{BlockIndex, BlockStatus, ChainIndex, IndexEntry};
 use crate::chain::ChainParams;
 use crate::filters;
 use crate::sozu::{
-    BlockId, BlockWrite, ChainView, Coin, CommitTag, Consumption, NewOutput, SozuError, UtxoTable,
-    ViewStatus, PURGE_DEPTH,
+    BlockId, BlockWrite, ChainView, Coin, CommitTag, Consumption, NewOutput, SozuError, UtxoReader,
+    UtxoTable, ViewStatus, PURGE_DEPTH,
 };
 use crate::store::{
-    sync_concurrently, BlockRecord, FileLoc, FlatFiles, FlatPos, Store, StoreError, WriteBatch,
-    META_TIP,
+    sync_concurrently, BlockRecord, FileLoc, FlatFiles, FlatPos, FlatReader, Store, StoreError,
+    WriteBatch, META_TIP,
 };
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
 
@@ -181,21 +194,77 @@ pub struct UtxoStats {
     pub height: u32,
 }
 
-/// The node's chain state: block index, stores, UTXO table. One writer.
+/// An immutable state of the chain as of one committed block boundary:
+/// the block index's read core, the per-block metadata, read handles on
+/// the stores and the sealed archive epochs. The writer publishes one at
+/// the end of every operation that changes the chain state
+/// ([`Chainstate::snapshots`]); readers load the latest and keep it as long
+/// as they like, without locks, while the writer goes on.
+///
+/// Cheap to publish: the index and metadata are persistent structures
+/// shared with the writer's (a clone is O(1)), the stores are shared
+/// handles. Reads see only committed data: flat-file locations come from
+/// this snapshot's metadata (durable before it was published); rows of the
+/// index database (sled) and entries of the UTXO table, which may already
+/// hold later blocks, are filtered through this snapshot's index (blocks it
+/// does not know, or that are not on its active chain, are ignored).
+#[derive(Clone)]
+pub struct ChainSnapshot {
+    index: ChainIndex,
+    meta: imbl::Vector<BlockMeta>,
+    store: Store,
+    blocks: Arc<FlatReader>,
+    filters: Arc<FlatReader>,
+    spent: Arc<FlatReader>,
+    archive: crate::archive::Archive,
+    /// Concurrent reads of the UTXO table's committed state (which may be
+    /// ahead of this snapshot: entries are read under its view).
+    utxo: Arc<dyn UtxoReader>,
+    stats: PipelineStats,
+    table_counters: Option<crate::sozu::SozuStats>,
+    datadir: Arc<Path>,
+}
+
+/// The handle readers hold: loads the latest published [`ChainSnapshot`]
+/// (lock-free, `arc_swap`). Cheap to clone; every clone sees the same
+/// chain state's publications.
+#[derive(Clone)]
+pub struct Snapshots(Arc<ArcSwap<ChainSnapshot>>);
+
+impl Snapshots {
+    /// The latest published snapshot (a committed block boundary). Never
+    /// waits for the writer.
+    pub fn load(&self) -> Arc<ChainSnapshot> {
+        self.0.load_full()
+    }
+}
+
+impl std::fmt::Debug for Snapshots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.0.load();
+        f.debug_struct("Snapshots")
+            .field("tip_height", &s.index.tip_height())
+            .finish()
+    }
+}
+
+/// The node's chain state: block index, stores, UTXO table. The one writer:
+/// readers use the [`ChainSnapshot`]s it publishes ([`Chainstate::snapshots`]).
 pub struct Chainstate {
-    params: ChainParams,
     index: BlockIndex,
-    meta: Vec<BlockMeta>,
+    meta: imbl::Vector<BlockMeta>,
     store: Store,
     blocks: FlatFiles,
     filters: FlatFiles,
     spent: FlatFiles,
-    /// In a mutex only so the chain state is `Sync` for readers; the one
-    /// writer reaches it through `&mut self` without locking.
-    table: std::sync::Mutex<Box<dyn UtxoTable + Send>>,
+    /// The UTXO table: only this writer reaches it; readers go through its
+    /// [`UtxoReader`] (in every snapshot).
+    table: Box<dyn UtxoTable + Send>,
+    /// The table's reader, taken once at open.
+    utxo: Arc<dyn UtxoReader>,
     refused_tips: HashSet<BlockId>,
     stats: PipelineStats,
-    datadir: PathBuf,
+    datadir: Arc<Path>,
     /// Sealed epochs of spent outputs (`datadir/archive`).
     archive: crate::archive::Archive,
     /// Set when a block boundary failed half-way (storage error between
@@ -203,14 +272,8 @@ pub struct Chainstate {
     /// of the disk, so every later write is refused until a restart, which
     /// reconciles the stores.
     failed: Option<String>,
-}
-
-/// The table behind its mutex, for the writer (a poisoned lock only means a
-/// panic elsewhere; the table's own state is guarded by its commits).
-fn table(m: &mut std::sync::Mutex<Box<dyn UtxoTable + Send>>) -> &mut (dyn UtxoTable + Send) {
-    m.get_mut()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .as_mut()
+    /// Where snapshots are published.
+    published: Snapshots,
 }
 
 fn now_secs() -> u64 {
@@ -341,7 +404,7 @@ impl Chainstate {
                 tx_count: 1,
                 ..Default::default()
             };
-            (index, vec![genesis])
+            (index, imbl::vector![genesis])
         } else {
             let tip = store
                 .meta(META_TIP)?
@@ -375,25 +438,41 @@ impl Chainstate {
             }
             (
                 BlockIndex::from_entries(params.clone(), entries, tip)?,
-                metas,
+                metas.into_iter().collect(),
             )
         };
         let archive =
             crate::archive::Archive::open(&datadir.join("archive"), params.archive_epoch_length)?;
+        let utxo = table.reader();
+        let datadir: Arc<Path> = Arc::from(datadir);
+        let first = ChainSnapshot {
+            index: index.core().clone(),
+            meta: meta.clone(),
+            store: store.clone(),
+            blocks: blocks.reader(),
+            filters: filters.reader(),
+            spent: spent.reader(),
+            archive: archive.clone(),
+            utxo: utxo.clone(),
+            stats: PipelineStats::default(),
+            table_counters: None,
+            datadir: datadir.clone(),
+        };
         let mut cs = Chainstate {
             archive,
-            params,
             index,
             meta,
             store,
             blocks,
             filters,
             spent,
-            table: std::sync::Mutex::new(table),
+            table,
+            utxo,
             refused_tips: HashSet::new(),
             stats: PipelineStats::default(),
-            datadir: datadir.into(),
+            datadir,
             failed: None,
+            published: Snapshots(Arc::new(ArcSwap::from_pointee(first))),
         };
         if cs.store.meta(META_TIP)?.is_none() {
             // New datadir: persist genesis.
@@ -405,6 +484,7 @@ impl Chainstate {
         }
         cs.reconcile_table()?;
         cs.seal_final_epochs()?;
+        cs.publish();
         Ok(cs)
     }
 
@@ -420,7 +500,7 @@ impl Chainstate {
             return Ok(());
         };
         let last = BlockId(last);
-        let committed = table(&mut self.table).committed().map(|t| t.block);
+        let committed = self.table.committed().map(|t| t.block);
         if committed == Some(last) {
             return Ok(());
         }
@@ -430,11 +510,12 @@ impl Chainstate {
             });
         };
         tracing::warn!(height = entry.height, block_hash = %entry.hash, "UTXO table is one block behind the index: replaying it");
-        let block = self
-            .read_block(last)?
-            .ok_or_else(|| PipelineError::Inconsistent {
-                reason: format!("block {} has no stored data", entry.hash),
-            })?;
+        let block =
+            self.current()
+                .read_block(last)?
+                .ok_or_else(|| PipelineError::Inconsistent {
+                    reason: format!("block {} has no stored data", entry.hash),
+                })?;
         let parent = entry.prev.ok_or_else(|| PipelineError::Inconsistent {
             reason: "replay of genesis".into(),
         })?;
@@ -451,9 +532,10 @@ impl Chainstate {
             height: entry.height,
             block_hash: entry.hash.to_byte_array(),
         };
-        table(&mut self.table).write_block(&write, &self.index, &mut |_| {})?;
-        table(&mut self.table).commit(tag)?;
-        if table(&mut self.table).committed().map(|t| t.block) != Some(last) {
+        self.table
+            .write_block(&write, self.index.core(), &mut |_| {})?;
+        self.table.commit(tag)?;
+        if self.table.committed().map(|t| t.block) != Some(last) {
             return Err(PipelineError::Inconsistent {
                 reason: "UTXO table commit did not take".into(),
             });
@@ -463,12 +545,50 @@ impl Chainstate {
 
     /// The network parameters.
     pub fn params(&self) -> &ChainParams {
-        &self.params
+        self.index.params()
     }
 
-    /// The block index.
+    /// The writer's block index (its read core, [`ChainIndex`], through
+    /// `Deref`): the state being written, for the writer. Readers use
+    /// [`Chainstate::snapshots`].
     pub fn index(&self) -> &BlockIndex {
         &self.index
+    }
+
+    /// The handle readers load published snapshots from (cheap to clone).
+    pub fn snapshots(&self) -> Snapshots {
+        self.published.clone()
+    }
+
+    /// The latest published snapshot (the state as of the last committed
+    /// boundary).
+    pub fn snapshot(&self) -> Arc<ChainSnapshot> {
+        self.published.load()
+    }
+
+    /// The writer's own state as a snapshot, for its reads in the middle of
+    /// an operation (O(1); dropped before the next change, it costs no copy).
+    fn current(&self) -> ChainSnapshot {
+        ChainSnapshot {
+            index: self.index.core().clone(),
+            meta: self.meta.clone(),
+            store: self.store.clone(),
+            blocks: self.blocks.reader(),
+            filters: self.filters.reader(),
+            spent: self.spent.reader(),
+            archive: self.archive.clone(),
+            utxo: self.utxo.clone(),
+            stats: self.stats.clone(),
+            table_counters: self.table.sozu_counters(),
+            datadir: self.datadir.clone(),
+        }
+    }
+
+    /// Publishes the current state to readers. Called only at committed
+    /// boundaries: the end of `open`, of every block boundary (`connect`,
+    /// `switch_tip`), of a block submission and of a header batch.
+    fn publish(&self) {
+        self.published.0.store(Arc::new(self.current()));
     }
 
     /// Counters since start-up.
@@ -509,91 +629,7 @@ impl Chainstate {
 
     fn ensure_meta(&mut self) {
         while self.meta.len() < self.index.len() {
-            self.meta.push(BlockMeta::default());
-        }
-    }
-
-    /// Reads and decodes the stored block `id`.
-    ///
-    /// # Errors
-    /// Flat-file failure or a stored block that no longer decodes.
-    pub fn read_block(&self, id: BlockId) -> Result<Option<Block>, PipelineError> {
-        let Some(raw) = self.read_block_raw(id)? else {
-            return Ok(None);
-        };
-        deserialize(&raw)
-            .map(Some)
-            .map_err(|_| PipelineError::Inconsistent {
-                reason: format!("stored block {} does not decode", id.0),
-            })
-    }
-
-    /// The stored serialized block `id` (with witness).
-    ///
-    /// # Errors
-    /// Flat-file failure.
-    pub fn read_block_raw(&self, id: BlockId) -> Result<Option<Vec<u8>>, PipelineError> {
-        match self.meta.get(id.0 as usize).and_then(|m| m.data) {
-            Some(loc) => Ok(Some(self.blocks.read(loc)?)),
-            None => Ok(None),
-        }
-    }
-
-    /// The BIP-158 basic filter and filter header of a connected block
-    /// (active or stale); `None` if the block has no filter yet.
-    ///
-    /// # Errors
-    /// Flat-file failure.
-    pub fn filter(&self, id: BlockId) -> Result<Option<(Vec<u8>, FilterHeader)>, PipelineError> {
-        if id == BlockId(0) {
-            let genesis = self.params.genesis_block();
-            let filter =
-                filters::basic_filter(&genesis, std::iter::empty::<&[u8]>()).map_err(|source| {
-                    PipelineError::Filter {
-                        hash: genesis.block_hash(),
-                        source,
-                    }
-                })?;
-            let header = filters::filter_header(&filter, &filters::genesis_previous_header());
-            return Ok(Some((filter.content, header)));
-        }
-        let Some(m) = self.meta.get(id.0 as usize) else {
-            return Ok(None);
-        };
-        match m.filter {
-            Some(loc) => Ok(Some((
-                self.filters.read(loc)?,
-                FilterHeader::from_byte_array(m.filter_header),
-            ))),
-            None => Ok(None),
-        }
-    }
-
-    /// The spent outputs (prevouts) of a connected block, in block order.
-    ///
-    /// # Errors
-    /// Flat-file failure or corrupt data.
-    pub fn spent_outputs(&self, id: BlockId) -> Result<Option<Vec<SpentOutput>>, PipelineError> {
-        let Some(loc) = self.meta.get(id.0 as usize).and_then(|m| m.spent) else {
-            return Ok(None);
-        };
-        let raw = self.spent.read(loc)?;
-        decode_spent(&raw)
-            .map(Some)
-            .ok_or_else(|| PipelineError::Inconsistent {
-                reason: format!("spent outputs of block {} corrupt", id.0),
-            })
-    }
-
-    /// The UTXO set summary of the active chain.
-    pub fn utxo_stats(&self) -> UtxoStats {
-        let tip = self.index.tip();
-        let m = &self.meta[tip.id.0 as usize];
-        UtxoStats {
-            txouts: m.txouts,
-            total_amount_sats: m.total_sats,
-            bestblock: tip.hash,
-            height: tip.height,
+            self.meta.push_back(BlockMeta::default());
         }
     }
 
@@ -607,7 +643,7 @@ impl Chainstate {
         f: &mut dyn FnMut(&OutPoint, &Coin, u32),
     ) -> Result<(), PipelineError> {
         let view = self.index.view(self.index.tip().id);
-        table(&mut self.table).for_each(&mut |e| {
+        self.table.for_each(&mut |e| {
             if let ViewStatus::Unspent = e.status_in(&view) {
                 let h = e.creation_height_in(&view).unwrap_or(e.coin.height);
                 f(&e.outpoint, &e.coin, h);
@@ -661,6 +697,9 @@ impl Chainstate {
             .stats
             .submit_micros
             .saturating_add(started.elapsed().as_micros() as u64);
+        if outcome.is_ok() {
+            self.publish();
+        }
         outcome
     }
 
@@ -693,7 +732,7 @@ impl Chainstate {
         let parent = entry.prev.unwrap_or(BlockId(0));
         let ctx_mtp = self.index.median_time_past(parent);
         let ctx = BlockContext {
-            params: &self.params,
+            params: self.index.params(),
             height: entry.height,
             block_hash: hash,
             prev_median_time_past: ctx_mtp,
@@ -830,6 +869,7 @@ impl Chainstate {
         self.set_active(&mut batch, id);
         self.store.commit(batch)?;
         self.seal_final_epochs()?;
+        self.publish();
         Ok(())
     }
 
@@ -885,7 +925,7 @@ impl Chainstate {
                 }
             }
         }
-        let entries = table(&mut self.table).get_batch(&keys)?;
+        let entries = self.table.get_batch(&keys)?;
         let view = self.index.view(parent);
         let mut coins = HashMap::with_capacity(keys.len());
         for e in entries.into_iter().flatten() {
@@ -901,7 +941,7 @@ impl Chainstate {
             }
         }
         let ctx = BlockContext {
-            params: &self.params,
+            params: self.index.params(),
             height: entry.height,
             block_hash: entry.hash,
             prev_median_time_past: self.index.median_time_past(parent),
@@ -975,11 +1015,12 @@ impl Chainstate {
         let block = match block {
             Some(b) => b,
             None => {
-                read = self
-                    .read_block(id)?
-                    .ok_or_else(|| PipelineError::Inconsistent {
-                        reason: format!("block {} has no data", entry.hash),
-                    })?;
+                read =
+                    self.current()
+                        .read_block(id)?
+                        .ok_or_else(|| PipelineError::Inconsistent {
+                            reason: format!("block {} has no data", entry.hash),
+                        })?;
                 &read
             }
         };
@@ -1015,7 +1056,8 @@ impl Chainstate {
             })?;
         let prev_header = FilterHeader::from_byte_array(self.meta[parent.0 as usize].filter_header);
         let prev_header = if parent == BlockId(0) {
-            self.filter(BlockId(0))?
+            self.current()
+                .filter(BlockId(0))?
                 .map(|(_, h)| h)
                 .unwrap_or(prev_header)
         } else {
@@ -1067,8 +1109,8 @@ impl Chainstate {
                 &mut self.spent,
                 &self.store,
             );
-            let table = table(&mut self.table);
-            let index = &self.index;
+            let table = &mut self.table;
+            let index = self.index.core();
             let span = tracing::Span::current();
             std::thread::scope(|s| {
                 let flat_then_index = s.spawn(move || {
@@ -1101,7 +1143,7 @@ impl Chainstate {
             height: entry.height,
             block_hash: entry.hash.to_byte_array(),
         };
-        if let Err(e) = table(&mut self.table).commit(tag) {
+        if let Err(e) = self.table.commit(tag) {
             self.failed = Some(e.to_string());
             return Err(e.into());
         }
@@ -1114,12 +1156,8 @@ impl Chainstate {
             "connected block"
         );
         self.seal_final_epochs()?;
+        self.publish();
         Ok(true)
-    }
-
-    /// The UTXO table's view of the active chain, for readers.
-    pub fn active_view(&self) -> impl ChainView + '_ {
-        self.index.view(self.index.tip().id)
     }
 }
 
@@ -1130,7 +1168,7 @@ impl Chainstate {
     /// Seals every complete epoch of final blocks not sealed yet: final
     /// height = tip height − [`PURGE_DEPTH`] (100 blocks); epoch n is sealed
     /// once its last height `(n+1)·L − 1` is final, with the leaves of the
-    /// active chain's blocks in its range ([`Chainstate::archive_leaves`]).
+    /// active chain's blocks in its range ([`ChainSnapshot::archive_leaves`]).
     /// Called at the end of every block boundary (`connect`, `switch_tip`)
     /// and by [`Chainstate::open`], which re-drives a seal a crash
     /// interrupted: [`crate::archive::Archive::seal`] is idempotent and the
@@ -1147,7 +1185,7 @@ impl Chainstate {
         };
         while let Some(n) = self.archive.next_sealable(final_height) {
             let started = std::time::Instant::now();
-            let leaves = self.archive_leaves(n)?;
+            let leaves = self.current().archive_leaves(n)?;
             let count = leaves.len();
             let header = self.archive.seal(n, leaves)?;
             let commitment: String = self
@@ -1167,6 +1205,185 @@ impl Chainstate {
             );
         }
         Ok(())
+    }
+}
+
+/// Header storage for the P2P layer (`src/p2p/node_backend.rs`): headers
+/// accepted without block data.
+impl Chainstate {
+    /// Checks `headers` (PoW, difficulty, timestamps, version, linkage; see
+    /// [`BlockIndex::accept_header`]) one by one and stores the new ones with
+    /// status [`BlockStatus::HeadersOnly`] in one index-database batch (like
+    /// Core's `ProcessNewBlockHeaders`). Headers already known are skipped.
+    ///
+    /// Returns the number of new headers, or the position and rule of the
+    /// first refused header; the headers before it stay stored.
+    ///
+    /// # Errors
+    /// [`PipelineError`] when the index database fails.
+    #[allow(clippy::type_complexity)]
+    pub fn accept_headers(
+        &mut self,
+        headers: &[bitcoin::block::Header],
+    ) -> Result<Result<usize, (usize, crate::chain::index::HeaderError)>, PipelineError> {
+        let now = now_secs();
+        let mut new_ids = Vec::new();
+        let mut refused = None;
+        for (i, header) in headers.iter().enumerate() {
+            let before = self.index.len();
+            match self.index.accept_header(header, now) {
+                Ok(id) => {
+                    if self.index.len() > before {
+                        new_ids.push(id);
+                    }
+                }
+                Err(e) => {
+                    refused = Some((i, e));
+                    break;
+                }
+            }
+        }
+        if !new_ids.is_empty() {
+            self.ensure_meta();
+            let mut batch = WriteBatch::default();
+            for id in &new_ids {
+                self.put_record(&mut batch, *id);
+            }
+            self.store.commit(batch)?;
+            self.publish();
+        }
+        Ok(match refused {
+            Some(r) => Err(r),
+            None => Ok(new_ids.len()),
+        })
+    }
+
+    /// Connects stored blocks that extend the best chain but are not
+    /// connected yet (after a crash between storing a block's data and
+    /// connecting it, nothing else would connect the last such block until
+    /// another block arrives). A no-op when the tip is the best candidate.
+    ///
+    /// # Errors
+    /// [`PipelineError`] when a store fails.
+    pub fn activate_stored_blocks(&mut self) -> Result<(), PipelineError> {
+        self.check_not_failed()?;
+        self.activate_best_chain()
+    }
+}
+
+/// Reads of one committed state of the chain (see [`ChainSnapshot`]).
+impl ChainSnapshot {
+    /// The network parameters.
+    pub fn params(&self) -> &ChainParams {
+        self.index.params()
+    }
+
+    /// The block index as of this snapshot.
+    pub fn index(&self) -> &ChainIndex {
+        &self.index
+    }
+
+    /// The writer's counters when this snapshot was published.
+    pub fn stats(&self) -> &PipelineStats {
+        &self.stats
+    }
+
+    /// The datadir.
+    pub fn datadir(&self) -> &Path {
+        &self.datadir
+    }
+
+    /// Reads and decodes the stored block `id`.
+    ///
+    /// # Errors
+    /// Flat-file failure or a stored block that no longer decodes.
+    pub fn read_block(&self, id: BlockId) -> Result<Option<Block>, PipelineError> {
+        let Some(raw) = self.read_block_raw(id)? else {
+            return Ok(None);
+        };
+        deserialize(&raw)
+            .map(Some)
+            .map_err(|_| PipelineError::Inconsistent {
+                reason: format!("stored block {} does not decode", id.0),
+            })
+    }
+
+    /// The stored serialized block `id` (with witness).
+    ///
+    /// # Errors
+    /// Flat-file failure.
+    pub fn read_block_raw(&self, id: BlockId) -> Result<Option<Vec<u8>>, PipelineError> {
+        match self.meta.get(id.0 as usize).and_then(|m| m.data) {
+            Some(loc) => Ok(Some(self.blocks.read(loc)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The BIP-158 basic filter and filter header of a connected block
+    /// (active or stale); `None` if the block has no filter yet.
+    ///
+    /// # Errors
+    /// Flat-file failure.
+    pub fn filter(&self, id: BlockId) -> Result<Option<(Vec<u8>, FilterHeader)>, PipelineError> {
+        if id == BlockId(0) {
+            let genesis = self.index.params().genesis_block();
+            let filter =
+                filters::basic_filter(&genesis, std::iter::empty::<&[u8]>()).map_err(|source| {
+                    PipelineError::Filter {
+                        hash: genesis.block_hash(),
+                        source,
+                    }
+                })?;
+            let header = filters::filter_header(&filter, &filters::genesis_previous_header());
+            return Ok(Some((filter.content, header)));
+        }
+        let Some(m) = self.meta.get(id.0 as usize) else {
+            return Ok(None);
+        };
+        match m.filter {
+            Some(loc) => Ok(Some((
+                self.filters.read(loc)?,
+                FilterHeader::from_byte_array(m.filter_header),
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// The spent outputs (prevouts) of a connected block, in block order.
+    ///
+    /// # Errors
+    /// Flat-file failure or corrupt data.
+    pub fn spent_outputs(&self, id: BlockId) -> Result<Option<Vec<SpentOutput>>, PipelineError> {
+        let Some(loc) = self.meta.get(id.0 as usize).and_then(|m| m.spent) else {
+            return Ok(None);
+        };
+        let raw = self.spent.read(loc)?;
+        decode_spent(&raw)
+            .map(Some)
+            .ok_or_else(|| PipelineError::Inconsistent {
+                reason: format!("spent outputs of block {} corrupt", id.0),
+            })
+    }
+
+    /// The UTXO set summary of the active chain.
+    pub fn utxo_stats(&self) -> UtxoStats {
+        let tip = self.index.tip();
+        let m = self
+            .meta
+            .get(tip.id.0 as usize)
+            .cloned()
+            .unwrap_or_default();
+        UtxoStats {
+            txouts: m.txouts,
+            total_amount_sats: m.total_sats,
+            bestblock: tip.hash,
+            height: tip.height,
+        }
+    }
+
+    /// The UTXO table's view of the active chain, for readers.
+    pub fn active_view(&self) -> impl ChainView + '_ {
+        self.index.view(self.index.tip().id)
     }
 
     /// The leaves of archive epoch `n`: every output spent by the active
@@ -1244,16 +1461,12 @@ impl Chainstate {
     ) -> Result<crate::archive::OutpointStatus, PipelineError> {
         use crate::archive::OutpointStatus;
         let sealed_through = self.archive.epochs().last().map(|h| h.last_height);
-        let entry = {
-            let mut t = self
-                .table
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            t.get_batch(std::slice::from_ref(outpoint))?
-                .into_iter()
-                .next()
-                .flatten()
-        };
+        let entry = self
+            .utxo
+            .get_batch(std::slice::from_ref(outpoint))?
+            .into_iter()
+            .next()
+            .flatten();
         if let Some(e) = entry {
             let view = self.active_view();
             match e.status_in(&view) {
@@ -1291,7 +1504,6 @@ impl Chainstate {
             return Ok(None);
         };
         let created = self
-            .store
             .tx_blocks(&outpoint.txid)?
             .into_iter()
             .filter(|(id, _)| self.index.is_active(*id))
@@ -1359,84 +1571,27 @@ impl Chainstate {
         };
         Ok(self.archive.prove_with(outpoints, &txoutproof)?)
     }
-}
 
-/// Header storage for the P2P layer (`src/p2p/node_backend.rs`): headers
-/// accepted without block data.
-impl Chainstate {
-    /// Checks `headers` (PoW, difficulty, timestamps, version, linkage; see
-    /// [`BlockIndex::accept_header`]) one by one and stores the new ones with
-    /// status [`BlockStatus::HeadersOnly`] in one index-database batch (like
-    /// Core's `ProcessNewBlockHeaders`). Headers already known are skipped.
-    ///
-    /// Returns the number of new headers, or the position and rule of the
-    /// first refused header; the headers before it stay stored.
-    ///
-    /// # Errors
-    /// [`PipelineError`] when the index database fails.
-    #[allow(clippy::type_complexity)]
-    pub fn accept_headers(
-        &mut self,
-        headers: &[bitcoin::block::Header],
-    ) -> Result<Result<usize, (usize, crate::chain::index::HeaderError)>, PipelineError> {
-        let now = now_secs();
-        let mut new_ids = Vec::new();
-        let mut refused = None;
-        for (i, header) in headers.iter().enumerate() {
-            let before = self.index.len();
-            match self.index.accept_header(header, now) {
-                Ok(id) => {
-                    if self.index.len() > before {
-                        new_ids.push(id);
-                    }
-                }
-                Err(e) => {
-                    refused = Some((i, e));
-                    break;
-                }
-            }
-        }
-        if !new_ids.is_empty() {
-            self.ensure_meta();
-            let mut batch = WriteBatch::default();
-            for id in &new_ids {
-                self.put_record(&mut batch, *id);
-            }
-            self.store.commit(batch)?;
-        }
-        Ok(match refused {
-            Some(r) => Err(r),
-            None => Ok(new_ids.len()),
-        })
-    }
-
-    /// Connects stored blocks that extend the best chain but are not
-    /// connected yet (after a crash between storing a block's data and
-    /// connecting it, nothing else would connect the last such block until
-    /// another block arrives). A no-op when the tip is the best candidate.
-    ///
-    /// # Errors
-    /// [`PipelineError`] when a store fails.
-    pub fn activate_stored_blocks(&mut self) -> Result<(), PipelineError> {
-        self.check_not_failed()?;
-        self.activate_best_chain()
-    }
-}
-
-/// Read methods for the HTTP API (httpapi helper): the transaction index and
-/// the UTXO table's records, through `&self` so readers share the read lock.
-impl Chainstate {
-    /// Every stored block (active or stale) that contains `txid`, with the
-    /// transaction's position in it (`tx_position_by_txid_block`).
+    /// Every block connected as of this snapshot (active or stale) that
+    /// contains `txid`, with the transaction's position in it
+    /// (`tx_position_by_txid_block`). Rows of blocks this snapshot does not
+    /// know as connected (written by the writer after it) are left out.
     ///
     /// # Errors
     /// sled failure or corruption.
     pub fn tx_blocks(&self, txid: &bitcoin::Txid) -> Result<Vec<(BlockId, u32)>, PipelineError> {
-        Ok(self.store.tx_blocks(txid)?)
+        let mut rows = self.store.tx_blocks(txid)?;
+        rows.retain(|(id, _)| {
+            self.index
+                .get(*id)
+                .is_some_and(|e| e.status == BlockStatus::Valid)
+        });
+        Ok(rows)
     }
 
-    /// The spender of `outpoint` on the active chain, if a block of the
-    /// active chain spends it (`spend_by_outpoint_block`).
+    /// The spender of `outpoint` on this snapshot's active chain, if a block
+    /// of it spends it (`spend_by_outpoint_block`; rows of later blocks are
+    /// ignored).
     ///
     /// # Errors
     /// sled failure or corruption.
@@ -1455,11 +1610,9 @@ impl Chainstate {
     /// table holds none: never created, an unspendable output, or purged
     /// after being consumed at least [`crate::sozu::PURGE_DEPTH`] blocks
     /// deep). Interpret each entry with
-    /// `Entry::status_in(&self.index().view(tip))`.
-    ///
-    /// Takes the table's mutex (held by the writer only while it writes a
-    /// block, and the writer holds the chain state's write lock then, so a
-    /// reader under the read lock never waits on it in practice).
+    /// `Entry::status_in(&self.index().view(tip))` ([`ChainSnapshot::active_view`]):
+    /// the table may already hold later blocks' changes, which that view
+    /// ignores.
     ///
     /// # Errors
     /// UTXO-table failure.
@@ -1467,38 +1620,23 @@ impl Chainstate {
         &self,
         outpoints: &[OutPoint],
     ) -> Result<Vec<Option<crate::sozu::Entry>>, PipelineError> {
-        let mut t = self
-            .table
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Ok(t.get_batch(outpoints)?)
+        Ok(self.utxo.get_batch(outpoints)?)
     }
-}
 
-/// Added for the HTTP `/metrics` route (issue 6).
-impl Chainstate {
     /// Statistics of the UTXO table ([`crate::sozu::SozuStats`]: entries and
     /// fill per layer, bytes on disk, spills, purges), `None` when the table
-    /// keeps none. Scans every page of the table under its lock (blocks the
-    /// writer for the scan): callers cache the result.
+    /// keeps none. Scans every page of the table: callers cache the result.
     ///
     /// # Errors
     /// UTXO-table storage failure or corruption.
     pub fn table_stats(&self) -> Result<Option<crate::sozu::SozuStats>, PipelineError> {
-        let mut t = self
-            .table
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Ok(t.sozu_stats()?)
+        Ok(self.utxo.scan_stats()?)
     }
 
     /// The UTXO table's counters without a scan (spills, purges, commits,
     /// journal bytes, …; see [`crate::sozu::UtxoTable::sozu_counters`]):
-    /// cheap, but takes the table's lock for that moment.
+    /// as the writer left them when it published this snapshot.
     pub fn table_counters(&self) -> Option<crate::sozu::SozuStats> {
-        self.table
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .sozu_counters()
+        self.table_counters.clone()
     }
 }

@@ -12,7 +12,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bitcoin::{Network, OutPoint};
@@ -31,7 +31,7 @@ use kakehi::pipeline::Chainstate;
 struct Node {
     dir: tempfile::TempDir,
     datadir: Option<DataDir>,
-    chain: Option<Arc<RwLock<Chainstate>>>,
+    chain: Option<Arc<Mutex<Chainstate>>>,
 }
 
 impl Node {
@@ -60,7 +60,7 @@ impl Node {
         n
     }
 
-    fn chain(&self) -> &Arc<RwLock<Chainstate>> {
+    fn chain(&self) -> &Arc<Mutex<Chainstate>> {
         self.chain.as_ref().expect("open")
     }
 
@@ -70,7 +70,7 @@ impl Node {
         self.datadir = None;
         let datadir = DataDir::open(self.dir.path()).expect("datadir");
         let cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open");
-        self.chain = Some(Arc::new(RwLock::new(cs)));
+        self.chain = Some(Arc::new(Mutex::new(cs)));
         self.datadir = Some(datadir);
     }
 
@@ -107,7 +107,7 @@ fn reference_archive() -> (tempfile::TempDir, Archive) {
 #[test]
 fn sealed_epochs_and_commitment_equal_the_independent_feed() {
     let (_dir, reference) = reference_archive();
-    let cs = node().chain().read().unwrap();
+    let cs = node().chain().lock().unwrap().snapshot();
     let tip = cs.index().tip().height;
     assert_eq!(tip, 1500);
     let a = cs.archive();
@@ -134,7 +134,7 @@ fn sealed_epochs_and_commitment_equal_the_independent_feed() {
 
 #[test]
 fn every_final_spend_has_a_node_proof_that_verifies_and_names_the_spender() {
-    let cs = node().chain().read().unwrap();
+    let cs = node().chain().lock().unwrap().snapshot();
     let a = cs.archive();
     let sealed_through = a.epochs().last().expect("sealed").last_height;
     let anchor = Anchor::Commitment(a.commitment());
@@ -188,7 +188,7 @@ fn every_final_spend_has_a_node_proof_that_verifies_and_names_the_spender() {
 
 #[test]
 fn statuses_follow_spent_and_utxos_files() {
-    let cs = node().chain().read().unwrap();
+    let cs = node().chain().lock().unwrap().snapshot();
     let a = cs.archive();
     let sealed_through = a.epochs().last().expect("sealed").last_height;
     let tip = cs.index().tip().height;
@@ -258,11 +258,11 @@ fn statuses_follow_spent_and_utxos_files() {
 fn two_nodes_agree_and_a_restart_or_lost_archive_changes_nothing() {
     let mut b = Node::imported();
     let (epochs, commitment) = {
-        let a = node().chain().read().unwrap();
+        let a = node().chain().lock().unwrap().snapshot();
         (a.archive().epochs().to_vec(), a.archive().commitment())
     };
     let snapshot = |n: &Node| {
-        let cs = n.chain().read().unwrap();
+        let cs = n.chain().lock().unwrap().snapshot();
         (cs.archive().epochs().to_vec(), cs.archive().commitment())
     };
     assert_eq!(snapshot(&b), (epochs.clone(), commitment));
@@ -328,10 +328,13 @@ async fn http(
     (status, headers, body.to_string())
 }
 
-async fn serve(chain: Arc<RwLock<Chainstate>>) -> std::net::SocketAddr {
+async fn serve(chain: Arc<Mutex<Chainstate>>) -> std::net::SocketAddr {
     let app = axum::Router::new()
         .merge(archive_http::routes())
-        .with_state(AppState { chain, p2p: None });
+        .with_state(AppState {
+            snapshots: chain.lock().unwrap().snapshots(),
+            p2p: None,
+        });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -347,7 +350,7 @@ fn http_routes_serve_epochs_statuses_and_proofs_that_verify() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let (commitment, epochs) = {
-            let cs = node().chain().read().unwrap();
+            let cs = node().chain().lock().unwrap().snapshot();
             (
                 hex(&cs.archive().commitment()),
                 cs.archive().epochs().to_vec(),

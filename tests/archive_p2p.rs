@@ -22,7 +22,7 @@ mod common;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bitcoin::hashes::Hash;
@@ -57,7 +57,7 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A chain state in its own datadir.
 struct Node {
-    chain: Arc<RwLock<Chainstate>>,
+    chain: Arc<Mutex<Chainstate>>,
     _datadir: DataDir,
     _dir: tempfile::TempDir,
 }
@@ -68,7 +68,7 @@ impl Node {
         let datadir = DataDir::open(dir.path()).expect("datadir");
         let cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open");
         Node {
-            chain: Arc::new(RwLock::new(cs)),
+            chain: Arc::new(Mutex::new(cs)),
             _datadir: datadir,
             _dir: dir,
         }
@@ -88,7 +88,7 @@ impl Node {
     }
 
     fn epochs_and_commitment(&self) -> (Vec<EpochHeader>, [u8; 32]) {
-        let cs = self.chain.read().unwrap();
+        let cs = self.chain.lock().unwrap().snapshot();
         (cs.archive().epochs().to_vec(), cs.archive().commitment())
     }
 }
@@ -606,14 +606,16 @@ async fn two_nodes_synced_over_p2p_report_the_same_commitment() {
     let b = Node::empty();
     let pb = P2p::start(&b, vec![pa.addr]).await;
     let want = {
-        let cs = a.chain.read().unwrap();
+        let cs = a.chain.lock().unwrap();
         let t = cs.index().tip();
         (t.height, t.hash)
     };
+    // B's published snapshots: polling them never waits for B's writer.
+    let b_snapshots = b.chain.lock().unwrap().snapshots();
     let started = Instant::now();
     loop {
         let tip = {
-            let cs = b.chain.read().unwrap();
+            let cs = b_snapshots.load();
             let t = cs.index().tip();
             (t.height, t.hash)
         };
@@ -748,10 +750,11 @@ fn hex(b: &[u8]) -> String {
 }
 
 /// Serves the node's full HTTP API on 127.0.0.1:<ephemeral>.
-async fn serve_http(chain: Arc<RwLock<Chainstate>>, p2p: Option<P2pHandle>) -> SocketAddr {
+async fn serve_http(chain: Arc<Mutex<Chainstate>>, p2p: Option<P2pHandle>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let state = kakehi::http::AppState { chain, p2p };
+    let snapshots = chain.lock().unwrap().snapshots();
+    let state = kakehi::http::AppState { snapshots, p2p };
     tokio::spawn(kakehi::http::serve_listener(
         listener,
         state,

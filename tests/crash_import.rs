@@ -120,7 +120,9 @@ fn kill_9_during_import_then_resume_reaches_the_reference_state() {
     );
 
     let datadir = DataDir::open(dir.path()).unwrap();
-    let cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).unwrap();
+    let cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir)
+        .unwrap()
+        .snapshot();
     let chain = json("regtest-a/chain.json");
     assert_eq!(
         cs.index().tip().hash.to_string(),

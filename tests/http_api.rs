@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use bitcoin::hashes::Hash;
 use bitcoin::{BlockHash, Network, Txid};
@@ -32,7 +32,7 @@ fn server() -> &'static Server {
         assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
         let TestNode { dir, chain, .. } = node;
         let state = AppState {
-            chain: Arc::new(chain),
+            snapshots: chain.lock().expect("chain").snapshots(),
             p2p: None,
         };
         let addr = spawn_server(state.clone(), config());

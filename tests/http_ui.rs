@@ -58,8 +58,9 @@ fn node() -> &'static Node {
                 let p2p_addr = p2p.local_addr().await.expect("p2p listening");
                 p2p_addr_tx.send(p2p_addr).expect("send p2p addr");
                 let config = HttpConfig::default();
+                let snapshots = chain.lock().expect("chain").snapshots();
                 let state = AppState {
-                    chain,
+                    snapshots,
                     p2p: Some(p2p),
                 };
                 let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");

@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bitcoin::Network;
@@ -83,7 +83,7 @@ fn core_test_framework_against_kakehi() {
     let python = common::python::venv_python();
     let dir = tempfile::tempdir().expect("tempdir");
     let datadir = DataDir::open(dir.path()).expect("datadir");
-    let chain = Arc::new(RwLock::new(
+    let chain = Arc::new(Mutex::new(
         open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("chainstate"),
     ));
     let summary = import_files(

@@ -23,7 +23,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bitcoin::{BlockHash, Network};
@@ -134,17 +134,21 @@ struct State {
     filters: Vec<(Vec<u8>, String)>,
 }
 
-fn state(chain: &RwLock<Chainstate>) -> State {
-    let mut cs = chain.write().expect("lock");
+fn state(chain: &Mutex<Chainstate>) -> State {
+    let mut cs = chain.lock().expect("lock");
     let tip = cs.index().tip();
     let tip = (tip.height, tip.hash);
-    let stats = format!("{:?}", cs.utxo_stats());
+    let stats = format!("{:?}", cs.snapshot().utxo_stats());
     let mut utxos = Vec::new();
     cs.dump_utxos(&mut utxos).expect("dump utxos");
     let filters = (0..=tip.0)
         .map(|h| {
             let e = cs.index().active_at(h).expect("active height");
-            let (f, hd) = cs.filter(e.id).expect("filter read").expect("filter");
+            let (f, hd) = cs
+                .snapshot()
+                .filter(e.id)
+                .expect("filter read")
+                .expect("filter");
             (f, hd.to_string())
         })
         .collect();
@@ -250,17 +254,17 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
         .expect("hash");
     let dir_a = tempfile::tempdir().expect("tempdir");
     let datadir_a = DataDir::open(dir_a.path()).expect("datadir");
-    let a = Arc::new(RwLock::new(
+    let a = Arc::new(Mutex::new(
         open_chainstate(params, &datadir_a).expect("chainstate"),
     ));
     for r in &records[..at] {
-        a.write()
+        a.lock()
             .expect("lock")
             .submit_block(&r.block)
             .expect("submit");
     }
     let first_tip = {
-        let cs = a.read().expect("lock");
+        let cs = a.lock().expect("lock");
         let t = cs.index().tip();
         (u64::from(t.height), t.hash.to_string())
     };
@@ -297,10 +301,7 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
         let rest: Vec<_> = records[at..].iter().map(|r| r.block.clone()).collect();
         std::thread::spawn(move || {
             for block in &rest {
-                a.write()
-                    .expect("lock")
-                    .submit_block(block)
-                    .expect("submit");
+                a.lock().expect("lock").submit_block(block).expect("submit");
             }
         })
     };
@@ -397,12 +398,12 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
     // ... and through the library: tip, UTXO summary, every filter and
     // filter header (= A's = bcoin's filters.json).
     let b_datadir = DataDir::open(&datadir_b).expect("B's datadir");
-    let b_chain = RwLock::new(
+    let b_chain = Mutex::new(
         open_chainstate(ChainParams::new(Network::Regtest), &b_datadir).expect("B's chainstate"),
     );
     let got = state(&b_chain);
     {
-        let cs = b_chain.read().expect("lock");
+        let cs = b_chain.lock().expect("lock");
         let id = cs.index().id_of(&old_tip).expect("B knows A's old tip");
         assert!(!cs.index().is_active(id), "A's old tip is stale in B");
     }

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bitcoin::{BlockHash, Network};
@@ -19,7 +19,7 @@ use kakehi::import::{import_files, read_file};
 use kakehi::node::{open_chainstate, DataDir};
 use kakehi::p2p::backend::{HeadersError, NodeBackend};
 use kakehi::p2p::{start_p2p, NodeP2p, P2pConfig, P2pError, P2pHandle};
-use kakehi::pipeline::Chainstate;
+use kakehi::pipeline::{Chainstate, Snapshots};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -28,7 +28,10 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// A chain state in a datadir, shared with its P2P layer.
 struct Node {
-    chain: Arc<RwLock<Chainstate>>,
+    chain: Arc<Mutex<Chainstate>>,
+    /// The chain state's published snapshots (reads never wait for its
+    /// writer).
+    snapshots: Snapshots,
     _datadir: DataDir,
 }
 
@@ -37,13 +40,14 @@ impl Node {
         let datadir = DataDir::open(path).expect("datadir");
         let chain = open_chainstate(params, &datadir).expect("open chainstate");
         Node {
-            chain: Arc::new(RwLock::new(chain)),
+            snapshots: chain.snapshots(),
+            chain: Arc::new(Mutex::new(chain)),
             _datadir: datadir,
         }
     }
 
     fn tip(&self) -> (u32, BlockHash) {
-        let cs = self.chain.read().unwrap();
+        let cs = self.snapshots.load();
         let t = cs.index().tip();
         (t.height, t.hash)
     }
@@ -91,21 +95,13 @@ async fn serve(node: &Node) -> (P2p, std::net::SocketAddr) {
     (p, addr)
 }
 
-/// Waits until `node`'s tip is `want`. Polls with `try_read` and sleeps
-/// while the node's writer holds the chain state: a blocking read here
-/// would stall a tokio worker (and on a current-thread runtime, everything).
+/// Waits until `node`'s tip is `want`, polling its published snapshots
+/// (which never wait for the writer, so this never stalls a tokio worker).
 async fn wait_for_tip(node: &Node, want: (u32, BlockHash)) -> Duration {
     let started = Instant::now();
-    let mut seen = None;
+    let mut seen;
     loop {
-        match node.chain.try_read() {
-            Ok(cs) => {
-                let t = cs.index().tip();
-                seen = Some((t.height, t.hash));
-            }
-            Err(std::sync::TryLockError::WouldBlock) => {}
-            Err(std::sync::TryLockError::Poisoned(_)) => panic!("chain state lock poisoned"),
-        }
+        seen = Some(node.tip());
         if seen == Some(want) {
             return started.elapsed();
         }
@@ -117,11 +113,11 @@ async fn wait_for_tip(node: &Node, want: (u32, BlockHash)) -> Duration {
     }
 }
 
-/// `wait_for_tip` does not block its runtime while the chain state is
-/// write-locked: on a current-thread runtime, a task spawned beside it must
-/// run (and it is what lets the lock holder go) before the wait ends.
+/// `wait_for_tip` reads the published snapshots: it returns while a writer
+/// holds the chain state's mutex (on a current-thread runtime, where a
+/// blocking wait would hang everything until the holder gives up).
 #[tokio::test(flavor = "current_thread")]
-async fn wait_for_tip_does_not_block_the_runtime_while_the_chain_is_locked() {
+async fn wait_for_tip_does_not_wait_for_a_writer_holding_the_chain_state() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::open(dir.path(), ChainParams::new(Network::Regtest));
     let genesis = node.tip();
@@ -129,19 +125,21 @@ async fn wait_for_tip_does_not_block_the_runtime_while_the_chain_is_locked() {
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let chain = node.chain.clone();
     let holder = std::thread::spawn(move || {
-        let guard = chain.write().unwrap();
+        let guard = chain.lock().unwrap();
         locked_tx.send(()).unwrap();
-        // Released by the task below, or after 10 s if it never runs.
+        // Released below once the tip was read, or after 10 s.
         let released = release_rx.recv_timeout(Duration::from_secs(10)).is_ok();
         drop(guard);
         released
     });
     locked_rx.recv().unwrap();
-    tokio::spawn(async move { release_tx.send(()).ok() });
+    // Reads the tip from the published snapshots while the writer's mutex
+    // is held: it must not wait for it.
     wait_for_tip(&node, genesis).await;
+    release_tx.send(()).ok();
     assert!(
         holder.join().unwrap(),
-        "the runtime was blocked: the releasing task never ran"
+        "reading the tip waited for the writer's mutex"
     );
 }
 
@@ -179,15 +177,18 @@ fn imported_node(dir: &Path) -> (Node, f64) {
 fn assert_same_state(a: &Node, b: &Node) {
     assert_eq!(b.tip(), reference_tip());
     assert_eq!(
-        a.chain.read().unwrap().utxo_stats(),
-        b.chain.read().unwrap().utxo_stats()
+        a.chain.lock().unwrap().snapshot().utxo_stats(),
+        b.chain.lock().unwrap().snapshot().utxo_stats()
     );
     let mut dump = Vec::new();
-    b.chain.write().unwrap().dump_utxos(&mut dump).unwrap();
+    b.chain.lock().unwrap().dump_utxos(&mut dump).unwrap();
     let expected = std::fs::read(data("regtest-a/utxos.txt")).unwrap();
     assert!(dump == expected, "B's UTXO dump differs from utxos.txt");
     let filters = json("regtest-a/filters.json");
-    let (ca, cb) = (a.chain.read().unwrap(), b.chain.read().unwrap());
+    let (ca, cb) = (
+        a.chain.lock().unwrap().snapshot(),
+        b.chain.lock().unwrap().snapshot(),
+    );
     for f in filters.as_array().unwrap() {
         let height = f["height"].as_u64().unwrap() as u32;
         let eb = cb.index().active_at(height).expect("B has the height");
@@ -223,7 +224,7 @@ async fn empty_node_syncs_regtest_a_from_an_importing_node() {
     let b = Node::open(db.path(), ChainParams::new(Network::Regtest));
     let pb = start(&b, config(false, vec![addr]));
     let took = wait_for_tip(&b, reference_tip()).await;
-    let blocks = b.chain.read().unwrap().stats().blocks_connected;
+    let blocks = b.chain.lock().unwrap().stats().blocks_connected;
     eprintln!(
         "p2p sync: {blocks} blocks connected in {:.2} s = {:.0} blocks/s; file import: {import_rate:.0} blocks/s",
         took.as_secs_f64(),
@@ -251,28 +252,26 @@ async fn follower_takes_the_twelve_deep_reorg() {
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = Node::open(da.path(), params.clone());
     for r in &records[..at] {
-        a.chain.write().unwrap().submit_block(&r.block).unwrap();
+        a.chain.lock().unwrap().submit_block(&r.block).unwrap();
     }
     assert_eq!(a.tip().1, old_tip, "A before the reorg is at its old tip");
     let (pa, addr) = serve(&a).await;
     let b = Node::open(db.path(), params);
     let pb = start(&b, config(false, vec![addr]));
     wait_for_tip(&b, a.tip()).await;
-    assert_eq!(b.chain.read().unwrap().stats().reorgs, 0);
+    assert_eq!(b.chain.lock().unwrap().stats().reorgs, 0);
     // The rest, into A only: A reorganises at `at`; its tip watcher announces.
     for r in &records[at..] {
-        a.chain.write().unwrap().submit_block(&r.block).unwrap();
+        a.chain.lock().unwrap().submit_block(&r.block).unwrap();
     }
     assert_eq!(a.tip(), reference_tip());
     wait_for_tip(&b, reference_tip()).await;
-    assert!(b.chain.read().unwrap().stats().reorgs >= 1, "B reorganised");
-    assert!(b
-        .chain
-        .read()
-        .unwrap()
+    let seen = b.snapshots.load();
+    assert!(seen.stats().reorgs >= 1, "B reorganised");
+    assert!(seen
         .index()
         .id_of(&old_tip)
-        .is_some_and(|id| !b.chain.read().unwrap().index().is_active(id)));
+        .is_some_and(|id| !seen.index().is_active(id)));
     pb.stop().await;
     pa.stop().await;
     assert_same_state(&a, &b);
@@ -354,7 +353,7 @@ fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
             other => panic!("expected BelowMinimumWork, got {other:?}"),
         }
         assert_eq!(
-            node.chain.read().unwrap().index().len(),
+            node.chain.lock().unwrap().index().len(),
             1,
             "nothing stored"
         );
@@ -362,7 +361,7 @@ fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
     let out = backend
         .accept_headers(&best[999..1200])
         .expect("passes the minimum");
-    assert_eq!(node.chain.read().unwrap().index().len(), 1201);
+    assert_eq!(node.chain.lock().unwrap().index().len(), 1201);
     assert_eq!(out.best_header, (1200, best[1199].block_hash()));
     assert_eq!(backend.best_header_tip(), (1200, best[1199].block_hash()));
     assert_eq!(backend.blocks_to_fetch(10_000).len(), 1024);
@@ -373,11 +372,11 @@ fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
         Err(HeadersError::Unconnected { .. })
     ));
     // Reopened: the stored headers are there, as headers only.
-    let params = node.chain.read().unwrap().params().clone();
+    let params = node.chain.lock().unwrap().params().clone();
     drop(backend);
     drop(node);
     let node = Node::open(dir.path(), params);
-    assert_eq!(node.chain.read().unwrap().index().len(), 1201);
+    assert_eq!(node.chain.lock().unwrap().index().len(), 1201);
     assert_eq!(node.tip().0, 0);
     let backend = NodeP2p::new(node.chain.clone());
     assert_eq!(backend.best_header_tip(), (1200, best[1199].block_hash()));
@@ -451,7 +450,7 @@ fn plan_follows_the_equal_work_competitor_of_a_mutated_block() {
         Err(SubmitError::Invalid { .. })
     ));
     {
-        let cs = node.chain.read().unwrap();
+        let cs = node.chain.lock().unwrap();
         let id = cs.index().id_of(&stale.block_hash()).expect("stored");
         assert_eq!(
             cs.index().get(id).map(|e| e.status),

@@ -6,6 +6,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bitcoin::merkle_tree::MerkleBlock;
 use bitcoin::{BlockHash, OutPoint, Txid};
@@ -50,13 +51,16 @@ struct EpochFile {
 /// The archive of sealed epochs in one directory.
 ///
 /// One writer (the pipeline) calls [`Archive::seal`]; proofs are built with
-/// `pread`, so `&self` methods may run from several threads.
-#[derive(Debug)]
+/// `pread`, so `&self` methods may run from several threads. A clone is
+/// cheap (the sealed epochs are shared, `Arc`) and keeps the epochs sealed
+/// when it was made: a chain snapshot carries one, and the writer's later
+/// seals do not change it.
+#[derive(Debug, Clone)]
 pub struct Archive {
-    dir: PathBuf,
+    dir: Arc<Path>,
     epoch_length: u32,
-    headers: Vec<EpochHeader>,
-    files: Vec<EpochFile>,
+    headers: Arc<Vec<EpochHeader>>,
+    files: Arc<Vec<Arc<EpochFile>>>,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
@@ -204,10 +208,10 @@ impl Archive {
             )?);
         }
         Ok(Archive {
-            dir: dir.to_path_buf(),
+            dir: Arc::from(dir),
             epoch_length,
-            headers,
-            files,
+            headers: Arc::new(headers),
+            files: Arc::new(files.into_iter().map(Arc::new).collect()),
         })
     }
 
@@ -542,12 +546,14 @@ impl Archive {
             let sum = crc.finalize();
             w.write_all(&sum.to_be_bytes())
         })?;
-        let mut all = self.headers.clone();
+        let mut all = Vec::clone(&self.headers);
         all.push(header);
         self.write_index(&all)?;
         let file = Self::open_epoch_file(&path, &header)?;
-        self.headers = all;
-        self.files.push(file);
+        self.headers = Arc::new(all);
+        let mut files = Vec::clone(&self.files);
+        files.push(Arc::new(file));
+        self.files = Arc::new(files);
         Ok(header)
     }
 
@@ -891,7 +897,7 @@ impl Archive {
             None => Anchor::Commitment(self.commitment()),
         };
         verify(&batch, anchor).map_err(|source| ArchiveError::SelfCheck {
-            dir: self.dir.clone(),
+            dir: self.dir.to_path_buf(),
             source: Box::new(source),
         })?;
         Ok(batch)

@@ -9,6 +9,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use bitcoin::block::Header;
 use bitcoin::pow::{CompactTarget, Target, Work};
@@ -184,14 +185,28 @@ impl HeaderError {
 /// Seconds a testnet4 block may go back in time at a period boundary (BIP94).
 const MAX_TIMEWARP: u32 = 600;
 
-/// The in-memory block index and active chain.
+/// The read side of the block index: every entry by id, hash → id, and the
+/// active chain (height → id). Built from persistent structures
+/// ([`imbl`]) so a clone costs O(1) and shares everything with the
+/// original: the writer's [`BlockIndex`] holds one and publishes clones of
+/// it in every [`crate::pipeline::ChainSnapshot`]. Every read of the index
+/// (lookups, tips, locators, views, fork points) is defined here, once.
+#[derive(Clone, Debug)]
+pub struct ChainIndex {
+    params: Arc<ChainParams>,
+    entries: imbl::Vector<IndexEntry>,
+    by_hash: imbl::HashMap<BlockHash, BlockId>,
+    /// The active chain: `active[h]` is the best block at height `h`.
+    active: imbl::Vector<BlockId>,
+}
+
+/// The writer's block index: the read core ([`ChainIndex`], reached
+/// through `Deref`) and what only the writer needs to choose the next tip
+/// (which blocks are complete, the tip candidates, the blocks waiting for
+/// a parent's data), with the header checks and status changes.
 #[derive(Debug)]
 pub struct BlockIndex {
-    params: ChainParams,
-    entries: Vec<IndexEntry>,
-    by_hash: HashMap<BlockHash, BlockId>,
-    /// The active chain: `active[h]` is the best block at height `h`.
-    active: Vec<BlockId>,
+    core: ChainIndex,
     /// Per entry: the block and all its ancestors have their data and none
     /// is invalid (Core's `nChainTx != 0`).
     complete: Vec<bool>,
@@ -203,6 +218,14 @@ pub struct BlockIndex {
     /// Blocks with data whose parent is not complete yet, by parent (Core's
     /// `m_blocks_unlinked`): they become complete with it.
     unlinked: HashMap<BlockId, Vec<BlockId>>,
+}
+
+impl std::ops::Deref for BlockIndex {
+    type Target = ChainIndex;
+
+    fn deref(&self) -> &ChainIndex {
+        &self.core
+    }
 }
 
 impl BlockIndex {
@@ -220,13 +243,15 @@ impl BlockIndex {
             status: BlockStatus::Valid,
             prev: None,
         };
-        let mut by_hash = HashMap::new();
+        let mut by_hash = imbl::HashMap::new();
         by_hash.insert(hash, BlockId(0));
         let mut index = BlockIndex {
-            params,
-            entries: vec![genesis],
-            by_hash,
-            active: vec![BlockId(0)],
+            core: ChainIndex {
+                params: Arc::new(params),
+                entries: imbl::vector![genesis],
+                by_hash,
+                active: imbl::vector![BlockId(0)],
+            },
             complete: Vec::new(),
             candidates: BTreeSet::new(),
             unlinked: HashMap::new(),
@@ -245,7 +270,7 @@ impl BlockIndex {
         entries: Vec<IndexEntry>,
         tip: BlockId,
     ) -> Result<Self, IndexLoadError> {
-        let mut by_hash = HashMap::with_capacity(entries.len());
+        let mut by_hash = imbl::HashMap::new();
         for (i, e) in entries.iter().enumerate() {
             if e.id.0 as usize != i {
                 return Err(IndexLoadError::NotDense { id: e.id.0 });
@@ -264,10 +289,12 @@ impl BlockIndex {
             return Err(IndexLoadError::UnknownTip { id: tip.0 });
         }
         let mut index = BlockIndex {
-            params,
-            entries,
-            by_hash,
-            active: Vec::new(),
+            core: ChainIndex {
+                params: Arc::new(params),
+                entries: entries.into_iter().collect(),
+                by_hash,
+                active: imbl::Vector::new(),
+            },
             complete: Vec::new(),
             candidates: BTreeSet::new(),
             unlinked: HashMap::new(),
@@ -277,6 +304,245 @@ impl BlockIndex {
         Ok(index)
     }
 
+    /// The read core (what a snapshot of the index holds); clone it to
+    /// publish (O(1)).
+    pub fn core(&self) -> &ChainIndex {
+        &self.core
+    }
+    /// Sets the status of `id`, keeping the tip candidates up to date (a
+    /// block that gets its data may complete its chain and its waiting
+    /// descendants'). Use [`BlockIndex::mark_invalid`] to invalidate.
+    pub fn set_status(&mut self, id: BlockId, status: BlockStatus) {
+        let Some(e) = self.core.entries.get_mut(id.0 as usize) else {
+            return;
+        };
+        let old = e.status;
+        e.status = status;
+        if status.is_invalid() || (old.has_data() && !status.has_data()) {
+            self.rebuild_candidates();
+        } else if status.has_data() && !old.has_data() {
+            self.on_data(id);
+        }
+    }
+
+    /// `id` got its data: it is complete if its parent is, and then so are
+    /// the blocks that waited for it (O(blocks completed)).
+    fn on_data(&mut self, id: BlockId) {
+        let parent_complete = match self.core.entries[id.0 as usize].prev {
+            None => true,
+            Some(p) => self.complete[p.0 as usize],
+        };
+        if !parent_complete {
+            if let Some(p) = self.core.entries[id.0 as usize].prev {
+                self.unlinked.entry(p).or_default().push(id);
+            }
+            return;
+        }
+        let tip_work = self.tip().chainwork;
+        let mut stack = vec![id];
+        while let Some(b) = stack.pop() {
+            let (has_data, work) = {
+                let e = &self.core.entries[b.0 as usize];
+                (e.status.has_data(), e.chainwork)
+            };
+            if self.complete[b.0 as usize] || !has_data {
+                continue;
+            }
+            self.complete[b.0 as usize] = true;
+            if work >= tip_work {
+                self.candidates.insert((work, Reverse(b.0)));
+            }
+            if let Some(children) = self.unlinked.remove(&b) {
+                stack.extend(children);
+            }
+        }
+    }
+
+    /// Recomputes `complete`, `candidates` and `unlinked` from the entries
+    /// (O(n); at load and when a block is marked invalid).
+    fn rebuild_candidates(&mut self) {
+        let tip_work = self.tip().chainwork;
+        self.complete = vec![false; self.core.entries.len()];
+        self.candidates.clear();
+        self.unlinked.clear();
+        // Parents come before children (ids are dense, parents first).
+        for i in 0..self.core.entries.len() {
+            let e = &self.core.entries[i];
+            if !e.status.has_data() {
+                continue;
+            }
+            match e.prev {
+                Some(p) if !self.complete[p.0 as usize] => {
+                    self.unlinked.entry(p).or_default().push(e.id);
+                }
+                _ => {
+                    self.complete[i] = true;
+                    if e.chainwork >= tip_work {
+                        self.candidates.insert((e.chainwork, Reverse(e.id.0)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Marks `id` invalid and every known descendant invalid-ancestor;
+    /// returns the ids whose status changed.
+    pub fn mark_invalid(&mut self, id: BlockId) -> Vec<BlockId> {
+        let mut changed = vec![id];
+        if let Some(e) = self.core.entries.get_mut(id.0 as usize) {
+            e.status = BlockStatus::Invalid;
+        }
+        // Children always have larger ids than their parents.
+        for i in (id.0 as usize + 1)..self.core.entries.len() {
+            let parent_bad = self.core.entries[i]
+                .prev
+                .is_some_and(|p| self.core.entries[p.0 as usize].status.is_invalid());
+            if parent_bad && !self.core.entries[i].status.is_invalid() {
+                self.core.entries[i].status = BlockStatus::InvalidAncestor;
+                changed.push(BlockId(i as u32));
+            }
+        }
+        self.rebuild_candidates();
+        changed
+    }
+
+    /// Checks `header` against its parent and the clock `now` (seconds since
+    /// the epoch) and adds it with status [`BlockStatus::HeadersOnly`];
+    /// returns its id. A header already known returns its id unchanged.
+    ///
+    /// # Errors
+    /// [`HeaderError`] naming the broken rule; the index is unchanged.
+    pub fn accept_header(&mut self, header: &Header, now: u64) -> Result<BlockId, HeaderError> {
+        let hash = header.block_hash();
+        if let Some(id) = self.id_of(&hash) {
+            return Ok(id);
+        }
+        let prev_id = self
+            .id_of(&header.prev_blockhash)
+            .ok_or(HeaderError::UnknownParent {
+                hash,
+                prev: header.prev_blockhash,
+            })?;
+        let prev = &self.core.entries[prev_id.0 as usize];
+        if prev.status.is_invalid() {
+            return Err(HeaderError::InvalidParent { hash });
+        }
+        let height = prev.height + 1;
+        let expected = self.next_work_required(prev, header.time);
+        if header.bits != expected {
+            return Err(HeaderError::BadDiffBits {
+                hash,
+                height,
+                got: header.bits.to_consensus(),
+                expected: expected.to_consensus(),
+            });
+        }
+        let target = Target::from_compact(header.bits);
+        if header.validate_pow(target).is_err() {
+            return Err(HeaderError::HighHash { hash });
+        }
+        let mtp = self.median_time_past(prev_id);
+        if header.time <= mtp {
+            return Err(HeaderError::TimeTooOld {
+                hash,
+                time: header.time,
+                mtp,
+            });
+        }
+        if u64::from(header.time) > now + MAX_FUTURE_BLOCK_TIME {
+            return Err(HeaderError::TimeTooNew {
+                hash,
+                time: header.time,
+                now,
+            });
+        }
+        let interval = (self.core.params.pow.pow_target_timespan
+            / self.core.params.pow.pow_target_spacing) as u32;
+        if self.core.params.enforce_bip94
+            && height.is_multiple_of(interval)
+            && header.time < prev.header.time.saturating_sub(MAX_TIMEWARP)
+        {
+            return Err(HeaderError::TimeWarp { hash });
+        }
+        let version = header.version.to_consensus();
+        let p = &self.core.params;
+        if (version < 2 && height >= p.bip34_height)
+            || (version < 3 && height >= p.bip66_height)
+            || (version < 4 && height >= p.bip65_height)
+        {
+            return Err(HeaderError::BadVersion {
+                hash,
+                version,
+                height,
+            });
+        }
+        let id = u32::try_from(self.core.entries.len()).map_err(|_| HeaderError::IndexFull)?;
+        let id = BlockId(id);
+        let chainwork = prev.chainwork + header.work();
+        self.core.entries.push_back(IndexEntry {
+            id,
+            hash,
+            header: *header,
+            height,
+            chainwork,
+            status: BlockStatus::HeadersOnly,
+            prev: Some(prev_id),
+        });
+        self.complete.push(false);
+        self.core.by_hash.insert(hash, id);
+        Ok(id)
+    }
+
+    /// Makes `tip` the active chain's tip: rewrites `active` from the fork
+    /// point up (O(reorg depth)). Returns the fork height.
+    pub fn set_active_tip(&mut self, tip: BlockId) -> u32 {
+        let mut branch = Vec::new();
+        let mut cur = tip;
+        loop {
+            let e = &self.core.entries[cur.0 as usize];
+            if self.core.active.get(e.height as usize) == Some(&cur) {
+                break;
+            }
+            branch.push(cur);
+            match e.prev {
+                Some(p) => cur = p,
+                None => break,
+            }
+        }
+        let fork_height = branch
+            .last()
+            .map(|id| self.core.entries[id.0 as usize].height.saturating_sub(1))
+            .unwrap_or(self.core.entries[tip.0 as usize].height);
+        let keep = if branch.is_empty() {
+            self.core.entries[tip.0 as usize].height as usize + 1
+        } else {
+            self.core.entries[branch.last().map(|id| id.0 as usize).unwrap_or(0)].height as usize
+        };
+        self.core.active.truncate(keep);
+        self.core.active.extend(branch.into_iter().rev());
+        // Candidates below the new tip's work can no longer win (a tip only
+        // loses work when a block is marked invalid, which rebuilds them).
+        let tip_work = self.tip().chainwork;
+        self.candidates = self.candidates.split_off(&(tip_work, Reverse(u32::MAX)));
+        fork_height
+    }
+
+    /// The most-work block whose status is not invalid and all of whose
+    /// ancestors have their data (the candidate for the active tip); ties go
+    /// to the lower id (first seen). The tip itself unless a candidate has
+    /// strictly more work. O(log n): the candidates are kept as blocks get
+    /// their data (Core's `setBlockIndexCandidates`).
+    pub fn best_candidate(&self) -> BlockId {
+        let tip = self.tip();
+        // The greatest (work, Reverse(id)) is the most work, lowest id.
+        match self.candidates.last() {
+            Some((work, Reverse(id))) if *work > tip.chainwork => BlockId(*id),
+            _ => tip.id,
+        }
+    }
+}
+
+impl ChainIndex {
     /// The network parameters.
     pub fn params(&self) -> &ChainParams {
         &self.params
@@ -308,13 +574,20 @@ impl BlockIndex {
     }
 
     /// All entries, in id order.
-    pub fn entries(&self) -> &[IndexEntry] {
-        &self.entries
+    pub fn entries(&self) -> impl ExactSizeIterator<Item = &IndexEntry> + '_ {
+        self.entries.iter()
+    }
+
+    /// The entries from id `start` on, in id order (empty when `start` is
+    /// past the end).
+    pub fn entries_from(&self, start: usize) -> impl Iterator<Item = &IndexEntry> + '_ {
+        (start..self.entries.len()).filter_map(move |i| self.entries.get(i))
     }
 
     /// The active chain's tip.
     pub fn tip(&self) -> &IndexEntry {
-        // invariant: `active` always holds at least genesis.
+        // invariant: `active` always holds at least genesis, and every id
+        // in it is an entry.
         let id = *self
             .active
             .last()
@@ -331,110 +604,13 @@ impl BlockIndex {
     pub fn active_at(&self, height: u32) -> Option<&IndexEntry> {
         self.active
             .get(height as usize)
-            .map(|id| &self.entries[id.0 as usize])
+            .and_then(|id| self.entries.get(id.0 as usize))
     }
 
     /// Whether `id` is on the active chain.
     pub fn is_active(&self, id: BlockId) -> bool {
         self.get(id)
             .is_some_and(|e| self.active.get(e.height as usize) == Some(&id))
-    }
-
-    /// Sets the status of `id`, keeping the tip candidates up to date (a
-    /// block that gets its data may complete its chain and its waiting
-    /// descendants'). Use [`BlockIndex::mark_invalid`] to invalidate.
-    pub fn set_status(&mut self, id: BlockId, status: BlockStatus) {
-        let Some(e) = self.entries.get_mut(id.0 as usize) else {
-            return;
-        };
-        let old = e.status;
-        e.status = status;
-        if status.is_invalid() || (old.has_data() && !status.has_data()) {
-            self.rebuild_candidates();
-        } else if status.has_data() && !old.has_data() {
-            self.on_data(id);
-        }
-    }
-
-    /// `id` got its data: it is complete if its parent is, and then so are
-    /// the blocks that waited for it (O(blocks completed)).
-    fn on_data(&mut self, id: BlockId) {
-        let parent_complete = match self.entries[id.0 as usize].prev {
-            None => true,
-            Some(p) => self.complete[p.0 as usize],
-        };
-        if !parent_complete {
-            if let Some(p) = self.entries[id.0 as usize].prev {
-                self.unlinked.entry(p).or_default().push(id);
-            }
-            return;
-        }
-        let tip_work = self.tip().chainwork;
-        let mut stack = vec![id];
-        while let Some(b) = stack.pop() {
-            let (has_data, work) = {
-                let e = &self.entries[b.0 as usize];
-                (e.status.has_data(), e.chainwork)
-            };
-            if self.complete[b.0 as usize] || !has_data {
-                continue;
-            }
-            self.complete[b.0 as usize] = true;
-            if work >= tip_work {
-                self.candidates.insert((work, Reverse(b.0)));
-            }
-            if let Some(children) = self.unlinked.remove(&b) {
-                stack.extend(children);
-            }
-        }
-    }
-
-    /// Recomputes `complete`, `candidates` and `unlinked` from the entries
-    /// (O(n); at load and when a block is marked invalid).
-    fn rebuild_candidates(&mut self) {
-        let tip_work = self.tip().chainwork;
-        self.complete = vec![false; self.entries.len()];
-        self.candidates.clear();
-        self.unlinked.clear();
-        // Parents come before children (ids are dense, parents first).
-        for i in 0..self.entries.len() {
-            let e = &self.entries[i];
-            if !e.status.has_data() {
-                continue;
-            }
-            match e.prev {
-                Some(p) if !self.complete[p.0 as usize] => {
-                    self.unlinked.entry(p).or_default().push(e.id);
-                }
-                _ => {
-                    self.complete[i] = true;
-                    if e.chainwork >= tip_work {
-                        self.candidates.insert((e.chainwork, Reverse(e.id.0)));
-                    }
-                }
-            }
-        }
-    }
-
-    /// Marks `id` invalid and every known descendant invalid-ancestor;
-    /// returns the ids whose status changed.
-    pub fn mark_invalid(&mut self, id: BlockId) -> Vec<BlockId> {
-        let mut changed = vec![id];
-        if let Some(e) = self.entries.get_mut(id.0 as usize) {
-            e.status = BlockStatus::Invalid;
-        }
-        // Children always have larger ids than their parents.
-        for i in (id.0 as usize + 1)..self.entries.len() {
-            let parent_bad = self.entries[i]
-                .prev
-                .is_some_and(|p| self.entries[p.0 as usize].status.is_invalid());
-            if parent_bad && !self.entries[i].status.is_invalid() {
-                self.entries[i].status = BlockStatus::InvalidAncestor;
-                changed.push(BlockId(i as u32));
-            }
-        }
-        self.rebuild_candidates();
-        changed
     }
 
     /// The ancestor of `id` at `height` (walks parents: O(depth)).
@@ -516,127 +692,6 @@ impl BlockIndex {
         CompactTarget::from_next_work_required(base, timespan, pow)
     }
 
-    /// Checks `header` against its parent and the clock `now` (seconds since
-    /// the epoch) and adds it with status [`BlockStatus::HeadersOnly`];
-    /// returns its id. A header already known returns its id unchanged.
-    ///
-    /// # Errors
-    /// [`HeaderError`] naming the broken rule; the index is unchanged.
-    pub fn accept_header(&mut self, header: &Header, now: u64) -> Result<BlockId, HeaderError> {
-        let hash = header.block_hash();
-        if let Some(id) = self.id_of(&hash) {
-            return Ok(id);
-        }
-        let prev_id = self
-            .id_of(&header.prev_blockhash)
-            .ok_or(HeaderError::UnknownParent {
-                hash,
-                prev: header.prev_blockhash,
-            })?;
-        let prev = &self.entries[prev_id.0 as usize];
-        if prev.status.is_invalid() {
-            return Err(HeaderError::InvalidParent { hash });
-        }
-        let height = prev.height + 1;
-        let expected = self.next_work_required(prev, header.time);
-        if header.bits != expected {
-            return Err(HeaderError::BadDiffBits {
-                hash,
-                height,
-                got: header.bits.to_consensus(),
-                expected: expected.to_consensus(),
-            });
-        }
-        let target = Target::from_compact(header.bits);
-        if header.validate_pow(target).is_err() {
-            return Err(HeaderError::HighHash { hash });
-        }
-        let mtp = self.median_time_past(prev_id);
-        if header.time <= mtp {
-            return Err(HeaderError::TimeTooOld {
-                hash,
-                time: header.time,
-                mtp,
-            });
-        }
-        if u64::from(header.time) > now + MAX_FUTURE_BLOCK_TIME {
-            return Err(HeaderError::TimeTooNew {
-                hash,
-                time: header.time,
-                now,
-            });
-        }
-        let interval =
-            (self.params.pow.pow_target_timespan / self.params.pow.pow_target_spacing) as u32;
-        if self.params.enforce_bip94
-            && height.is_multiple_of(interval)
-            && header.time < prev.header.time.saturating_sub(MAX_TIMEWARP)
-        {
-            return Err(HeaderError::TimeWarp { hash });
-        }
-        let version = header.version.to_consensus();
-        let p = &self.params;
-        if (version < 2 && height >= p.bip34_height)
-            || (version < 3 && height >= p.bip66_height)
-            || (version < 4 && height >= p.bip65_height)
-        {
-            return Err(HeaderError::BadVersion {
-                hash,
-                version,
-                height,
-            });
-        }
-        let id = u32::try_from(self.entries.len()).map_err(|_| HeaderError::IndexFull)?;
-        let id = BlockId(id);
-        let chainwork = prev.chainwork + header.work();
-        self.entries.push(IndexEntry {
-            id,
-            hash,
-            header: *header,
-            height,
-            chainwork,
-            status: BlockStatus::HeadersOnly,
-            prev: Some(prev_id),
-        });
-        self.complete.push(false);
-        self.by_hash.insert(hash, id);
-        Ok(id)
-    }
-
-    /// Makes `tip` the active chain's tip: rewrites `active` from the fork
-    /// point up (O(reorg depth)). Returns the fork height.
-    pub fn set_active_tip(&mut self, tip: BlockId) -> u32 {
-        let mut branch = Vec::new();
-        let mut cur = tip;
-        loop {
-            let e = &self.entries[cur.0 as usize];
-            if self.active.get(e.height as usize) == Some(&cur) {
-                break;
-            }
-            branch.push(cur);
-            match e.prev {
-                Some(p) => cur = p,
-                None => break,
-            }
-        }
-        let fork_height = branch
-            .last()
-            .map(|id| self.entries[id.0 as usize].height.saturating_sub(1))
-            .unwrap_or(self.entries[tip.0 as usize].height);
-        let keep = if branch.is_empty() {
-            self.entries[tip.0 as usize].height as usize + 1
-        } else {
-            self.entries[branch.last().map(|id| id.0 as usize).unwrap_or(0)].height as usize
-        };
-        self.active.truncate(keep);
-        self.active.extend(branch.into_iter().rev());
-        // Candidates below the new tip's work can no longer win (a tip only
-        // loses work when a block is marked invalid, which rebuilds them).
-        let tip_work = self.tip().chainwork;
-        self.candidates = self.candidates.split_off(&(tip_work, Reverse(u32::MAX)));
-        fork_height
-    }
-
     /// The last common block of `a`'s chain and `b`'s chain.
     pub fn fork_point(&self, a: BlockId, b: BlockId) -> Option<BlockId> {
         let (mut x, mut y) = (self.get(a)?, self.get(b)?);
@@ -666,20 +721,6 @@ impl BlockIndex {
         }
         out.reverse();
         out
-    }
-
-    /// The most-work block whose status is not invalid and all of whose
-    /// ancestors have their data (the candidate for the active tip); ties go
-    /// to the lower id (first seen). The tip itself unless a candidate has
-    /// strictly more work. O(log n): the candidates are kept as blocks get
-    /// their data (Core's `setBlockIndexCandidates`).
-    pub fn best_candidate(&self) -> BlockId {
-        let tip = self.tip();
-        // The greatest (work, Reverse(id)) is the most work, lowest id.
-        match self.candidates.last() {
-            Some((work, Reverse(id))) if *work > tip.chainwork => BlockId(*id),
-            _ => tip.id,
-        }
     }
 
     /// A block locator for the active chain (Core's `LocatorEntries`): the
@@ -749,7 +790,7 @@ impl BlockIndex {
     }
 }
 
-/// One entry of [`BlockIndex::tips`] (Core's `getchaintips`).
+/// One entry of [`ChainIndex::tips`] (Core's `getchaintips`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ChainTip {
     /// Height of the tip.
@@ -810,7 +851,7 @@ pub enum IndexLoadError {
 /// the active chain below the fork point, O(branch length) otherwise.
 #[derive(Clone, Copy)]
 pub struct BranchView<'a> {
-    index: &'a BlockIndex,
+    index: &'a ChainIndex,
     tip: BlockId,
 }
 
@@ -833,7 +874,7 @@ impl ChainView for BranchView<'_> {
 }
 
 /// The active chain as seen by the UTXO table's purge rules.
-impl BlockOracle for BlockIndex {
+impl BlockOracle for ChainIndex {
     fn best_height(&self, block: BlockId) -> Option<u32> {
         self.is_active(block)
             .then(|| self.entries[block.0 as usize].height)
@@ -844,7 +885,7 @@ impl BlockOracle for BlockIndex {
     }
 
     fn tip_height(&self) -> u32 {
-        BlockIndex::tip_height(self)
+        ChainIndex::tip_height(self)
     }
 }
 

@@ -26,7 +26,7 @@ use bitcoin::{OutPoint, Txid};
 use crate::archive::proof::MAX_ITEMS;
 use crate::archive::{ArchiveError, OutpointStatus};
 use crate::http::AppState;
-use crate::pipeline::{Chainstate, PipelineError};
+use crate::pipeline::{ChainSnapshot, PipelineError};
 
 /// Response header carrying the outpoint's status on `GET /proof/outpoint/…`.
 pub const STATUS_HEADER: &str = "x-kakehi-outpoint-status";
@@ -100,21 +100,17 @@ impl IntoResponse for Error {
 
 type Result<T> = std::result::Result<T, Error>;
 
-/// Runs `f` with the chain state's read lock on a blocking thread (reads
-/// see committed block boundaries only).
+/// Runs `f` on the latest published chain snapshot on a blocking thread
+/// (reads see committed block boundaries only and never wait for the
+/// writer).
 async fn read<T: Send + 'static>(
     state: &AppState,
-    f: impl FnOnce(&Chainstate) -> Result<T> + Send + 'static,
+    f: impl FnOnce(&ChainSnapshot) -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    let chain = state.chain.clone();
-    tokio::task::spawn_blocking(move || {
-        let cs = chain
-            .read()
-            .map_err(|_| Error::internal("chain state lock poisoned"))?;
-        f(&cs)
-    })
-    .await
-    .map_err(Error::internal)?
+    let snapshot = state.snapshots.load();
+    tokio::task::spawn_blocking(move || f(&snapshot))
+        .await
+        .map_err(Error::internal)?
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -217,7 +213,7 @@ async fn status(
 }
 
 /// The proof of `ops` as its JSON body, or 503 when nothing is sealed.
-fn proof_body(cs: &Chainstate, ops: &[OutPoint]) -> Result<String> {
+fn proof_body(cs: &ChainSnapshot, ops: &[OutPoint]) -> Result<String> {
     if cs.archive().epochs().is_empty() {
         return Err(Error::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -14,13 +14,13 @@ use super::{
     AppState, Format,
 };
 use crate::chain::index::IndexEntry;
-use crate::pipeline::Chainstate;
+use crate::pipeline::ChainSnapshot;
 
 /// Largest `count` of `/rest/headers` (Core's `MAX_REST_HEADERS_RESULTS`).
 pub const MAX_REST_HEADERS: u32 = 2000;
 
 /// Core's `getblockheader` JSON of `e` (`blockheaderToJSON`).
-fn header_json(cs: &Chainstate, e: &IndexEntry) -> serde_json::Value {
+fn header_json(cs: &ChainSnapshot, e: &IndexEntry) -> serde_json::Value {
     let index = cs.index();
     let active = index.is_active(e.id);
     let confirmations: i64 = if active {
@@ -61,7 +61,7 @@ pub(super) async fn chaininfo(State(s): State<AppState>) -> ApiResult<Response> 
     read(&s, |cs| {
         let index = cs.index();
         let tip = index.tip();
-        let headers = index.entries().iter().map(|e| e.height).max().unwrap_or(0);
+        let headers = index.entries().map(|e| e.height).max().unwrap_or(0);
         Ok(Json(serde_json::json!({
             "chain": cs.params().network.to_core_arg(),
             "blocks": tip.height,

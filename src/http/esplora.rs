@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use super::{hex, parse_hash, read, text, ApiError, ApiResult, AppState};
 use crate::chain::index::IndexEntry;
-use crate::pipeline::Chainstate;
+use crate::pipeline::ChainSnapshot;
 use crate::sozu::ViewStatus;
 
 /// Blocks per page of `/blocks[/:start_height]` (Esplora's `BLOCK_LIMIT`).
@@ -187,7 +187,7 @@ fn parse_u32(what: &str, s: &str) -> ApiResult<u32> {
 
 /// The serialized block `e` (the genesis block from the parameters, as it
 /// is not stored), 404 if its data is not stored (a header only).
-fn load_block_raw(cs: &Chainstate, e: &IndexEntry) -> ApiResult<Vec<u8>> {
+fn load_block_raw(cs: &ChainSnapshot, e: &IndexEntry) -> ApiResult<Vec<u8>> {
     if e.height == 0 && e.hash == cs.params().genesis_hash() {
         return Ok(serialize(&cs.params().genesis_block()));
     }
@@ -197,18 +197,18 @@ fn load_block_raw(cs: &Chainstate, e: &IndexEntry) -> ApiResult<Vec<u8>> {
 }
 
 /// The block `e`, decoded (see [`load_block_raw`]).
-fn load_block(cs: &Chainstate, e: &IndexEntry) -> ApiResult<Block> {
+fn load_block(cs: &ChainSnapshot, e: &IndexEntry) -> ApiResult<Block> {
     deserialize(&load_block_raw(cs, e)?).map_err(ApiError::internal)
 }
 
-fn entry_by_hash<'a>(cs: &'a Chainstate, hash: &str) -> ApiResult<&'a IndexEntry> {
+fn entry_by_hash<'a>(cs: &'a ChainSnapshot, hash: &str) -> ApiResult<&'a IndexEntry> {
     let hash = parse_hash(hash)?;
     cs.index()
         .by_hash(&hash)
         .ok_or_else(|| not_found_block(&hash))
 }
 
-fn block_value(cs: &Chainstate, e: &IndexEntry) -> ApiResult<BlockValue> {
+fn block_value(cs: &ChainSnapshot, e: &IndexEntry) -> ApiResult<BlockValue> {
     let raw = load_block_raw(cs, e)?;
     let block: Block = deserialize(&raw).map_err(ApiError::internal)?;
     let h = &e.header;
@@ -230,7 +230,7 @@ fn block_value(cs: &Chainstate, e: &IndexEntry) -> ApiResult<BlockValue> {
 }
 
 /// The active-chain block holding `txid` and the transaction's position.
-fn locate_tx<'a>(cs: &'a Chainstate, txid: &Txid) -> ApiResult<(&'a IndexEntry, u32)> {
+fn locate_tx<'a>(cs: &'a ChainSnapshot, txid: &Txid) -> ApiResult<(&'a IndexEntry, u32)> {
     let blocks = cs.tx_blocks(txid).map_err(ApiError::internal)?;
     for (id, pos) in blocks {
         if cs.index().is_active(id) {
@@ -245,7 +245,7 @@ fn locate_tx<'a>(cs: &'a Chainstate, txid: &Txid) -> ApiResult<(&'a IndexEntry, 
 }
 
 /// The block holding `txid` on the active chain, the transaction and its position.
-fn load_tx<'a>(cs: &'a Chainstate, txid: &Txid) -> ApiResult<(&'a IndexEntry, Block, usize)> {
+fn load_tx<'a>(cs: &'a ChainSnapshot, txid: &Txid) -> ApiResult<(&'a IndexEntry, Block, usize)> {
     let (e, pos) = locate_tx(cs, txid)?;
     let block = load_block(cs, e)?;
     let pos = pos as usize;
@@ -258,7 +258,7 @@ fn load_tx<'a>(cs: &'a Chainstate, txid: &Txid) -> ApiResult<(&'a IndexEntry, Bl
     }
 }
 
-fn tx_value(cs: &Chainstate, e: &IndexEntry, tx: &Transaction) -> ApiResult<TransactionValue> {
+fn tx_value(cs: &ChainSnapshot, e: &IndexEntry, tx: &Transaction) -> ApiResult<TransactionValue> {
     let network = cs.params().network;
     let txid = tx.compute_txid();
     // Prevouts: the block's spent outputs, in block order; ours are those
@@ -352,7 +352,11 @@ fn unspendable(s: &Script) -> bool {
     s.is_op_return() || s.len() > 10_000
 }
 
-fn outspends_of(cs: &Chainstate, tx: &Transaction, vouts: &[u32]) -> ApiResult<Vec<SpendingValue>> {
+fn outspends_of(
+    cs: &ChainSnapshot,
+    tx: &Transaction,
+    vouts: &[u32],
+) -> ApiResult<Vec<SpendingValue>> {
     let txid = tx.compute_txid();
     let ops: Vec<bitcoin::OutPoint> = vouts
         .iter()

@@ -20,8 +20,9 @@ use crate::p2p::P2pHandle;
 use crate::sozu::SozuStats;
 
 /// Longest time a scrape reuses the Sozu table's layer and size figures of
-/// an earlier one (computing them scans every page of the table under its
-/// lock, which holds up the writer for the scan: seconds at 20M entries).
+/// an earlier one (computing them scans every committed page of the table
+/// through its `UtxoReader`: it no longer holds up the writer, but reads the
+/// whole table, seconds of I/O at 20M entries).
 pub const SOZU_STATS_MAX_AGE: Duration = Duration::from_secs(600);
 
 /// Upper bounds of the latency histogram buckets, seconds.

@@ -1,11 +1,14 @@
 //! The HTTP API (axum): an Esplora-compatible subset, Bitcoin Core's REST
 //! filter paths, and kakehi's own routes. Every error is JSON
 //! `{"code": <status>, "message": <text>}` with the matching status.
-//! Reads take the chain state's read lock on a blocking thread, so they see
-//! only committed block boundaries and never stall the executor.
+//! Reads run on a blocking thread against the latest published
+//! [`ChainSnapshot`] (an immutable state as of a committed block boundary,
+//! loaded without a lock): they never stall the executor, never see a
+//! half-written block, and never hold up the writer, which publishes the
+//! next snapshot while they still read theirs.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
@@ -16,7 +19,7 @@ use bitcoin::consensus::encode::{serialize, serialize_hex};
 use bitcoin::hashes::Hash;
 use bitcoin::BlockHash;
 
-use crate::pipeline::Chainstate;
+use crate::pipeline::{ChainSnapshot, Snapshots};
 
 pub mod archive;
 mod core_rest;
@@ -36,8 +39,10 @@ pub const MAX_FILTER_HEADERS: u32 = 2000;
 /// Shared state of the handlers.
 #[derive(Clone)]
 pub struct AppState {
-    /// The chain state (read side).
-    pub chain: Arc<RwLock<Chainstate>>,
+    /// The chain state's published snapshots
+    /// ([`crate::pipeline::Chainstate::snapshots`]): every handler reads
+    /// the latest one.
+    pub snapshots: Snapshots,
     /// The running P2P layer, for `POST /tx` relay (`None`: no P2P; the
     /// route then answers 503).
     pub p2p: Option<crate::p2p::P2pHandle>,
@@ -81,20 +86,17 @@ impl IntoResponse for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// Runs `f` with the chain state's read lock on a blocking thread.
+/// Runs `f` on the latest published chain snapshot, on a blocking thread
+/// (flat-file and database reads block). Takes no lock: the writer goes on
+/// and publishes newer snapshots while `f` runs.
 async fn read<T: Send + 'static>(
     state: &AppState,
-    f: impl FnOnce(&Chainstate) -> ApiResult<T> + Send + 'static,
+    f: impl FnOnce(&ChainSnapshot) -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
-    let chain = state.chain.clone();
-    tokio::task::spawn_blocking(move || {
-        let cs = chain
-            .read()
-            .map_err(|_| ApiError::internal("chain state lock poisoned"))?;
-        f(&cs)
-    })
-    .await
-    .map_err(ApiError::internal)?
+    let snapshot = state.snapshots.load();
+    tokio::task::spawn_blocking(move || f(&snapshot))
+        .await
+        .map_err(ApiError::internal)?
 }
 
 fn parse_hash(s: &str) -> ApiResult<BlockHash> {
@@ -221,7 +223,7 @@ pub const FILTER_CACHE_BYTES: usize = 32 << 20;
 /// at most [`FILTER_CACHE_BYTES`] (oldest inserted evicted first). A
 /// block's BIP-158 filter is fixed by the block and the outputs it spends,
 /// so an entry never goes stale (reorgs included); a hit is answered without
-/// the chain state's lock or a blocking thread.
+/// a snapshot read or a blocking thread.
 #[derive(Default)]
 pub(crate) struct FilterCache {
     inner: std::sync::Mutex<FilterCacheInner>,
@@ -325,7 +327,7 @@ pub(crate) fn parse_count(count: &str, max: u32) -> ApiResult<u32> {
 /// if it is on the active chain, its successors there, `count` in all at
 /// most; 404 when the block is unknown.
 pub(crate) fn active_run<'a>(
-    index: &'a crate::chain::index::BlockIndex,
+    index: &'a crate::chain::index::ChainIndex,
     hash: &BlockHash,
     count: u32,
 ) -> ApiResult<Vec<&'a crate::chain::index::IndexEntry>> {

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::{read, ApiResult, AppState};
-use crate::chain::index::{BlockIndex, IndexEntry};
+use crate::chain::index::{ChainIndex, IndexEntry};
 use crate::p2p::P2pHandle;
 
 /// The page's HTML (with its script and style inline).
@@ -33,7 +33,7 @@ pub(super) async fn page() -> Response {
 
 /// The most-work header not known to be invalid (Core's
 /// `pindexBestHeader`); ties go to the first seen.
-pub(crate) fn best_header(index: &BlockIndex) -> &IndexEntry {
+pub(crate) fn best_header(index: &ChainIndex) -> &IndexEntry {
     let mut best = index.tip();
     for e in index.entries() {
         if !e.status.is_invalid() && e.chainwork > best.chainwork {

@@ -38,7 +38,7 @@ use tracing::{debug, warn};
 use super::backend::{BoxError, NodeBackend};
 use crate::archive::header::HEADER_LEN;
 use crate::archive::{EpochHeader, ProofBatch};
-use crate::pipeline::Chainstate;
+use crate::pipeline::ChainSnapshot;
 
 /// Service bit of nodes serving archive epochs and proofs: bit 24
 /// (`0x0100_0000`), the first of the bits 24–31 Bitcoin Core reserves for
@@ -680,7 +680,7 @@ fn answer_within(
 /// The txoutproof of `txid` in stored block `hash`, as Core's
 /// `gettxoutproof` builds it; `None` when the block is not stored or does
 /// not hold `txid`.
-fn txoutproof(cs: &Chainstate, hash: &BlockHash, txid: &Txid) -> Option<MerkleBlock> {
+fn txoutproof(cs: &ChainSnapshot, hash: &BlockHash, txid: &Txid) -> Option<MerkleBlock> {
     let id = cs.index().id_of(hash)?;
     let block = cs.read_block(id).ok().flatten()?;
     let ids: Vec<Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
@@ -691,7 +691,7 @@ fn txoutproof(cs: &Chainstate, hash: &BlockHash, txid: &Txid) -> Option<MerkleBl
 /// [`NodeBackend::archive_epochs`] over the chain state: up to `count`
 /// headers from `start` (none when `start` is at or beyond the sealed
 /// count).
-pub(crate) fn node_epochs(cs: &Chainstate, start: u32, count: u16) -> ArchEpochs {
+pub(crate) fn node_epochs(cs: &ChainSnapshot, start: u32, count: u16) -> ArchEpochs {
     let a = cs.archive();
     let headers = a
         .epochs()
@@ -710,13 +710,13 @@ pub(crate) fn node_epochs(cs: &Chainstate, start: u32, count: u16) -> ArchEpochs
 
 /// [`NodeBackend::archive_proof`] over the chain state: against the
 /// commitment (`epoch` `None`; with txoutproofs through
-/// [`Chainstate::prove_outpoints`]) or in one sealed epoch.
+/// [`ChainSnapshot::prove_outpoints`]) or in one sealed epoch.
 ///
 /// # Errors
 /// [`ArchiveQueryError::NothingSealed`], [`ArchiveQueryError::NotSealed`],
 /// [`ArchiveQueryError::Storage`].
 pub(crate) fn node_proof(
-    cs: &Chainstate,
+    cs: &ChainSnapshot,
     outpoints: &[OutPoint],
     epoch: Option<u32>,
     txoutproofs: bool,
@@ -742,7 +742,7 @@ pub(crate) fn node_proof(
 /// [`NodeBackend::archive_ready`] over the chain state: at least one epoch
 /// sealed, every epoch final at the tip sealed (final = tip − 100 blocks),
 /// and the tip at the best header height `best_header_height`.
-pub(crate) fn node_ready(cs: &Chainstate, best_header_height: u32) -> bool {
+pub(crate) fn node_ready(cs: &ChainSnapshot, best_header_height: u32) -> bool {
     let a = cs.archive();
     let tip = cs.index().tip_height();
     let final_height = tip.saturating_sub(crate::sozu::PURGE_DEPTH);

@@ -1,23 +1,23 @@
 //! The real node behind the P2P layer: [`NodeP2p`] implements
-//! [`NodeBackend`] over the chain state (`Arc<RwLock<Chainstate>>`), and
-//! [`start_p2p`] is the one call the CLI makes.
+//! [`NodeBackend`] over the chain state (`Arc<Mutex<Chainstate>>`, the
+//! writers' mutex, and its published snapshots), and [`start_p2p`] is the
+//! one call the CLI makes.
 //!
-//! Locking: the pipeline holds the chain state's write lock while it
-//! validates a block, so the methods the P2P layer calls on the async
-//! executor (`tip`, `best_header_tip`, `block_height`, `locator`,
-//! `blocks_to_fetch`, `filter_index_synced`) never wait for it: they read a
-//! summary ([`NodeP2p`]'s view) refreshed with `try_read` whenever the lock
-//! is free, and after every write made through this backend. The view may
-//! lag a writer that is not this backend (file import, HTTP) by one write;
-//! that only delays an announcement or asks for a block the node already
-//! has (answered `Duplicate`).
+//! Locking: only the writes (`submit_block`, `accept_headers`) take the
+//! chain state's mutex. Every read (headers, blocks, filters, filter
+//! headers and checkpoints, archive epochs and proofs) runs on the latest
+//! published [`ChainSnapshot`], so it never waits for the writer and never
+//! holds it up. The cheap methods the P2P layer calls on the async executor
+//! (`tip`, `best_header_tip`, `block_height`, `locator`, `blocks_to_fetch`,
+//! `filter_index_synced`) read a summary ([`NodeP2p`]'s view) refreshed
+//! from the latest snapshot whenever it changed.
 //!
 //! Headers below the network's minimum chainwork are held in memory (Core's
 //! headers presync, simplified: see [`PRESYNC_MAX_HEADERS`]) and stored only
 //! once their chain passes it.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bitcoin::bip158::{FilterHash, FilterHeader};
@@ -32,9 +32,9 @@ use super::backend::{
     FilterQueryError, HeadersError, HeadersOutcome, NodeBackend, SubmitError, SubmitOutcome,
 };
 use super::{P2pConfig, P2pError, P2pHandle};
-use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
+use crate::chain::index::{BlockStatus, ChainIndex, IndexEntry};
 use crate::chain::ChainParams;
-use crate::pipeline::{self, Chainstate};
+use crate::pipeline::{self, ChainSnapshot, Chainstate, Snapshots};
 use crate::sozu::BlockId;
 
 /// Most headers held in memory below the minimum chainwork (all presync
@@ -131,7 +131,7 @@ impl Default for View {
 }
 
 impl View {
-    fn refresh(&mut self, cs: &Chainstate, force: bool) {
+    fn refresh(&mut self, cs: &ChainSnapshot, force: bool) {
         let index = cs.index();
         let stats = cs.stats();
         let key = (
@@ -144,23 +144,22 @@ impl View {
             return;
         }
         self.key = Some(key);
-        let entries = index.entries();
         // A rejection may have invalidated the best header: rescan all.
         if self.best.is_none() || stats.blocks_rejected != self.rejected_seen {
             self.best = None;
-            for e in entries {
+            for e in index.entries() {
                 self.consider(index, e);
             }
             self.rejected_seen = stats.blocks_rejected;
         } else {
-            for e in &entries[self.scanned.min(entries.len())..] {
+            for e in index.entries_from(self.scanned) {
                 self.consider(index, e);
             }
         }
-        for e in &entries[self.scanned.min(entries.len())..] {
+        for e in index.entries_from(self.scanned) {
             self.heights.insert(e.hash, e.height);
         }
-        self.scanned = entries.len();
+        self.scanned = index.len();
         let tip = index.tip();
         self.tip = (tip.height, tip.hash);
         let best = self.best.map(|b| b.0).unwrap_or(tip.id);
@@ -198,7 +197,7 @@ impl View {
 
     /// Makes `e` the best header if it has more work, or equal work and the
     /// current best's body arrived mutated while `e`'s did not.
-    fn consider(&mut self, index: &BlockIndex, e: &IndexEntry) {
+    fn consider(&mut self, index: &ChainIndex, e: &IndexEntry) {
         if e.status.is_invalid() {
             return;
         }
@@ -233,7 +232,7 @@ impl View {
     }
 
     /// Rewrites `header_chain` to end at `best` (O(reorg depth)).
-    fn update_header_chain(&mut self, index: &BlockIndex, best: BlockId) {
+    fn update_header_chain(&mut self, index: &ChainIndex, best: BlockId) {
         let mut branch = Vec::new();
         let mut cur = index.get(best);
         while let Some(e) = cur {
@@ -276,7 +275,7 @@ fn locator(chain: &[(BlockId, BlockHash)]) -> Vec<BlockHash> {
 
 /// The ids from `start_height` to `stop` on `stop`'s branch, in height
 /// order (walks back to the active chain, then reads it).
-fn branch_ids(index: &BlockIndex, start_height: u32, stop: BlockId) -> Vec<BlockId> {
+fn branch_ids(index: &ChainIndex, start_height: u32, stop: BlockId) -> Vec<BlockId> {
     let mut rev = Vec::new();
     let mut cur = index.get(stop);
     while let Some(e) = cur {
@@ -301,7 +300,10 @@ fn branch_ids(index: &BlockIndex, start_height: u32, stop: BlockId) -> Vec<Block
 /// A [`NodeBackend`] over the node's chain state. Build with
 /// [`NodeP2p::new`]; see the module docs for locking.
 pub struct NodeP2p {
-    chain: Arc<RwLock<Chainstate>>,
+    /// The writers' mutex: taken only to submit blocks and store headers.
+    chain: Arc<Mutex<Chainstate>>,
+    /// Where every read comes from.
+    snapshots: Snapshots,
     params: ChainParams,
     view: Mutex<View>,
     presync: Mutex<Presync>,
@@ -311,59 +313,53 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn storage(e: impl std::fmt::Display) -> super::BoxError {
-    e.to_string().into()
-}
-
 impl NodeP2p {
     /// Wraps the chain state: connects stored blocks left unconnected by a
     /// crash ([`Chainstate::activate_stored_blocks`]; a failure is logged)
-    /// and builds the first view. Blocks until the write lock is free once.
-    pub fn new(chain: Arc<RwLock<Chainstate>>) -> Self {
-        let (params, mut view) = {
-            let mut cs = chain
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+    /// and builds the first view. Blocks until the chain state's mutex is
+    /// free once.
+    pub fn new(chain: Arc<Mutex<Chainstate>>) -> Self {
+        let (params, snapshots) = {
+            let mut cs = lock(&chain);
             if let Err(e) = cs.activate_stored_blocks() {
                 tracing::error!(error = %e, "connecting stored blocks at start-up");
             }
-            let mut v = View::default();
-            v.refresh(&cs, true);
-            (cs.params().clone(), v)
+            (cs.params().clone(), cs.snapshots())
         };
+        let mut view = View::default();
+        view.refresh(&snapshots.load(), true);
         view.key = None;
         NodeP2p {
             chain,
+            snapshots,
             params,
             view: Mutex::new(view),
             presync: Mutex::new(Presync::default()),
         }
     }
 
-    /// The view, refreshed if the chain state is not being written.
+    /// The view, refreshed from the latest snapshot if it changed.
     fn view(&self) -> MutexGuard<'_, View> {
-        let cs = self.chain.try_read();
+        let snapshot = self.snapshots.load();
         let mut v = lock(&self.view);
-        if let Ok(cs) = cs {
-            v.refresh(&cs, false);
-        }
+        v.refresh(&snapshot, false);
         v
     }
 
-    fn refresh_after_write(&self, cs: &Chainstate) {
-        lock(&self.view).refresh(cs, true);
+    /// Refreshes the view after a write through this backend (the writer
+    /// published its snapshot before returning).
+    fn refresh_after_write(&self) {
+        lock(&self.view).refresh(&self.snapshots.load(), true);
     }
 
     /// Stores headers through the chain state (full checks).
     fn store_headers(&self, headers: &[Header]) -> Result<HeadersOutcome, HeadersError> {
-        let mut cs = self
-            .chain
-            .write()
-            .map_err(|e| HeadersError::Storage { source: storage(e) })?;
+        let mut cs = lock(&self.chain);
         let result = cs
             .accept_headers(headers)
             .map_err(|e| HeadersError::Storage { source: e.into() });
-        self.refresh_after_write(&cs);
+        drop(cs);
+        self.refresh_after_write();
         let new = match result? {
             Ok(n) => n,
             Err((i, e)) => {
@@ -381,10 +377,14 @@ impl NodeP2p {
         };
         let last_height = headers
             .last()
-            .and_then(|h| cs.index().by_hash(&h.block_hash()))
-            .map(|e| e.height)
+            .and_then(|h| {
+                self.snapshots
+                    .load()
+                    .index()
+                    .by_hash(&h.block_hash())
+                    .map(|e| e.height)
+            })
             .unwrap_or(0);
-        drop(cs);
         Ok(HeadersOutcome::new(
             new,
             last_height,
@@ -435,9 +435,7 @@ impl NodeBackend for NodeP2p {
     }
 
     fn headers_after(&self, locator: &[BlockHash], stop: BlockHash, max: usize) -> Vec<Header> {
-        let Ok(cs) = self.chain.read() else {
-            return Vec::new();
-        };
+        let cs = self.snapshots.load();
         let index = cs.index();
         let start = locator
             .iter()
@@ -460,7 +458,7 @@ impl NodeBackend for NodeP2p {
     }
 
     fn block_bytes(&self, hash: &BlockHash) -> Option<Vec<u8>> {
-        let cs = self.chain.read().ok()?;
+        let cs = self.snapshots.load();
         let id = cs.index().id_of(hash)?;
         match cs.read_block_raw(id) {
             Ok(b) => b,
@@ -484,10 +482,7 @@ impl NodeBackend for NodeP2p {
         let last_hash = headers[headers.len() - 1].block_hash();
         // Where the message attaches: a stored header, or a presync chain.
         let parent = {
-            let cs = self
-                .chain
-                .read()
-                .map_err(|e| HeadersError::Storage { source: storage(e) })?;
+            let cs = self.snapshots.load();
             let index = cs.index();
             if index.id_of(&last_hash).is_some() {
                 // Nothing new beyond what is stored: no presync needed.
@@ -568,10 +563,7 @@ impl NodeBackend for NodeP2p {
 
     fn submit_block(&self, block: Block) -> Result<SubmitOutcome, SubmitError> {
         let hash = block.block_hash();
-        let mut cs = self
-            .chain
-            .write()
-            .map_err(|e| SubmitError::Storage { source: storage(e) })?;
+        let mut cs = lock(&self.chain);
         if cs.index().id_of(&hash).is_none()
             && cs.index().id_of(&block.header.prev_blockhash).is_none()
         {
@@ -600,7 +592,9 @@ impl NodeBackend for NodeP2p {
             }
             _ => {}
         }
-        self.refresh_after_write(&cs);
+        let after = cs.index().tip().id;
+        drop(cs);
+        self.refresh_after_write();
         match result {
             Err(e) => Err(SubmitError::Storage { source: e.into() }),
             Ok(pipeline::SubmitOutcome::Duplicate) => Ok(SubmitOutcome::Duplicate),
@@ -609,7 +603,7 @@ impl NodeBackend for NodeP2p {
                 source: format!("{reason}: {detail}").into(),
             }),
             Ok(pipeline::SubmitOutcome::Accepted { tip, height }) => {
-                if cs.index().tip().id != before {
+                if after != before {
                     Ok(SubmitOutcome::NewTip { height, hash: tip })
                 } else {
                     Ok(SubmitOutcome::Accepted)
@@ -627,10 +621,7 @@ impl NodeBackend for NodeP2p {
         start_height: u32,
         stop: BlockHash,
     ) -> Result<Vec<(BlockHash, Vec<u8>)>, FilterQueryError> {
-        let cs = self
-            .chain
-            .read()
-            .map_err(|e| FilterQueryError::Storage { source: storage(e) })?;
+        let cs = self.snapshots.load();
         let ids = branch(&cs, start_height, stop)?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
@@ -645,10 +636,7 @@ impl NodeBackend for NodeP2p {
         start_height: u32,
         stop: BlockHash,
     ) -> Result<(FilterHeader, Vec<FilterHash>), FilterQueryError> {
-        let cs = self
-            .chain
-            .read()
-            .map_err(|e| FilterQueryError::Storage { source: storage(e) })?;
+        let cs = self.snapshots.load();
         let ids = branch(&cs, start_height, stop)?;
         let prev = match ids
             .first()
@@ -666,10 +654,7 @@ impl NodeBackend for NodeP2p {
     }
 
     fn cfcheckpt(&self, stop: BlockHash) -> Result<Vec<FilterHeader>, FilterQueryError> {
-        let cs = self
-            .chain
-            .read()
-            .map_err(|e| FilterQueryError::Storage { source: storage(e) })?;
+        let cs = self.snapshots.load();
         let ids = branch(&cs, 0, stop)?;
         let mut out = Vec::new();
         for (height, id) in ids.iter().enumerate() {
@@ -685,10 +670,7 @@ impl NodeBackend for NodeP2p {
     }
 
     fn archive_epochs(&self, start: u32, count: u16) -> Result<ArchEpochs, ArchiveQueryError> {
-        let cs = self
-            .chain
-            .read()
-            .map_err(|e| ArchiveQueryError::Storage { source: storage(e) })?;
+        let cs = self.snapshots.load();
         Ok(super::archive::node_epochs(&cs, start, count))
     }
 
@@ -698,15 +680,12 @@ impl NodeBackend for NodeP2p {
         epoch: Option<u32>,
         txoutproofs: bool,
     ) -> Result<crate::archive::ProofBatch, ArchiveQueryError> {
-        let cs = self
-            .chain
-            .read()
-            .map_err(|e| ArchiveQueryError::Storage { source: storage(e) })?;
+        let cs = self.snapshots.load();
         super::archive::node_proof(&cs, outpoints, epoch, txoutproofs)
     }
 }
 
-fn hash_of(cs: &Chainstate, id: BlockId) -> BlockHash {
+fn hash_of(cs: &ChainSnapshot, id: BlockId) -> BlockHash {
     cs.index()
         .get(id)
         .map(|e| e.hash)
@@ -715,7 +694,7 @@ fn hash_of(cs: &Chainstate, id: BlockId) -> BlockHash {
 
 /// The ids from `start_height` to `stop` on its branch, checked.
 fn branch(
-    cs: &Chainstate,
+    cs: &ChainSnapshot,
     start_height: u32,
     stop: BlockHash,
 ) -> Result<Vec<BlockId>, FilterQueryError> {
@@ -733,7 +712,7 @@ fn branch(
 }
 
 /// A block's filter and filter header, or `NotIndexed`.
-fn filter_of(cs: &Chainstate, id: BlockId) -> Result<(Vec<u8>, FilterHeader), FilterQueryError> {
+fn filter_of(cs: &ChainSnapshot, id: BlockId) -> Result<(Vec<u8>, FilterHeader), FilterQueryError> {
     match cs.filter(id) {
         Ok(Some(f)) => Ok(f),
         Ok(None) => Err(FilterQueryError::NotIndexed {
@@ -756,7 +735,7 @@ fn filter_of(cs: &Chainstate, id: BlockId) -> Result<(Vec<u8>, FilterHeader), Fi
 /// # Panics
 /// Outside a tokio runtime (like `tokio::spawn`).
 pub fn start_p2p(
-    chain: Arc<RwLock<Chainstate>>,
+    chain: Arc<Mutex<Chainstate>>,
     config: P2pConfig,
     shutdown: watch::Receiver<bool>,
 ) -> (P2pHandle, tokio::task::JoinHandle<Result<(), P2pError>>) {

@@ -72,20 +72,34 @@ pub enum FlatFileError {
     },
 }
 
-/// A directory of numbered append-only files with one name prefix.
+/// A directory of numbered append-only files with one name prefix: the
+/// writer's side (appends, syncs, truncation at start-up). Readers use its
+/// [`FlatReader`] ([`FlatFiles::reader`]).
 #[derive(Debug)]
 pub struct FlatFiles {
     dir: PathBuf,
     prefix: &'static str,
-    magic: [u8; 4],
     max_file_size: u64,
     current: FlatPos,
     writer: Option<File>,
     /// Records appended since the last sync.
     dirty: bool,
+    reader: Arc<FlatReader>,
+}
+
+/// The read side of a [`FlatFiles`] directory, shared (`Arc`) between the
+/// writer and any number of readers: positional reads of records whose
+/// location the caller got from committed data. The files are append-only
+/// while the node runs, so a committed record never changes under a reader.
+#[derive(Debug)]
+pub struct FlatReader {
+    dir: PathBuf,
+    prefix: &'static str,
+    magic: [u8; 4],
     /// Open read handles by file number, most recently used first (at most
-    /// [`READ_HANDLES`]); cleared when files are truncated or removed.
-    readers: Mutex<Vec<(u32, Arc<File>)>>,
+    /// [`READ_HANDLES`]); cleared when files are truncated at start-up.
+    /// Held only to look a handle up, never during a read.
+    handles: Mutex<Vec<(u32, Arc<File>)>>,
 }
 
 impl FlatFiles {
@@ -108,12 +122,16 @@ impl FlatFiles {
         let mut files = FlatFiles {
             dir: dir.into(),
             prefix,
-            magic,
             max_file_size,
             current: pos,
             writer: None,
             dirty: false,
-            readers: Mutex::new(Vec::new()),
+            reader: Arc::new(FlatReader {
+                dir: dir.into(),
+                prefix,
+                magic,
+                handles: Mutex::new(Vec::new()),
+            }),
         };
         files.truncate_to(pos)?;
         Ok(files)
@@ -136,8 +154,9 @@ impl FlatFiles {
     /// [`FlatFileError::Io`].
     pub fn truncate_to(&mut self, pos: FlatPos) -> Result<(), FlatFileError> {
         self.writer = None;
-        self.readers
-            .get_mut()
+        self.reader
+            .handles
+            .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clear();
         let mut n = pos.file + 1;
@@ -194,7 +213,7 @@ impl FlatFiles {
         }
         let file = self.current.file;
         let mut frame = Vec::with_capacity(8 + payload.len());
-        frame.extend_from_slice(&self.magic);
+        frame.extend_from_slice(&self.reader.magic);
         frame.extend_from_slice(&len.to_le_bytes());
         frame.extend_from_slice(payload);
         let path = self.path(file);
@@ -237,10 +256,36 @@ impl FlatFiles {
         self.dirty
     }
 
+    /// The shared read handle of these files.
+    pub fn reader(&self) -> Arc<FlatReader> {
+        self.reader.clone()
+    }
+
+    /// Reads the payload at `loc` ([`FlatReader::read`]).
+    ///
+    /// # Errors
+    /// As [`FlatReader::read`].
+    pub fn read(&self, loc: FileLoc) -> Result<Vec<u8>, FlatFileError> {
+        self.reader.read(loc)
+    }
+}
+
+impl FlatReader {
+    fn path(&self, file: u32) -> PathBuf {
+        self.dir.join(format!("{}{:05}.dat", self.prefix, file))
+    }
+
+    fn io(&self, file: u32) -> impl FnOnce(std::io::Error) -> FlatFileError + '_ {
+        move |source| FlatFileError::Io {
+            path: self.path(file),
+            source,
+        }
+    }
+
     /// A read handle of file `file` (opened once, then reused).
-    fn reader(&self, file: u32) -> Result<Arc<File>, FlatFileError> {
+    fn handle(&self, file: u32) -> Result<Arc<File>, FlatFileError> {
         let mut readers = self
-            .readers
+            .handles
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(i) = readers.iter().position(|(n, _)| *n == file) {
@@ -271,7 +316,7 @@ impl FlatFiles {
                 reason: "offset inside the first frame header",
             });
         }
-        let f = self.reader(loc.file)?;
+        let f = self.handle(loc.file)?;
         let io = |source| FlatFileError::Io {
             path: path.clone(),
             source,

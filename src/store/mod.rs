@@ -23,7 +23,7 @@ use bitcoin::consensus::{deserialize, serialize};
 use bitcoin::hashes::Hash;
 use bitcoin::{BlockHash, OutPoint, Txid};
 
-pub use flatfile::{sync_concurrently, FileLoc, FlatFileError, FlatFiles, FlatPos};
+pub use flatfile::{sync_concurrently, FileLoc, FlatFileError, FlatFiles, FlatPos, FlatReader};
 
 use crate::chain::index::BlockStatus;
 use crate::sozu::BlockId;

@@ -7,7 +7,7 @@ pub mod python;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::RwLock;
+use std::sync::Mutex;
 
 use bitcoin::Network;
 use kakehi::chain::ChainParams;
@@ -32,7 +32,7 @@ pub fn json(rel: &str) -> serde_json::Value {
 pub struct TestNode {
     pub dir: tempfile::TempDir,
     pub datadir: DataDir,
-    pub chain: RwLock<Chainstate>,
+    pub chain: Mutex<Chainstate>,
 }
 
 impl TestNode {
@@ -47,7 +47,7 @@ impl TestNode {
         TestNode {
             dir,
             datadir,
-            chain: RwLock::new(chain),
+            chain: Mutex::new(chain),
         }
     }
 
@@ -70,7 +70,7 @@ pub struct ListeningP2p {
 
 impl ListeningP2p {
     /// Starts P2P for `chain` and waits (≤ 10 s) until it listens.
-    pub fn start(chain: std::sync::Arc<RwLock<Chainstate>>) -> Self {
+    pub fn start(chain: std::sync::Arc<Mutex<Chainstate>>) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
