@@ -31,7 +31,7 @@ const JOURNAL_FILE: &str = "sozu.journal";
 /// generation's header is durable (a table recovered from a checkpoint
 /// interrupted before its home writes ended still needs it until then).
 fn ckpt_file(generation: u64) -> &'static str {
-    if generation % 2 == 0 {
+    if generation.is_multiple_of(2) {
         "sozu.ckpt.0"
     } else {
         "sozu.ckpt.1"
