@@ -31,6 +31,19 @@ fn tag(id: u32, height: u32) -> CommitTag {
     }
 }
 
+/// The table and the model agree on the unspent outputs under the view of
+/// every live tip.
+fn assert_matches_model(t: &mut SozuTable, model: &mut ModelTable, chain: &Chain, case: &str) {
+    for tip in chain.live_tips(12) {
+        let view = chain.view(tip);
+        assert_eq!(
+            unspent_summary(t, &view),
+            unspent_summary(model, &view),
+            "{case}: state differs from the model under the view of tip {tip}"
+        );
+    }
+}
+
 /// Writes and commits up to `blocks` blocks until the storage fails;
 /// returns (model at the last commit, model if the failing commit had
 /// completed).
@@ -131,14 +144,12 @@ fn countdown_failures() {
                     ),
                 }
             };
-            for tip in chain.live_tips(12) {
-                let view = chain.view(tip);
-                assert_eq!(
-                    unspent_summary(&mut table, &view),
-                    unspent_summary(&mut model, &view),
-                    "seed {seed}, crash {crash}: state differs from the model at {got:?}"
-                );
-            }
+            assert_matches_model(
+                &mut table,
+                &mut model,
+                &chain,
+                &format!("seed {seed}, crash {crash}"),
+            );
         }
         // The reopened table keeps working.
         let id = chain.add(chain.best);
@@ -233,14 +244,12 @@ fn second_crash_after_an_interrupted_checkpoint() {
                 _ => last2,
             };
             assert_eq!(got, expected.committed(), "first crash {n}, second {m}");
-            for tip in chain2.live_tips(12) {
-                let view = chain2.view(tip);
-                assert_eq!(
-                    unspent_summary(&mut t, &view),
-                    unspent_summary(&mut expected, &view),
-                    "first crash {n}, second {m}: state differs from the model"
-                );
-            }
+            assert_matches_model(
+                &mut t,
+                &mut expected,
+                &chain2,
+                &format!("first crash {n}, second {m}"),
+            );
         }
     }
     assert!(

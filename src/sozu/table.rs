@@ -302,6 +302,14 @@ impl Geo {
             .saturating_mul(1 << self.g)
             .saturating_add(self.child_index(h, layer))
     }
+    /// The page one layer down where a key of hash `h` that `bucket` (at
+    /// `layer`) does not hold may be: the child covering `h`, if written.
+    fn child_of(&self, bucket: &Bucket, h: u64, layer: u8) -> Option<u64> {
+        (layer < self.max_layer
+            && bucket.children != 0
+            && bucket.child_mask & self.child_bit(h, layer + 1) != 0)
+            .then(|| self.child_page(bucket.children, h, layer + 1))
+    }
     fn layer_cfg(&self, layer: u8) -> LayerConfig {
         let c = self
             .layers
@@ -1215,60 +1223,45 @@ impl Worker {
     ) -> Result<Vec<Option<Found>>, SozuError> {
         let mut out: Vec<Option<Found>> = (0..q.len()).map(|_| None).collect();
         let mut paths: Vec<Vec<u64>> = vec![Vec::new(); q.len()];
-        let mut pending: Vec<(u64, usize)> = q
+        let mut went_deep = vec![false; q.len()];
+        let pending = q
             .iter()
             .enumerate()
-            .map(|(i, (_, h, _))| (geo.layer0_page(*h), i))
+            .map(|(i, (_, h, _))| (0, geo.layer0_page(*h), i))
             .collect();
-        let mut went_deep = vec![false; q.len()];
-        for layer in 0..=geo.max_layer {
-            if pending.is_empty() {
-                break;
-            }
-            pending.sort_unstable();
-            let mut next = Vec::new();
-            let mut i = 0;
-            while i < pending.len() {
-                let page = pending[i].0;
-                let ram = layer < geo.ram_layers;
-                let bucket = self.bucket_ref(geo, (layer, page), true)?;
-                let mut j = i;
-                let mut visits = 0u64;
-                let mut newly_deep = 0u64;
-                while j < pending.len() && pending[j].0 == page {
-                    let qi = pending[j].1;
-                    let (key, h, min_h) = q[qi];
-                    if !ram {
-                        if !went_deep[qi] {
-                            went_deep[qi] = true;
-                            newly_deep += 1;
-                        }
-                        visits += 1;
+        descend(geo.max_layer, pending, |layer, (_, page), group, next| {
+            let ram = layer < geo.ram_layers;
+            let bucket = self.bucket_ref(geo, (layer, page), true)?;
+            let (mut visits, mut newly_deep) = (0u64, 0u64);
+            for &(_, _, qi) in group {
+                let (key, h, min_h) = q[qi];
+                if !ram {
+                    if !went_deep[qi] {
+                        went_deep[qi] = true;
+                        newly_deep += 1;
                     }
-                    let outpoint = super::types::key_outpoint(&key);
-                    if let Some(pos) = bucket.find(&outpoint) {
-                        out[qi] = Some(Found {
-                            layer,
-                            page,
-                            path: std::mem::take(&mut paths[qi]),
-                            slot: want_slot.then(|| bucket.slots[pos].clone()),
-                        });
-                    } else if layer < geo.max_layer
-                        && bucket.children != 0
-                        && bucket.child_mask & geo.child_bit(h, layer + 1) != 0
-                        && bucket.max_child_height >= min_h
-                    {
-                        paths[qi].push(page);
-                        next.push((geo.child_page(bucket.children, h, layer + 1), qi));
-                    }
-                    j += 1;
+                    visits += 1;
                 }
-                self.counters.deep_lookups += newly_deep;
-                self.counters.deep_lookup_pages += visits;
-                i = j;
+                let outpoint = super::types::key_outpoint(&key);
+                if let Some(pos) = bucket.find(&outpoint) {
+                    out[qi] = Some(Found {
+                        layer,
+                        page,
+                        path: std::mem::take(&mut paths[qi]),
+                        slot: want_slot.then(|| bucket.slots[pos].clone()),
+                    });
+                } else if let Some(child) = geo
+                    .child_of(bucket, h, layer)
+                    .filter(|_| bucket.max_child_height >= min_h)
+                {
+                    paths[qi].push(page);
+                    next.push((0, child, qi));
+                }
             }
-            pending = next;
-        }
+            self.counters.deep_lookups += newly_deep;
+            self.counters.deep_lookup_pages += visits;
+            Ok(())
+        })?;
         Ok(out)
     }
 
@@ -1653,6 +1646,34 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// A key's place in a batched descent: (shard, page of the current layer,
+/// index of the key in the caller's batch).
+type Pending = (u8, u64, usize);
+
+/// Seed 000's `ReadSozu` for a whole batch: layer by layer from layer 0,
+/// each distinct page visited once with every key that reaches it (so each
+/// bucket is read at most once per batch). `visit(layer, (shard, page),
+/// keys, next)` reads the page, settles the keys it can and pushes those
+/// that must go one layer down, with their child page, onto `next`.
+fn descend(
+    max_layer: u8,
+    mut pending: Vec<Pending>,
+    mut visit: impl FnMut(u8, (u8, u64), &[Pending], &mut Vec<Pending>) -> Result<(), SozuError>,
+) -> Result<(), SozuError> {
+    for layer in 0..=max_layer {
+        if pending.is_empty() {
+            break;
+        }
+        pending.sort_unstable();
+        let mut next = Vec::new();
+        for group in pending.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
+            visit(layer, (group[0].0, group[0].1), group, &mut next)?;
+        }
+        pending = next;
+    }
+    Ok(())
 }
 
 /// Runs `f` on each shard that has work, one scoped thread per shard when
@@ -2085,24 +2106,17 @@ impl SozuReader {
         let geo = &self.geo;
         let mut out: Vec<Option<Entry>> = vec![None; keys.len()];
         let hashes: Vec<u64> = keys.iter().map(|k| geo.hash(&outpoint_key(k))).collect();
-        // (shard, page, key index), one layer at a time: each page once.
-        let mut pending: Vec<(u8, u64, usize)> = hashes
+        let pending = hashes
             .iter()
             .enumerate()
             .map(|(i, h)| (geo.shard_of(*h), geo.layer0_page(*h), i))
             .collect();
-        for layer in 0..=geo.max_layer {
-            if pending.is_empty() {
-                break;
-            }
-            pending.sort_unstable();
-            let mut next = Vec::new();
-            let mut i = 0;
-            while i < pending.len() {
-                let (shard, page, _) = pending[i];
+        descend(
+            geo.max_layer,
+            pending,
+            |layer, (shard, page), group, next| {
                 let b = self.page(st, shard, (layer, page))?;
-                while i < pending.len() && pending[i].0 == shard && pending[i].1 == page {
-                    let qi = pending[i].2;
+                for &(_, _, qi) in group {
                     let h = hashes[qi];
                     if let Some(pos) = b.find(&keys[qi]) {
                         let slot = b.slots[pos].clone();
@@ -2113,17 +2127,13 @@ impl SozuReader {
                                 read_script(st, (shard, overlay), None, ext, len)?;
                         }
                         out[qi] = Some(entry);
-                    } else if layer < geo.max_layer
-                        && b.children != 0
-                        && b.child_mask & geo.child_bit(h, layer + 1) != 0
-                    {
-                        next.push((shard, geo.child_page(b.children, h, layer + 1), qi));
+                    } else if let Some(child) = geo.child_of(&b, h, layer) {
+                        next.push((shard, child, qi));
                     }
-                    i += 1;
                 }
-            }
-            pending = next;
-        }
+                Ok(())
+            },
+        )?;
         Ok(out)
     }
 }

@@ -77,8 +77,6 @@ pub enum FlatFileError {
 /// [`FlatReader`] ([`FlatFiles::reader`]).
 #[derive(Debug)]
 pub struct FlatFiles {
-    dir: PathBuf,
-    prefix: &'static str,
     max_file_size: u64,
     current: FlatPos,
     writer: Option<File>,
@@ -120,8 +118,6 @@ impl FlatFiles {
             source,
         })?;
         let mut files = FlatFiles {
-            dir: dir.into(),
-            prefix,
             max_file_size,
             current: pos,
             writer: None,
@@ -138,14 +134,11 @@ impl FlatFiles {
     }
 
     fn path(&self, file: u32) -> PathBuf {
-        self.dir.join(format!("{}{:05}.dat", self.prefix, file))
+        self.reader.path(file)
     }
 
     fn io(&self, file: u32) -> impl FnOnce(std::io::Error) -> FlatFileError + '_ {
-        move |source| FlatFileError::Io {
-            path: self.path(file),
-            source,
-        }
+        self.reader.io(file)
     }
 
     /// Cuts everything past `pos` (the last committed position).
@@ -367,7 +360,7 @@ pub fn sync_concurrently(files: &mut [&mut FlatFiles]) -> Result<(), FlatFileErr
         let others: Vec<_> = dirty
             .into_iter()
             .map(|f| {
-                let path = f.dir.clone();
+                let path = f.reader.dir.clone();
                 (path, s.spawn(move || f.sync()))
             })
             .collect();
