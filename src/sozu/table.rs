@@ -26,7 +26,7 @@ use super::{SozuError, UtxoReader, UtxoTable};
 const HEADER_FILE: &str = "sozu.header";
 const HEADER_TMP: &str = "sozu.header.tmp";
 const JOURNAL_FILE: &str = "sozu.journal";
-/// The checkpoint (double-write) file of generation `g`: two files used in
+/// The checkpoint (double-write) file of `generation`: two files used in
 /// turn, so a generation's file is never rewritten before the next
 /// generation's header is durable (a table recovered from a checkpoint
 /// interrupted before its home writes ended still needs it until then).
