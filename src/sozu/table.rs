@@ -189,7 +189,10 @@ type Addr = (u8, u64);
 
 /// What a shard's commit encodes: journal page items, record extents, and
 /// the new whole image of every dirty page (for the overlay).
-type EncodedDirty = (Vec<PageImage>, Vec<Extent>, Vec<(Addr, Arc<Vec<u8>>)>);
+type EncodedDirty = (Vec<PageImage>, Vec<Extent>, Images);
+
+/// Whole page images by address.
+type Images = Vec<(Addr, Arc<Vec<u8>>)>;
 
 /// A shard's committed state that its files do not hold yet: the page
 /// images and out-of-line script extents of the commits since the last
@@ -988,35 +991,49 @@ impl SozuTable {
             at.0 += bytes.len() as u64;
             Ok(())
         };
-        for shard in self.shards.iter().map(|w| &w.shard) {
-            let overlay = shard.overlay.pages();
-            let mut addrs: Vec<&Addr> = overlay.keys().collect();
-            addrs.sort_unstable();
-            for part in addrs.chunks(CKPT_PAGES_PER_RECORD) {
-                let pages = part
+        // Each shard's overlay, taken once, pages in address order: what
+        // both the double write and the home writes below write.
+        let overlays: Vec<(u8, Images, Vec<Extent>)> = self
+            .shards
+            .iter()
+            .map(|w| {
+                let shard = &w.shard;
+                let mut pages: Images = shard
+                    .overlay
+                    .pages()
                     .iter()
-                    .map(|a| PageImage {
+                    .map(|(a, img)| (*a, img.clone()))
+                    .collect();
+                pages.sort_unstable_by_key(|(a, _)| *a);
+                let extents = shard
+                    .overlay
+                    .records()
+                    .iter()
+                    .map(|(off, data)| Extent {
                         shard: shard.id,
-                        layer: a.0,
-                        page: a.1,
-                        image: overlay[*a].clone(),
+                        offset: *off,
+                        data: data.clone(),
+                    })
+                    .collect();
+                (shard.id, pages, extents)
+            })
+            .collect();
+        for (id, pages, extents) in &overlays {
+            for part in pages.chunks(CKPT_PAGES_PER_RECORD) {
+                let images = part
+                    .iter()
+                    .map(|((layer, page), image)| PageImage {
+                        shard: *id,
+                        layer: *layer,
+                        page: *page,
+                        image: image.clone(),
                         delta: false,
                     })
                     .collect();
-                flush(st, &mut at, pages, Vec::new())?;
+                flush(st, &mut at, images, Vec::new())?;
             }
-            let extents: Vec<Extent> = shard
-                .overlay
-                .records()
-                .iter()
-                .map(|(off, data)| Extent {
-                    shard: shard.id,
-                    offset: *off,
-                    data: data.clone(),
-                })
-                .collect();
             if !extents.is_empty() {
-                flush(st, &mut at, Vec::new(), extents)?;
+                flush(st, &mut at, Vec::new(), extents.clone())?;
             }
         }
         if at.1 == 0 {
@@ -1035,13 +1052,10 @@ impl SozuTable {
         //    in one write of at most 1 MiB), synced.
         let psz = ps as u64;
         let mut touched: BTreeSet<String> = BTreeSet::new();
-        for shard in self.shards.iter().map(|w| &w.shard) {
-            let overlay = shard.overlay.pages();
-            let mut pages: Vec<(&Addr, &Arc<Vec<u8>>)> = overlay.iter().collect();
-            pages.sort_by_key(|(a, _)| **a);
+        for (id, pages, extents) in &overlays {
             let mut i = 0;
             while i < pages.len() {
-                let ((layer, first), _) = pages[i];
+                let ((layer, first), _) = &pages[i];
                 let mut j = i + 1;
                 while j < pages.len()
                     && pages[j].0 .0 == *layer
@@ -1054,16 +1068,16 @@ impl SozuTable {
                 for (_, img) in &pages[i..j] {
                     buf.extend_from_slice(img);
                 }
-                let name = layer_file(shard.id, *layer);
+                let name = layer_file(*id, *layer);
                 st.write_at(&name, first * psz, &buf)
                     .map_err(|e| io_err(st, &name, e))?;
                 touched.insert(name);
                 i = j;
             }
-            let name = records_file(shard.id);
-            for (off, data) in shard.overlay.records().iter() {
-                st.write_at(&name, *off, data)
-                    .map_err(|e| io_err(st, &name, e))?;
+            let name = records_file(*id);
+            for e in extents {
+                st.write_at(&name, e.offset, &e.data)
+                    .map_err(|err| io_err(st, &name, err))?;
                 touched.insert(name.clone());
             }
         }
