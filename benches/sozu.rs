@@ -30,6 +30,10 @@ use bitcoin::hashes::Hash;
 use bitcoin::{OutPoint, Txid};
 use kakehi::sozu::*;
 
+/// The node's allocator (`src/main.rs`), for Sozu and every baseline alike.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
