@@ -238,14 +238,14 @@ pub struct CommitRecord {
 
 /// Length of a page image without its trailing zero bytes (the journal
 /// stores only that prefix; replay pads it back with zeros).
-/// Length of `image` without its trailing zero bytes.
 pub fn trimmed_len(image: &[u8]) -> usize {
     image.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1)
 }
 
-/// Encodes a commit record.
-pub fn encode_record(rec: &CommitRecord, page_size: usize) -> Vec<u8> {
-    let _ = page_size;
+/// Encodes a commit record into `b` (cleared first): the caller keeps one
+/// buffer across commits, so a record of a few MB does not fault in fresh
+/// memory every block.
+pub fn encode_record(rec: &CommitRecord, b: &mut Vec<u8>) {
     let used: Vec<usize> = rec
         .pages
         .iter()
@@ -260,7 +260,8 @@ pub fn encode_record(rec: &CommitRecord, page_size: usize) -> Vec<u8> {
     let body_len: usize = used.iter().map(|u| 16 + u).sum::<usize>()
         + rec.extents.iter().map(|e| 24 + e.data.len()).sum::<usize>()
         + HEADER_LEN;
-    let mut b = Vec::with_capacity(RECORD_HEADER_LEN + body_len + 4);
+    b.clear();
+    b.reserve(RECORD_HEADER_LEN + body_len + 4);
     b.extend_from_slice(&RECORD_MAGIC);
     b.extend_from_slice(&[0u8; 4]);
     b.extend_from_slice(&rec.generation.to_le_bytes());
@@ -289,9 +290,8 @@ pub fn encode_record(rec: &CommitRecord, page_size: usize) -> Vec<u8> {
         b.extend_from_slice(&e.data);
     }
     b.extend_from_slice(&rec.header);
-    let crc = crc32fast::hash(&b);
+    let crc = crc32fast::hash(b);
     b.extend_from_slice(&crc.to_le_bytes());
-    b
 }
 
 /// Result of trying to parse a record at some offset of the journal.

@@ -393,6 +393,8 @@ pub struct SozuTable {
     journal_bytes: u64,
     /// The handle [`UtxoTable::reader`] hands out.
     reader: Arc<SozuReader>,
+    /// The buffer every journal and checkpoint record is encoded into.
+    record_buf: Vec<u8>,
 }
 
 impl std::fmt::Debug for SozuTable {
@@ -760,6 +762,7 @@ impl SozuTable {
             checkpoints: 0,
             journal_bytes: 0,
             reader,
+            record_buf: Vec::new(),
         })
     }
 
@@ -972,10 +975,11 @@ impl SozuTable {
         st.set_len(ckpt, 0).map_err(|e| io_err(st, ckpt, e))?;
         // (file position, records written)
         let mut at = (0u64, 0u64);
-        let flush = |st: &mut dyn Storage,
-                     at: &mut (u64, u64),
-                     pages: Vec<PageImage>,
-                     extents: Vec<Extent>|
+        let buf = &mut self.record_buf;
+        let mut flush = |st: &mut dyn Storage,
+                         at: &mut (u64, u64),
+                         pages: Vec<PageImage>,
+                         extents: Vec<Extent>|
          -> Result<(), SozuError> {
             at.1 += 1;
             let rec = CommitRecord {
@@ -985,10 +989,10 @@ impl SozuTable {
                 extents,
                 header: header_image.clone(),
             };
-            let bytes = encode_record(&rec, ps);
-            st.write_at(ckpt, at.0, &bytes)
+            encode_record(&rec, buf);
+            st.write_at(ckpt, at.0, buf)
                 .map_err(|e| io_err(st, ckpt, e))?;
-            at.0 += bytes.len() as u64;
+            at.0 += buf.len() as u64;
             Ok(())
         };
         // Each shard's overlay, taken once, pages in address order: what
@@ -1125,13 +1129,14 @@ impl SozuTable {
             extents,
             header: header.encode(),
         };
-        let bytes = encode_record(&rec, ps);
+        let bytes = &mut self.record_buf;
+        encode_record(&rec, bytes);
         let st = self.storage.as_mut();
         if self.journal_truncate {
             st.set_len(JOURNAL_FILE, self.journal_pos)
                 .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
         }
-        st.write_at(JOURNAL_FILE, self.journal_pos, &bytes)
+        st.write_at(JOURNAL_FILE, self.journal_pos, bytes)
             .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
         st.sync(JOURNAL_FILE)
             .map_err(|e| io_err(st, JOURNAL_FILE, e))?;
@@ -1173,6 +1178,8 @@ impl Shard {
         let mut pages = Vec::new();
         let mut extents = Vec::new();
         let mut images = Vec::new();
+        // One buffer for the home images read as delta bases.
+        let mut home = vec![0u8; ps];
         let mut dirty: Vec<(&Addr, &Bucket)> = shard.dirty.iter().collect();
         dirty.sort_by_key(|(a, _)| **a);
         // RAM-layer pages first, then disk pages in address order.
@@ -1189,13 +1196,14 @@ impl Shard {
                 layer: addr.0,
                 page: addr.1,
             })?);
-            let base = match shard.overlay.page(addr) {
+            let overlay_image = shard.overlay.page(addr);
+            let base: Option<&[u8]> = match &overlay_image {
                 Some(img) => Some(img),
-                None => home_image(st, shard.id, *addr, ps)?.map(Arc::new),
+                None => read_home_image(st, shard.id, *addr, &mut home)?.then_some(&home[..]),
             };
             let delta = match base {
                 Some(old) => {
-                    let d = super::page::page_delta(&old, &image).map_err(|e| {
+                    let d = super::page::page_delta(old, &image).map_err(|e| {
                         corrupt(
                             PathBuf::from(JOURNAL_FILE),
                             0,
@@ -1983,10 +1991,21 @@ fn home_image(
     addr: Addr,
     page_size: usize,
 ) -> Result<Option<Vec<u8>>, SozuError> {
-    let name = layer_file(shard, addr.0);
-    let offset = addr.1.saturating_mul(page_size as u64);
     let mut buf = vec![0u8; page_size];
-    match st.read_at(&name, offset, &mut buf) {
+    Ok(read_home_image(st, shard, addr, &mut buf)?.then_some(buf))
+}
+
+/// [`home_image`] into `buf` (one page long, reused by the caller): true
+/// if the page was written, with its image in `buf`.
+fn read_home_image(
+    st: &mut dyn Storage,
+    shard: u8,
+    addr: Addr,
+    buf: &mut [u8],
+) -> Result<bool, SozuError> {
+    let name = layer_file(shard, addr.0);
+    let offset = addr.1.saturating_mul(buf.len() as u64);
+    match st.read_at(&name, offset, buf) {
         Ok(()) => {}
         Err(e)
             if matches!(
@@ -1994,18 +2013,18 @@ fn home_image(
                 std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::NotFound
             ) =>
         {
-            return Ok(None)
+            return Ok(false)
         }
         Err(e) => return Err(io_err(st, &name, e)),
     }
     if buf.iter().all(|&b| b == 0) {
-        return Ok(None);
+        return Ok(false);
     }
     let stored = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
     if stored != crc32fast::hash(&buf[4..]) {
         return Err(corrupt(st.path_of(&name), offset, "page checksum mismatch"));
     }
-    Ok(Some(buf))
+    Ok(true)
 }
 
 /// Reads a committed page (journal overlay first, then the page file) and
