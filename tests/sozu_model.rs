@@ -46,14 +46,18 @@ struct Harness {
     sozu_purged: HashSet<OutPoint>,
     /// Spill policy of this run (`SozuConfig::spill_fewest_children`).
     fewest: bool,
+    /// Top layers held in RAM (`SozuConfig::ram_layers`): 0 puts every
+    /// layer on the disk path (page cache, key-signature summaries).
+    ram_layers: u8,
 }
 
 impl Harness {
-    fn new(shards: u8, fewest: bool) -> Self {
+    fn new(shards: u8, fewest: bool, ram_layers: u8) -> Self {
         let storage = MemStorage::new();
         let cfg = SozuConfig {
             shards,
             spill_fewest_children: fewest,
+            ram_layers,
             ..small_config()
         };
         let table = SozuTable::open_with_storage(Box::new(storage.clone()), cfg).expect("create");
@@ -65,6 +69,7 @@ impl Harness {
             model_purged: HashSet::new(),
             sozu_purged: HashSet::new(),
             fewest,
+            ram_layers,
         }
     }
 
@@ -76,6 +81,7 @@ impl Harness {
         self.table = None;
         let cfg = SozuConfig {
             spill_fewest_children: self.fewest,
+            ram_layers: self.ram_layers,
             ..small_config()
         };
         let t = SozuTable::open_with_storage(Box::new(self.storage.clone()), cfg).expect("reopen");
@@ -191,8 +197,13 @@ impl Harness {
     }
 }
 
-fn run(actions: Vec<Action>, shards: u8, fewest: bool) -> Result<(), TestCaseError> {
-    let mut h = Harness::new(shards, fewest);
+fn run(
+    actions: Vec<Action>,
+    shards: u8,
+    fewest: bool,
+    ram_layers: u8,
+) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(shards, fewest, ram_layers);
     for a in actions {
         match a {
             Action::Extend(n, seed) => {
@@ -249,8 +260,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90), two_shards in any::<bool>(), seed_spill in any::<bool>()) {
-        run(actions, if two_shards { 2 } else { 1 }, !seed_spill)?;
+    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90), two_shards in any::<bool>(), seed_spill in any::<bool>(), ram_layers in 0u8..=2) {
+        run(actions, if two_shards { 2 } else { 1 }, !seed_spill, ram_layers)?;
     }
 }
 
@@ -272,9 +283,10 @@ fn long_sequence_with_purges() {
             _ => Action::Extend(1, rng.next()),
         });
     }
-    run(actions.clone(), 1, true).expect("long sequence");
-    run(actions.clone(), 2, true).expect("long sequence, two shards");
-    run(actions, 1, false).expect("long sequence, seed 000's literal spill");
+    run(actions.clone(), 1, true, 2).expect("long sequence");
+    run(actions.clone(), 2, true, 2).expect("long sequence, two shards");
+    run(actions.clone(), 1, false, 2).expect("long sequence, seed 000's literal spill");
+    run(actions, 1, true, 0).expect("long sequence, no RAM layer");
 }
 
 /// Typed refusals: a spend of an unknown outpoint, a re-production with
