@@ -574,14 +574,15 @@ fn sozu_config() -> SozuConfig {
 }
 
 /// Runs the workload on a fresh Sozu table and prints its figures. Returns
-/// the measured wall time and CPU seconds.
+/// the measured wall time, CPU seconds and durability floor per block
+/// ([`fsync_floor`] of the mean journal bytes per measured block).
 fn run_sozu(
     base: &std::path::Path,
     label: &str,
     config: SozuConfig,
     live: usize,
     blocks: usize,
-) -> (Duration, f64) {
+) -> (Duration, f64, Duration) {
     let dir = base.join(label);
     let table = SozuTable::open(&dir, config).expect("sozu open");
     let mut sozu = SozuBackend {
@@ -602,8 +603,13 @@ fn run_sozu(
     let per_block = t_sozu / n as u32;
     let [read, write, commit] = sozu.phase.map(|d| d / n as u32);
     println!("{label}: fill {fill:.2?}, {n} blocks in {t_sozu:.2?} ({per_block:.2?}/block, CPU {:.1} ms/block); per measured block: get_batch {read:.2?}, write_block {write:.2?}, commit {commit:.2?}", 1000.0 * cpu / n as f64);
+    let mut floor = Duration::ZERO;
     if let Some(m) = &sozu.at_measure {
         let nb = n as f64;
+        floor = fsync_floor(
+            &dir,
+            ((stats.journal_bytes - m.journal_bytes) as f64 / nb) as usize,
+        );
         println!(
             "  per measured block: {:.0} buckets read, {:.0} buckets written (page images), {:.2} MB of journal, {:.0} spills",
             (stats.buckets_read - m.buckets_read) as f64 / nb,
@@ -611,6 +617,7 @@ fn run_sozu(
             (stats.journal_bytes - m.journal_bytes) as f64 / nb / 1e6,
             (stats.spills - m.spills) as f64 / nb,
         );
+        println!("  durability floor: appending and fsyncing one block's journal alone takes {floor:.2?} (mean of 20)");
     }
     for (i, l) in stats.layers.iter().enumerate() {
         println!(
@@ -631,7 +638,7 @@ fn run_sozu(
         stats.journal_bytes / 1_000_000
     );
     println!(
-        "  lookups below the RAM layers: {}, disk-layer buckets visited per such lookup: {:.3}, page reads from files {}",
+        "  lookups below the RAM layers: {}, disk-layer pages read per such lookup: {:.3}, page reads from files {}",
         stats.deep_lookups,
         stats.deep_lookup_pages as f64 / stats.deep_lookups.max(1) as f64,
         stats.disk_page_reads
@@ -667,13 +674,31 @@ fn run_sozu(
     let lookups = t.elapsed();
     let r1 = sozu.table.counters();
     println!(
-        "  proof of absence: 6 blocks with every new output looked up {lookups:.2?} vs known_absent from the chain index {connect6:.2?} (+{:.0}%), {:.2} disk-layer buckets per lookup below RAM",
+        "  proof of absence: 6 blocks with every new output looked up {lookups:.2?} vs known_absent from the chain index {connect6:.2?} (+{:.0}%), {:.2} disk-layer pages read per lookup below RAM",
         100.0 * (lookups.as_secs_f64() / connect6.as_secs_f64() - 1.0),
         (r1.deep_lookup_pages - r0.deep_lookup_pages) as f64 / (r1.deep_lookups - r0.deep_lookups).max(1) as f64
     );
     drop(sozu);
     let _ = std::fs::remove_dir_all(&dir);
-    (t_sozu, cpu)
+    (t_sozu, cpu, floor)
+}
+
+/// Mean time to append `bytes` to a file and fsync it (`sync_data`), over
+/// 20 appends: the least a commit of that size costs on this disk.
+fn fsync_floor(dir: &std::path::Path, bytes: usize) -> Duration {
+    use std::io::Write;
+    let path = dir.join("fsync-floor");
+    let mut f = std::fs::File::create(&path).expect("floor file");
+    let buf = vec![0x5au8; bytes];
+    let t = Instant::now();
+    for _ in 0..20 {
+        f.write_all(&buf).expect("floor write");
+        f.sync_data().expect("floor sync");
+    }
+    let mean = t.elapsed() / 20;
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    mean
 }
 
 fn main() {
@@ -694,7 +719,7 @@ fn main() {
         };
         run_sozu(&base, "sozu-seed-spill", cfg, live, blocks);
     }
-    let (t_sozu, cpu_sozu) = run_sozu(&base, "sozu", sozu_config(), live, blocks);
+    let (t_sozu, cpu_sozu, floor) = run_sozu(&base, "sozu", sozu_config(), live, blocks);
 
     let mut results: Vec<(&str, Duration, f64)> = Vec::new();
     if !skip.contains("hashmap") {
@@ -702,7 +727,12 @@ fn main() {
             map: HashMap::new(),
             undo: HashMap::new(),
         };
-        let (_, t, _, c, _) = run(&mut m, live, blocks);
+        let (f, t, n, c, _) = run(&mut m, live, blocks);
+        println!(
+            "hashmap: fill {f:.2?}, blocks {t:.2?} ({:.2?}/block), CPU {c:.1}s; Sozu's durability floor alone is {:.1}x that block time",
+            t / n as u32,
+            floor.as_secs_f64() / (t.as_secs_f64() / n as f64)
+        );
         results.push(("hashmap", t, c));
     }
     if !skip.contains("sled") {

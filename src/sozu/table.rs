@@ -169,7 +169,8 @@ pub struct SozuStats {
     /// Lookups that went below the RAM layers since open, and the disk
     /// pages they read (mean page reads per lookup below RAM = ratio).
     pub deep_lookups: u64,
-    /// Disk-layer bucket visits by those lookups.
+    /// Disk-layer pages those lookups read (from the cache or the files):
+    /// pages a page summary ruled out for a key are not counted.
     pub deep_lookup_pages: u64,
     /// Entries spilled to a lower layer since open.
     pub spills: u64,
