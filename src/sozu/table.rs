@@ -739,22 +739,27 @@ impl SozuTable {
         } else {
             geo.ram_layers.saturating_sub(1)
         };
+        // The verified disk pages' summaries come for free.
         for shard in &mut shards {
             let mut ram = FxHashMap::default();
+            let mut summaries = FxHashMap::default();
             let sh: &Shard = shard;
             walk_shard(
                 &geo,
                 deepest,
-                &mut (&mut *st, &mut ram),
-                |(st, _), addr| read_committed(&mut **st, &geo, (sh.id, &sh.overlay), addr),
-                |(_, ram), addr, b| {
+                &mut (&mut *st, &mut ram, &mut summaries),
+                |(st, _, _), addr| read_committed(&mut **st, &geo, (sh.id, &sh.overlay), addr),
+                |(_, ram, summaries), addr, b| {
                     if addr.0 < geo.ram_layers {
                         ram.insert(addr, b);
+                    } else {
+                        summaries.insert(addr, PageSummary::of(&b));
                     }
                     Ok(())
                 },
             )?;
             shard.ram = ram;
+            shard.summaries = summaries;
             let records = shard.overlay.records();
             for (off, data) in records.iter() {
                 if off + data.len() as u64 > shard.state.records_len {
