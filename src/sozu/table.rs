@@ -1641,8 +1641,10 @@ impl Worker {
                 // Spill (GetSpill): the seed's order picks what should flow
                 // (consumed on the best chain first, then oldest max
                 // production height, then key); the spill then goes to as
-                // few children as possible — the child holding most of that
-                // prefix first — so one spill rewrites two pages, not 2^g + 1
+                // few children as possible — written children first, and
+                // among them the one holding most of that prefix — so one
+                // spill rewrites two pages, not 2^g + 1, and creates a page
+                // only when no written child can take it
                 // (docs/sozu-format.md, "Spill policy").
                 let cfg = geo.layer_cfg(layer);
                 if b.payload_len() > cfg.capacity && layer < geo.max_layer {
@@ -1684,9 +1686,18 @@ impl Worker {
                             prefix[c] += o.4;
                         }
                     }
+                    // Children already written first: a spill into one of
+                    // them costs no new page, and the deepest layer's fill
+                    // is most of the bytes on disk.
                     let mut by_pref: Vec<usize> = (0..fanout).collect();
+                    let written = |c: usize| b.child_mask & (1 << c) != 0;
                     by_pref.sort_unstable_by_key(|&c| {
-                        (std::cmp::Reverse(prefix[c]), std::cmp::Reverse(bytes[c]), c)
+                        (
+                            !written(c),
+                            std::cmp::Reverse(prefix[c]),
+                            std::cmp::Reverse(bytes[c]),
+                            c,
+                        )
                     });
                     let mut chosen = if geo.spill_fewest_children {
                         0u16
