@@ -719,7 +719,9 @@ mod tests {
                     2 if len > 1 => new.slots.swap(at % len, (at / 2) % len),
                     _ => {
                         let s = slot(x, 22 + x as usize % 11);
-                        if !new.slots.iter().any(|o| o.entry.outpoint == s.entry.outpoint) {
+                        // Appends stop where the page is full.
+                        let fits = PAGE_HEADER_LEN + new.payload_len() + s.encoded_len() <= 4096;
+                        if fits && !new.slots.iter().any(|o| o.entry.outpoint == s.entry.outpoint) {
                             new.slots.push(s);
                         }
                     }
