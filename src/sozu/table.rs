@@ -265,7 +265,7 @@ fn signature(outpoint: &OutPoint) -> u16 {
 
 /// What a lookup needs of a disk-layer page without reading it: the
 /// descent fields of its header and its entries' sorted key signatures
-/// (~2 bytes per entry plus ~40 per page in RAM).
+/// (~2 bytes per entry plus ~100 per page in RAM, hash-map slot included).
 struct PageSummary {
     max_child_height: u32,
     children: u64,
