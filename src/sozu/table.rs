@@ -263,13 +263,30 @@ fn signature(outpoint: &OutPoint) -> u16 {
     u16::from_le_bytes([t[0], t[1]]) ^ (outpoint.vout as u16)
 }
 
-/// What a lookup needs of a disk-layer page without reading it: the
-/// descent fields of its header and its entries' sorted key signatures
-/// (~2 bytes per entry plus ~100 per page in RAM, hash-map slot included).
-struct PageSummary {
+/// A page header's descent fields: where below it a key it does not hold
+/// may be ([`Geo::child_of`]).
+#[derive(Clone, Copy)]
+struct Descent {
     max_child_height: u32,
     children: u64,
     child_mask: u16,
+}
+
+impl Descent {
+    fn of(b: &Bucket) -> Self {
+        Self {
+            max_child_height: b.max_child_height,
+            children: b.children,
+            child_mask: b.child_mask,
+        }
+    }
+}
+
+/// What a lookup needs of a disk-layer page without reading it: its
+/// descent fields and its entries' sorted key signatures (~2 bytes per
+/// entry plus ~100 per page in RAM, hash-map slot included).
+struct PageSummary {
+    descent: Descent,
     signatures: Box<[u16]>,
 }
 
@@ -282,9 +299,7 @@ impl PageSummary {
             .collect();
         signatures.sort_unstable();
         Self {
-            max_child_height: b.max_child_height,
-            children: b.children,
-            child_mask: b.child_mask,
+            descent: Descent::of(b),
             signatures,
         }
     }
@@ -353,15 +368,16 @@ impl Geo {
             .saturating_mul(1 << self.g)
             .saturating_add(self.child_index(h, layer))
     }
-    /// The page one layer down where a key of hash `h` that `bucket` (at
-    /// `layer`) does not hold may be: the child covering `h`, if written.
-    fn child_of(&self, bucket: &Bucket, h: u64, layer: u8) -> Option<u64> {
-        self.child_in(bucket.children, bucket.child_mask, h, layer)
-    }
-    /// [`Geo::child_of`] from a page's `children` and `child_mask` fields.
-    fn child_in(&self, children: u64, child_mask: u16, h: u64, layer: u8) -> Option<u64> {
-        (layer < self.max_layer && children != 0 && child_mask & self.child_bit(h, layer + 1) != 0)
-            .then(|| self.child_page(children, h, layer + 1))
+    /// The page one layer down where a key of hash `h` that a page (at
+    /// `layer`, descent fields `d`) does not hold may be: the child
+    /// covering `h`, if written and if entries produced at `min_height` or
+    /// later ever went below (seed 000's `ReadSozu` early stop; 0: no floor).
+    fn child_of(&self, d: Descent, h: u64, layer: u8, min_height: u32) -> Option<u64> {
+        (layer < self.max_layer
+            && d.children != 0
+            && d.child_mask & self.child_bit(h, layer + 1) != 0
+            && d.max_child_height >= min_height)
+            .then(|| self.child_page(d.children, h, layer + 1))
     }
     fn layer_cfg(&self, layer: u8) -> LayerConfig {
         let c = self
@@ -1334,10 +1350,7 @@ impl Worker {
                 if let (Some(s), 0) = (summary, reads) {
                     for &(_, _, qi) in group {
                         let (_, h, min_h) = q[qi];
-                        if let Some(child) = geo
-                            .child_in(s.children, s.child_mask, h, layer)
-                            .filter(|_| s.max_child_height >= min_h)
-                        {
+                        if let Some(child) = geo.child_of(s.descent, h, layer, min_h) {
                             paths[qi].push(page);
                             next.push((0, child, qi));
                         }
@@ -1356,10 +1369,7 @@ impl Worker {
                         path: std::mem::take(&mut paths[qi]),
                         slot: want_slot.then(|| bucket.slots[pos].clone()),
                     });
-                } else if let Some(child) = geo
-                    .child_of(bucket, h, layer)
-                    .filter(|_| bucket.max_child_height >= min_h)
-                {
+                } else if let Some(child) = geo.child_of(Descent::of(bucket), h, layer, min_h) {
                     paths[qi].push(page);
                     next.push((0, child, qi));
                 }
@@ -2256,7 +2266,7 @@ impl SozuReader {
                                 read_script(st, (shard, overlay), None, ext, len)?;
                         }
                         out[qi] = Some(entry);
-                    } else if let Some(child) = geo.child_of(&b, h, layer) {
+                    } else if let Some(child) = geo.child_of(Descent::of(&b), h, layer, 0) {
                         next.push((shard, child, qi));
                     }
                 }
