@@ -70,6 +70,12 @@ fn run_until_failure(
             model.crash();
             return (model, None);
         }
+        // Sometimes an explicit checkpoint with the block still pending: it
+        // must neither commit nor lose it.
+        if rng.below(8) == 0 && table.checkpoint_now().is_err() {
+            model.crash();
+            return (model, None);
+        }
         let mut attempted = model.clone();
         attempted.commit(tag(id, h)).expect("model");
         if table.commit(tag(id, h)).is_err() {

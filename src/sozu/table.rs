@@ -972,6 +972,27 @@ impl SozuTable {
         Ok(n)
     }
 
+    /// Checkpoints now (`docs/sozu-format.md`, "Checkpoint") rather than at
+    /// the first commit after the journal grows past
+    /// [`SozuConfig::checkpoint_bytes`]: the journal's page images move into
+    /// the page files and the journal starts again empty. The committed
+    /// state is the same before and after; a block written and not yet
+    /// committed stays pending. Costs what a commit's checkpoint costs: the
+    /// overlay written twice (up to `checkpoint_bytes` of images) and their
+    /// fsyncs. For a backup of the page files, or to keep a checkpoint out
+    /// of a measured window (`benches/sozu.rs`).
+    ///
+    /// # Errors
+    /// Storage failure; the table is then poisoned and must be reopened.
+    pub fn checkpoint_now(&mut self) -> Result<(), SozuError> {
+        self.check_poison()?;
+        let r = self.checkpoint();
+        if r.is_err() {
+            self.poisoned = true;
+        }
+        r
+    }
+
     /// Like [`UtxoTable::get_batch`], with seed 000's height filter: for each
     /// key, `min_height` is a lower bound on any production height it can
     /// have, and the descent stops at a bucket whose children hold nothing
