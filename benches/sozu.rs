@@ -13,6 +13,8 @@
 //! `SOZU_BENCH_SKIP` (comma list of baselines to skip: sled,redb,hashmap),
 //! `SOZU_BENCH_RAM_LAYERS` (default 2), `SOZU_BENCH_LAYER0_BITS` (default 10),
 //! `SOZU_BENCH_SHARDS` (default 2: one worker thread per shard),
+//! `SOZU_BENCH_GROWTH_BITS` (g: 2^g children per bucket, default that of
+//! `SozuConfig::default()`),
 //! `SOZU_BENCH_ALPHA_DEEP` (α of layers 2 and deeper, default that of
 //! `SozuConfig::default()`), `SOZU_BENCH_SEED_SPILL` (set: first run the table with seed 000's literal
 //! spill policy too, for comparison in the same run).
@@ -552,6 +554,10 @@ fn sozu_config() -> SozuConfig {
     let ram_layers = env_usize("SOZU_BENCH_RAM_LAYERS", 2) as u8;
     let layer0_bits = env_usize("SOZU_BENCH_LAYER0_BITS", 10) as u8;
     let shards = env_usize("SOZU_BENCH_SHARDS", 2) as u8;
+    let growth_bits = env_usize(
+        "SOZU_BENCH_GROWTH_BITS",
+        SozuConfig::default().growth_bits.into(),
+    ) as u8;
     let mut layers = SozuConfig::default().layers;
     if let Some(a) = std::env::var("SOZU_BENCH_ALPHA_DEEP")
         .ok()
@@ -565,6 +571,7 @@ fn sozu_config() -> SozuConfig {
         layers,
         shards,
         layer0_bits,
+        growth_bits,
         ram_layers,
         verify_on_open: false,
         cache_pages: 1 << 16,

@@ -44,23 +44,15 @@ struct Harness {
     table: Option<SozuTable>,
     model_purged: HashSet<OutPoint>,
     sozu_purged: HashSet<OutPoint>,
-    /// Spill policy of this run (`SozuConfig::spill_fewest_children`).
-    fewest: bool,
-    /// Top layers held in RAM (`SozuConfig::ram_layers`): 0 puts every
-    /// layer on the disk path (page cache, key-signature summaries).
-    ram_layers: u8,
+    /// This run's configuration, given again at every reopen.
+    cfg: SozuConfig,
 }
 
 impl Harness {
-    fn new(shards: u8, fewest: bool, ram_layers: u8) -> Self {
+    fn new(cfg: SozuConfig) -> Self {
         let storage = MemStorage::new();
-        let cfg = SozuConfig {
-            shards,
-            spill_fewest_children: fewest,
-            ram_layers,
-            ..small_config()
-        };
-        let table = SozuTable::open_with_storage(Box::new(storage.clone()), cfg).expect("create");
+        let table =
+            SozuTable::open_with_storage(Box::new(storage.clone()), cfg.clone()).expect("create");
         Harness {
             chain: Chain::new(),
             model: ModelTable::new(),
@@ -68,8 +60,7 @@ impl Harness {
             table: Some(table),
             model_purged: HashSet::new(),
             sozu_purged: HashSet::new(),
-            fewest,
-            ram_layers,
+            cfg,
         }
     }
 
@@ -79,12 +70,8 @@ impl Harness {
 
     fn reopen(&mut self) {
         self.table = None;
-        let cfg = SozuConfig {
-            spill_fewest_children: self.fewest,
-            ram_layers: self.ram_layers,
-            ..small_config()
-        };
-        let t = SozuTable::open_with_storage(Box::new(self.storage.clone()), cfg).expect("reopen");
+        let t = SozuTable::open_with_storage(Box::new(self.storage.clone()), self.cfg.clone())
+            .expect("reopen");
         self.table = Some(t);
     }
 
@@ -199,13 +186,21 @@ impl Harness {
     }
 }
 
-fn run(
-    actions: Vec<Action>,
-    shards: u8,
-    fewest: bool,
-    ram_layers: u8,
-) -> Result<(), TestCaseError> {
-    let mut h = Harness::new(shards, fewest, ram_layers);
+/// `small_config()` with the knobs the tests vary: shards, spill policy
+/// (`spill_fewest_children`), growth bits g, and RAM layers (0 puts every
+/// layer on the disk path: page cache, key-signature summaries).
+fn config(shards: u8, fewest: bool, growth_bits: u8, ram_layers: u8) -> SozuConfig {
+    SozuConfig {
+        shards,
+        spill_fewest_children: fewest,
+        growth_bits,
+        ram_layers,
+        ..small_config()
+    }
+}
+
+fn run(actions: Vec<Action>, cfg: SozuConfig) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(cfg);
     for a in actions {
         match a {
             Action::Extend(n, seed) => {
@@ -262,8 +257,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90), two_shards in any::<bool>(), seed_spill in any::<bool>(), ram_layers in 0u8..=2) {
-        run(actions, if two_shards { 2 } else { 1 }, !seed_spill, ram_layers)?;
+    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90), two_shards in any::<bool>(), seed_spill in any::<bool>(), growth_bits in 1u8..=3, ram_layers in 0u8..=2) {
+        run(actions, config(if two_shards { 2 } else { 1 }, !seed_spill, growth_bits, ram_layers))?;
     }
 }
 
@@ -285,10 +280,11 @@ fn long_sequence_with_purges() {
             _ => Action::Extend(1, rng.next()),
         });
     }
-    run(actions.clone(), 1, true, 2).expect("long sequence");
-    run(actions.clone(), 2, true, 2).expect("long sequence, two shards");
-    run(actions.clone(), 1, false, 2).expect("long sequence, seed 000's literal spill");
-    run(actions, 1, true, 0).expect("long sequence, no RAM layer");
+    run(actions.clone(), config(1, true, 1, 2)).expect("long sequence");
+    run(actions.clone(), config(2, true, 1, 2)).expect("long sequence, two shards");
+    run(actions.clone(), config(1, false, 1, 2)).expect("long sequence, seed 000's literal spill");
+    run(actions.clone(), config(1, true, 1, 0)).expect("long sequence, no RAM layer");
+    run(actions, config(1, true, 2, 1)).expect("long sequence, g = 2");
 }
 
 /// Typed refusals: a spend of an unknown outpoint, a re-production with

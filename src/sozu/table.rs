@@ -71,7 +71,10 @@ pub struct SozuConfig {
     pub page_size: usize,
     /// log2 of the number of layer-0 buckets (default 12: 4,096 buckets, 16 MiB).
     pub layer0_bits: u8,
-    /// g: layer i+1 has 2^g times the buckets of layer i (default 2).
+    /// g: layer i+1 has 2^g times the buckets of layer i, in 1..=4
+    /// (default 1: two children per bucket, so the deepest layer in use,
+    /// which is never full, is at most about half of all pages;
+    /// `BENCHMARKS.md`, Sozu round 5, measured 1 against 2 and 3).
     pub growth_bits: u8,
     /// Per-layer capacity and α, from layer 0 down; the last item applies to
     /// every deeper layer.
@@ -104,7 +107,7 @@ impl Default for SozuConfig {
         Self {
             page_size: 4096,
             layer0_bits: 12,
-            growth_bits: 2,
+            growth_bits: 1,
             layers: vec![
                 LayerConfig {
                     capacity: 3000,
