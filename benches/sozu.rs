@@ -13,7 +13,8 @@
 //! `SOZU_BENCH_SKIP` (comma list of baselines to skip: sled,redb,hashmap),
 //! `SOZU_BENCH_RAM_LAYERS` (default 2), `SOZU_BENCH_LAYER0_BITS` (default 10),
 //! `SOZU_BENCH_SHARDS` (default 2: one worker thread per shard),
-//! `SOZU_BENCH_GROWTH_BITS` (g: 2^g children per bucket, default that of
+//! `SOZU_BENCH_CHECKPOINT_MIB` (journal size that triggers a checkpoint,
+//! default 256), `SOZU_BENCH_GROWTH_BITS` (g: 2^g children per bucket, default that of
 //! `SozuConfig::default()`),
 //! `SOZU_BENCH_ALPHA_DEEP` (α of layers 2 and deeper, default that of
 //! `SozuConfig::default()`), `SOZU_BENCH_SEED_SPILL` (set: first run the table with seed 000's literal
@@ -575,7 +576,7 @@ fn sozu_config() -> SozuConfig {
         ram_layers,
         verify_on_open: false,
         cache_pages: 1 << 16,
-        checkpoint_bytes: 256 << 20,
+        checkpoint_bytes: (env_usize("SOZU_BENCH_CHECKPOINT_MIB", 256) as u64) << 20,
         ..SozuConfig::default()
     }
 }
