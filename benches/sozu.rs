@@ -606,6 +606,9 @@ fn run_sozu(
     let (fill, t_sozu, n, cpu, mut gen) = run(&mut sozu, live, blocks);
     let extra_a: Vec<Block> = (0..6).map(|_| gen.block(2500, 3000)).collect();
     let extra_b: Vec<Block> = (0..6).map(|_| gen.block(2500, 3000)).collect();
+    // Old outputs (most still unspent, deep in the table) for point reads.
+    let step = (gen.old.len() / 20_000).max(1);
+    let sample: Vec<OutPoint> = gen.old.iter().step_by(step).take(20_000).copied().collect();
     drop(gen);
     // The figures below describe the table at rest: the journal moved into
     // the page files (between checkpoints it grows to `checkpoint_bytes`).
@@ -694,6 +697,34 @@ fn run_sozu(
         "  proof of absence: 6 blocks with every new output looked up {lookups:.2?} vs known_absent from the chain index {connect6:.2?} (+{:.0}%), {:.2} disk-layer pages read per lookup below RAM",
         100.0 * (lookups.as_secs_f64() / connect6.as_secs_f64() - 1.0),
         (r1.deep_lookup_pages - r0.deep_lookup_pages) as f64 / (r1.deep_lookups - r0.deep_lookups).max(1) as f64
+    );
+    // Point reads, 100 keys per call, as HTTP asks them: the writer's batched
+    // lookup (page summaries, decoded-page cache) against the concurrent
+    // reader (`SozuReader`), which descends from layer 0 page by page.
+    let t = Instant::now();
+    for chunk in sample.chunks(100) {
+        sozu.table.get_batch(chunk).expect("sozu get_batch");
+    }
+    let t_writer = t.elapsed();
+    let reader = sozu.table.reader();
+    let t = Instant::now();
+    let mut found = 0;
+    for chunk in sample.chunks(100) {
+        found += reader
+            .get_batch(chunk)
+            .expect("sozu reader")
+            .iter()
+            .flatten()
+            .count();
+    }
+    let t_reader = t.elapsed();
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / sample.len().max(1) as f64;
+    println!(
+        "  point reads of {} old outputs ({found} in the table), 100 per call: writer's get_batch {:.1} µs per key, concurrent reader {:.1} µs per key ({:.1}x)",
+        sample.len(),
+        per(t_writer),
+        per(t_reader),
+        t_reader.as_secs_f64() / t_writer.as_secs_f64()
     );
     let inside = sozu.table.counters().checkpoints - checkpoints;
     if inside > 0 {
