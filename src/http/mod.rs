@@ -216,7 +216,8 @@ async fn health(State(s): State<AppState>) -> ApiResult<Response> {
     .await
 }
 
-/// Most bytes of basic filters kept by [`FilterCache`] (32 MiB).
+/// Most bytes of basic filters the HTTP server keeps cached, in serialized
+/// filter bytes (32 MiB; oldest inserted evicted first).
 pub const FILTER_CACHE_BYTES: usize = 32 << 20;
 
 /// Basic filters recently served by `/rest/blockfilter`, by block hash,
