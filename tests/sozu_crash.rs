@@ -9,7 +9,8 @@
 //!   replayed to the committed block. 100 kills by default, 1,000 with
 //!   `KAKEHI_LONG=1`.
 //! - corruption: flipped page byte, truncated file, wrong magic or version,
-//!   damaged journal record → typed error, and opening wrote nothing.
+//!   header field out of range under a valid checksum, damaged journal
+//!   record → typed error, and opening wrote nothing.
 
 mod sozu_common;
 
@@ -679,5 +680,27 @@ fn damaged_journal_record_before_later_commits_is_corrupt() {
             assert_eq!(offset, 0);
         }
         e => panic!("unexpected error {e}"),
+    }
+}
+
+#[test]
+fn header_field_out_of_range_is_corrupt() {
+    // A header whose checksum is right but whose geometry the page format
+    // cannot hold (the child mask has 16 bits, so g ≤ 4; a layer-0 of 2^33
+    // buckets) is refused with the typed error, before anything is read.
+    for (at, value) in [(21, 5u8), (21, 8), (21, 0), (20, 33)] {
+        let s = built();
+        let mut h = s.read_file("sozu.header").expect("header");
+        h[at] = value;
+        let crc = crc32fast::hash(&h[4..]);
+        h[..4].copy_from_slice(&crc.to_le_bytes());
+        s.write_file("sozu.header", h);
+        match open_err(&s) {
+            SozuError::Corrupt { path, offset, .. } => {
+                assert!(path.ends_with("sozu.header"), "{path:?}");
+                assert_eq!(offset, 0, "byte {at} = {value}");
+            }
+            e => panic!("byte {at} = {value}: unexpected error {e}"),
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The table header and the redo-journal records (byte layouts in
 //! `docs/sozu-format.md`).
 
+use super::page::MAX_GROWTH_BITS;
 use super::types::{BlockId, CommitTag};
 
 /// Magic at byte 4 of the header.
@@ -141,7 +142,7 @@ impl Header {
         if !(512..=1 << 20).contains(&page_size) || !page_size.is_power_of_two() {
             return Err(HeaderError::Field("page size"));
         }
-        if !(1..=32).contains(&layer0_bits) || !(1..=8).contains(&growth_bits) {
+        if !(1..=32).contains(&layer0_bits) || !(1..=MAX_GROWTH_BITS).contains(&growth_bits) {
             return Err(HeaderError::Field("layer geometry"));
         }
         if shards == 0

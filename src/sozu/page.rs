@@ -46,6 +46,9 @@ pub const PAGE_MAGIC: [u8; 4] = *b"SZBK";
 pub const PAGE_VERSION: u8 = 2;
 /// Bits of the `children` field holding the group number + 1.
 pub const CHILDREN_GROUP_BITS: u32 = 48;
+/// Largest `growth_bits` g the page format holds: a bucket's child mask has
+/// 16 bits, one per child, so 2^g ≤ 16.
+pub const MAX_GROWTH_BITS: u8 = 4;
 /// Fixed part of an encoded entry, in bytes.
 pub const ENTRY_FIXED_LEN: usize = 53;
 /// Size of an out-of-line script reference inside an entry, in bytes.
@@ -93,7 +96,7 @@ pub struct Bucket {
     pub children: u64,
     /// Bit c set: child c of the group has been written at least once (a
     /// child whose bit is clear is empty and its page is never read).
-    /// Zero when `children` is 0; needs `growth_bits` ≤ 4.
+    /// Zero when `children` is 0; needs `growth_bits` ≤ [`MAX_GROWTH_BITS`].
     pub child_mask: u16,
     /// The entries, in no particular order.
     pub slots: Vec<Slot>,

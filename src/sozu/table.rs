@@ -15,7 +15,9 @@ use super::header::{
     encode_record, parse_record, CommitRecord, Extent, Header, HeaderError, PageImage, Parsed,
     ShardState, HEADER_LEN, MAX_LAYERS, MAX_SHARDS, RECORD_HEADER_LEN,
 };
-use super::page::{decode_bucket, encode_bucket, Bucket, ExternalScript, Slot, PAGE_HEADER_LEN};
+use super::page::{
+    decode_bucket, encode_bucket, Bucket, ExternalScript, Slot, MAX_GROWTH_BITS, PAGE_HEADER_LEN,
+};
 use super::storage::{FsStorage, Storage};
 use super::types::{
     outpoint_key, BlockOracle, BlockWrite, Coin, CommitTag, Consumption, Entry, OutPointKey,
@@ -71,7 +73,7 @@ pub struct SozuConfig {
     pub page_size: usize,
     /// log2 of the number of layer-0 buckets (default 12: 4,096 buckets, 16 MiB).
     pub layer0_bits: u8,
-    /// g: layer i+1 has 2^g times the buckets of layer i, in 1..=4
+    /// g: layer i+1 has 2^g times the buckets of layer i, in 1..=[`MAX_GROWTH_BITS`]
     /// (default 1: two children per bucket, so the deepest layer in use,
     /// which is never full, is at most about half of all pages;
     /// `BENCHMARKS.md`, Sozu round 5, measured 1 against 2 and 3).
@@ -852,7 +854,9 @@ impl SozuTable {
                 reason: "page_size must be a power of two in 512..=1 MiB",
             });
         }
-        if !(1..=32).contains(&config.layer0_bits) || !(1..=4).contains(&config.growth_bits) {
+        if !(1..=32).contains(&config.layer0_bits)
+            || !(1..=MAX_GROWTH_BITS).contains(&config.growth_bits)
+        {
             return Err(SozuError::Config {
                 reason: "layer0_bits in 1..=32, growth_bits in 1..=4",
             });
