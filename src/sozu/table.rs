@@ -218,7 +218,7 @@ struct Overlay {
 
 impl Overlay {
     // A poisoned lock only means a panic elsewhere while it was held; the
-    // maps are updated one insert at a time and stay consistent.
+    // maps are updated by whole commits and checkpoints, and stay consistent.
     fn pages(&self) -> RwLockReadGuard<'_, FxHashMap<Addr, Arc<Vec<u8>>>> {
         self.pages.read().unwrap_or_else(PoisonError::into_inner)
     }
@@ -1251,20 +1251,22 @@ impl SozuTable {
         self.committed = header;
         self.commits += 1;
         drop(rec);
+        // Publish to readers, each shard's commit at once: its records
+        // first (a new page may refer to them), then all its pages under
+        // one lock. Published one by one, a reader could see a parent's
+        // new image (an entry spilled) with its child's old one (the entry
+        // not there yet) and miss the entry.
         for (w, imgs) in self.shards.iter_mut().zip(images) {
-            for (addr, image) in imgs {
-                w.shard.overlay.pages_mut().insert(addr, image);
-            }
-        }
-        for shard in self.shards.iter_mut().map(|w| &mut w.shard) {
+            let shard = &mut w.shard;
+            let pending = std::mem::take(&mut shard.rec_pending);
+            shard.overlay.records_mut().extend(pending);
+            shard.overlay.pages_mut().extend(imgs);
             shard.dirty_ram.clear();
             for (addr, b) in shard.dirty.drain() {
                 if shard.cache.len() < self.geo.cache_pages {
                     shard.cache.insert(addr, b);
                 }
             }
-            let pending = std::mem::take(&mut shard.rec_pending);
-            shard.overlay.records_mut().extend(pending);
         }
         Ok(())
     }
