@@ -36,7 +36,7 @@
 use bitcoin::hashes::Hash;
 use bitcoin::Txid;
 
-use super::types::{key_outpoint, outpoint_key, Coin, Consumption, Entry, Production};
+use super::types::{key_outpoint, outpoint_key, Coin, Consumption, Entry, OutPointKey, Production};
 
 /// Size of the page header in bytes.
 pub const PAGE_HEADER_LEN: usize = 24;
@@ -298,6 +298,12 @@ impl<'a> Reader<'a> {
 /// of range (lists empty or over 255, script over 10,000 bytes, non-zero
 /// padding or reserved bytes, duplicate keys).
 pub fn decode_bucket(page: &[u8], page_size: usize) -> Result<Bucket, PageError> {
+    check_page(page, page_size)?;
+    decode_bucket_unchecked(page)
+}
+
+/// Checks a page's length and checksum.
+fn check_page(page: &[u8], page_size: usize) -> Result<(), PageError> {
     if page.len() != page_size || page_size < PAGE_HEADER_LEN {
         return Err(PageError::WrongSize {
             len: page.len(),
@@ -309,7 +315,7 @@ pub fn decode_bucket(page: &[u8], page_size: usize) -> Result<Bucket, PageError>
     if stored != computed {
         return Err(PageError::Checksum { stored, computed });
     }
-    decode_bucket_unchecked(page)
+    Ok(())
 }
 
 /// Decodes a page without verifying its checksum (the fuzz target uses it to
@@ -319,6 +325,77 @@ pub fn decode_bucket(page: &[u8], page_size: usize) -> Result<Bucket, PageError>
 /// As [`decode_bucket`], minus the checksum.
 pub fn decode_bucket_unchecked(page: &[u8]) -> Result<Bucket, PageError> {
     let mut r = Reader { buf: page, at: 4 };
+    let (n, mut bucket) = decode_head(&mut r)?;
+    let mut slots: Vec<Slot> = Vec::with_capacity(n.min(page.len() / ENTRY_FIXED_LEN));
+    for _ in 0..n {
+        slots.push(decode_slot(&mut r)?);
+    }
+    let mut keys: Vec<&bitcoin::OutPoint> = slots.iter().map(|s| &s.entry.outpoint).collect();
+    keys.sort_unstable();
+    if keys.windows(2).any(|w| w[0] == w[1]) {
+        return Err(PageError::Malformed {
+            at: r.at,
+            what: "duplicate key in bucket",
+        });
+    }
+    if page[r.at..].iter().any(|&b| b != 0) {
+        return Err(PageError::Malformed {
+            at: r.at,
+            what: "non-zero padding",
+        });
+    }
+    bucket.slots = slots;
+    Ok(bucket)
+}
+
+/// A bucket's descent fields and the entries of one lookup, from
+/// [`find_in_page`].
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct PageFind {
+    /// The bucket's fields, `slots` empty.
+    pub head: Bucket,
+    /// For each key asked (in the order asked), its slot if the page holds it.
+    pub found: Vec<Option<Slot>>,
+}
+
+/// Looks `keys` up in a bucket page of `page_size` bytes, decoding only the
+/// entries asked for: the concurrent reader's path, ~60 entries per page of
+/// which it wants one. The length, checksum, header and every matched entry
+/// are checked as [`decode_bucket`] checks them; the other entries only for
+/// their lengths (a page with a valid checksum was written by the table,
+/// and open verified every page whole).
+///
+/// # Errors
+/// [`PageError`] as [`decode_bucket`], for the parts checked.
+pub fn find_in_page(
+    page: &[u8],
+    page_size: usize,
+    keys: &[OutPointKey],
+) -> Result<PageFind, PageError> {
+    check_page(page, page_size)?;
+    let mut r = Reader { buf: page, at: 4 };
+    let (n, head) = decode_head(&mut r)?;
+    let mut found = vec![None; keys.len()];
+    for _ in 0..n {
+        let len = page_entry(page, r.at)?;
+        let key = &page[r.at..r.at + 36];
+        if keys.iter().any(|k| k[..] == *key) {
+            let slot = decode_slot(&mut r)?;
+            for (f, k) in found.iter_mut().zip(keys) {
+                if k[..] == *key {
+                    *f = Some(slot.clone());
+                }
+            }
+        } else {
+            r.at += len;
+        }
+    }
+    Ok(PageFind { head, found })
+}
+
+/// The page header after the checksum: (entry count, the bucket's fields
+/// with no slots).
+fn decode_head(r: &mut Reader<'_>) -> Result<(usize, Bucket), PageError> {
     if r.take(4, "magic")? != PAGE_MAGIC || r.u8("version")? != PAGE_VERSION {
         return Err(PageError::Magic);
     }
@@ -339,105 +416,97 @@ pub fn decode_bucket_unchecked(page: &[u8]) -> Result<Bucket, PageError> {
             what: "written-children mask without children",
         });
     }
-    let mut slots: Vec<Slot> = Vec::with_capacity(n.min(page.len() / ENTRY_FIXED_LEN));
-    for _ in 0..n {
-        let mut key = [0u8; 36];
-        key.copy_from_slice(r.take(36, "key")?);
-        let value = r.u64("value")?;
-        let height = r.u32("height")?;
-        let flags = r.u8("flags")?;
-        if flags & !3 != 0 {
-            return Err(PageError::Malformed {
-                at: r.at - 1,
-                what: "unknown flag bits",
-            });
-        }
-        let np = r.u8("production count")? as usize;
-        let nc = r.u8("consumption count")? as usize;
-        if np == 0 {
-            return Err(PageError::Malformed {
-                at: r.at - 2,
-                what: "entry without production",
-            });
-        }
-        let script_len = r.u16("script length")?;
-        if script_len as usize > MAX_SCRIPT_LEN {
-            return Err(PageError::Malformed {
-                at: r.at - 2,
-                what: "script over 10,000 bytes",
-            });
-        }
-        let (script, external) = if flags & 2 != 0 {
-            let offset = r.u64("record offset")?;
-            let crc = r.u32("record crc")?;
-            if r.u32("reserved")? != 0 {
-                return Err(PageError::Malformed {
-                    at: r.at - 4,
-                    what: "reserved not zero",
-                });
-            }
-            (
-                Vec::new(),
-                Some((ExternalScript { offset, crc }, script_len)),
-            )
-        } else {
-            (r.take(script_len as usize, "script")?.to_vec(), None)
-        };
-        let mut produced = Vec::with_capacity(np);
-        for _ in 0..np {
-            let block = super::BlockId(r.u32("production block")?);
-            let height = r.u32("production height")?;
-            produced.push(Production { block, height });
-        }
-        let mut consumed = Vec::with_capacity(nc);
-        for _ in 0..nc {
-            let block = super::BlockId(r.u32("consumption block")?);
-            let mut txid = [0u8; 32];
-            txid.copy_from_slice(r.take(32, "spending txid")?);
-            let vin = r.u32("input index")?;
-            consumed.push(Consumption {
-                block,
-                txid: Txid::from_byte_array(txid),
-                vin,
-            });
-        }
-        if !produced.windows(2).all(|w| w[0] < w[1]) || !consumed.windows(2).all(|w| w[0] < w[1]) {
-            return Err(PageError::Malformed {
-                at: r.at,
-                what: "lifecycle lists not sorted",
-            });
-        }
-        let entry = Entry {
-            outpoint: key_outpoint(&key),
-            coin: Coin {
-                value,
-                script_pubkey: script,
-                height,
-                coinbase: flags & 1 != 0,
-            },
-            produced,
-            consumed,
-        };
-        if slots.iter().any(|s| s.entry.outpoint == entry.outpoint) {
-            return Err(PageError::Malformed {
-                at: r.at,
-                what: "duplicate key in bucket",
-            });
-        }
-        slots.push(Slot { entry, external });
-    }
-    if page[r.at..].iter().any(|&b| b != 0) {
+    Ok((
+        n,
+        Bucket {
+            max_child_height,
+            children,
+            child_mask,
+            slots: Vec::new(),
+        },
+    ))
+}
+
+/// One entry at the reader's position.
+fn decode_slot(r: &mut Reader<'_>) -> Result<Slot, PageError> {
+    let mut key = [0u8; 36];
+    key.copy_from_slice(r.take(36, "key")?);
+    let value = r.u64("value")?;
+    let height = r.u32("height")?;
+    let flags = r.u8("flags")?;
+    if flags & !3 != 0 {
         return Err(PageError::Malformed {
-            at: r.at,
-            what: "non-zero padding",
+            at: r.at - 1,
+            what: "unknown flag bits",
         });
     }
-    Ok(Bucket {
-        max_child_height,
-        children,
-        child_mask,
-        slots,
-    })
+    let np = r.u8("production count")? as usize;
+    let nc = r.u8("consumption count")? as usize;
+    if np == 0 {
+        return Err(PageError::Malformed {
+            at: r.at - 2,
+            what: "entry without production",
+        });
+    }
+    let script_len = r.u16("script length")?;
+    if script_len as usize > MAX_SCRIPT_LEN {
+        return Err(PageError::Malformed {
+            at: r.at - 2,
+            what: "script over 10,000 bytes",
+        });
+    }
+    let (script, external) = if flags & 2 != 0 {
+        let offset = r.u64("record offset")?;
+        let crc = r.u32("record crc")?;
+        if r.u32("reserved")? != 0 {
+            return Err(PageError::Malformed {
+                at: r.at - 4,
+                what: "reserved not zero",
+            });
+        }
+        (
+            Vec::new(),
+            Some((ExternalScript { offset, crc }, script_len)),
+        )
+    } else {
+        (r.take(script_len as usize, "script")?.to_vec(), None)
+    };
+    let mut produced = Vec::with_capacity(np);
+    for _ in 0..np {
+        let block = super::BlockId(r.u32("production block")?);
+        let height = r.u32("production height")?;
+        produced.push(Production { block, height });
+    }
+    let mut consumed = Vec::with_capacity(nc);
+    for _ in 0..nc {
+        let block = super::BlockId(r.u32("consumption block")?);
+        let mut txid = [0u8; 32];
+        txid.copy_from_slice(r.take(32, "spending txid")?);
+        let vin = r.u32("input index")?;
+        consumed.push(Consumption {
+            block,
+            txid: Txid::from_byte_array(txid),
+            vin,
+        });
+    }
+    if !produced.windows(2).all(|w| w[0] < w[1]) || !consumed.windows(2).all(|w| w[0] < w[1]) {
+        return Err(PageError::Malformed {
+            at: r.at,
+            what: "lifecycle lists not sorted",
+        });
+    }
+    let entry = Entry {
+        outpoint: key_outpoint(&key),
+        coin: Coin {
+            value,
+            script_pubkey: script,
+            height,
+            coinbase: flags & 1 != 0,
+        },
+        produced,
+        consumed,
+    };
+    Ok(Slot { entry, external })
 }
 
 /// (key, the entry's encoded bytes) of one entry of an encoded page.
@@ -755,6 +824,58 @@ mod tests {
                 proptest::prop_assert_eq!(&again[4..], &page[4..]);
             }
             let _ = decode_bucket(&page, 4096);
+            // The reader's keyed lookup, past the checksum: never panics,
+            // and agrees with the whole decode wherever that succeeds.
+            let crc = crc32fast::hash(&page[4..]);
+            page[..4].copy_from_slice(&crc.to_le_bytes());
+            let keys: Vec<OutPointKey> = (0..n).map(|i| outpoint_key(&slot(i, 0).entry.outpoint)).collect();
+            let found = find_in_page(&page, 4096, &keys);
+            if let Ok(d) = decode_bucket(&page, 4096) {
+                proptest::prop_assert_eq!(found.unwrap(), expected_find(&d, &keys));
+            }
         }
+
+        /// `find_in_page` returns what a whole decode finds, key by key, in
+        /// the order asked, for keys present, absent and asked twice.
+        #[test]
+        fn find_in_page_agrees_with_decode(
+            n in 0u8..30,
+            asked in proptest::collection::vec(0u8..40, 0..12),
+        ) {
+            let b = Bucket { max_child_height: 4, children: 3, child_mask: 2, slots: (0..n).map(|i| slot(i, 22 + i as usize % 9)).collect() };
+            let page = encode_bucket(&b, 4096).unwrap();
+            let keys: Vec<OutPointKey> = asked.iter().map(|&i| outpoint_key(&slot(i, 0).entry.outpoint)).collect();
+            let got = find_in_page(&page, 4096, &keys).unwrap();
+            proptest::prop_assert_eq!(got.found.iter().filter(|f| f.is_some()).count(), asked.iter().filter(|&&i| i < n).count());
+            proptest::prop_assert_eq!(got, expected_find(&b, &keys));
+        }
+    }
+
+    fn expected_find(b: &Bucket, keys: &[OutPointKey]) -> PageFind {
+        PageFind {
+            head: Bucket {
+                slots: Vec::new(),
+                ..b.clone()
+            },
+            found: keys
+                .iter()
+                .map(|k| b.find(&key_outpoint(k)).map(|i| b.slots[i].clone()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn find_in_page_checks_the_checksum() {
+        let b = Bucket {
+            slots: vec![slot(1, 30)],
+            ..Default::default()
+        };
+        let mut page = encode_bucket(&b, 4096).unwrap();
+        page[100] ^= 0x10;
+        let key = outpoint_key(&b.slots[0].entry.outpoint);
+        assert!(matches!(
+            find_in_page(&page, 4096, &[key]),
+            Err(PageError::Checksum { .. })
+        ));
     }
 }

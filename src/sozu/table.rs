@@ -16,7 +16,8 @@ use super::header::{
     ShardState, HEADER_LEN, MAX_LAYERS, MAX_SHARDS, RECORD_HEADER_LEN,
 };
 use super::page::{
-    decode_bucket, encode_bucket, Bucket, ExternalScript, Slot, MAX_GROWTH_BITS, PAGE_HEADER_LEN,
+    decode_bucket, encode_bucket, find_in_page, Bucket, ExternalScript, PageError, PageFind, Slot,
+    MAX_GROWTH_BITS, PAGE_HEADER_LEN,
 };
 use super::storage::{FsStorage, Storage};
 use super::types::{
@@ -2172,13 +2173,27 @@ fn read_home_image(
 fn read_committed(
     st: &mut dyn Storage,
     geo: &Geo,
-    (shard, overlay): (u8, &Overlay),
+    shard: (u8, &Overlay),
     addr: Addr,
 ) -> Result<Bucket, SozuError> {
+    parse_committed(st, geo, shard, addr, |page| {
+        decode_bucket(page, geo.page_size)
+    })
+}
+
+/// `parse` applied to a page's committed image: its overlay image, else its
+/// page file's; a parse error is corruption of where the image came from.
+fn parse_committed<T>(
+    st: &mut dyn Storage,
+    geo: &Geo,
+    (shard, overlay): (u8, &Overlay),
+    addr: Addr,
+    parse: impl FnOnce(&[u8]) -> Result<T, PageError>,
+) -> Result<T, SozuError> {
     let name = layer_file(shard, addr.0);
     let offset = addr.1.saturating_mul(geo.page_size as u64);
     if let Some(img) = overlay.page(&addr) {
-        return decode_bucket(&img, geo.page_size).map_err(|e| {
+        return parse(&img).map_err(|e| {
             corrupt(
                 st.path_of(JOURNAL_FILE),
                 0,
@@ -2194,8 +2209,7 @@ fn read_committed(
             }
             _ => io_err(st, &name, e),
         })?;
-    decode_bucket(&buf, geo.page_size)
-        .map_err(|e| corrupt(st.path_of(&name), offset, e.to_string()))
+    parse(&buf).map_err(|e| corrupt(st.path_of(&name), offset, e.to_string()))
 }
 
 /// Concurrent reads of a [`SozuTable`]'s committed state, from any thread
@@ -2207,7 +2221,8 @@ fn read_committed(
 /// entry that a commit moves to a deeper layer meanwhile is still found
 /// (the page above is read first; if it no longer holds the entry, the
 /// child read after it already does). Cost: each page visited is read
-/// (one `pread` unless in the overlay) and decoded once per batch.
+/// (one `pread` unless in the overlay) and searched once per batch, only
+/// the entries asked for decoded ([`page::find_in_page`](super::page::find_in_page)).
 pub struct SozuReader {
     geo: Geo,
     overlays: Vec<Arc<Overlay>>,
@@ -2257,14 +2272,20 @@ impl SozuReader {
     /// A committed page. A file read can race a checkpoint rewriting that
     /// very page (a torn read fails its checksum); it is retried, and by
     /// then the overlay or the file holds the whole image.
-    fn page(&self, st: &mut dyn Storage, shard: u8, addr: Addr) -> Result<Bucket, SozuError> {
+    fn page<T>(
+        &self,
+        st: &mut dyn Storage,
+        shard: u8,
+        addr: Addr,
+        parse: impl Fn(&[u8]) -> Result<T, PageError>,
+    ) -> Result<T, SozuError> {
         let overlay = self
             .overlays
             .get(shard as usize)
             .ok_or(SozuError::Poisoned)?;
         let mut tries = 0;
         loop {
-            match read_committed(st, &self.geo, (shard, overlay), addr) {
+            match parse_committed(st, &self.geo, (shard, overlay), addr, &parse) {
                 Err(SozuError::Corrupt { .. }) if tries < 2 => tries += 1,
                 r => return r,
             }
@@ -2288,11 +2309,15 @@ impl SozuReader {
             geo.max_layer,
             pending,
             |layer, (shard, page), group, next| {
-                let b = self.page(st, shard, (layer, page))?;
-                for &(_, _, qi) in group {
-                    let h = hashes[qi];
-                    if let Some(pos) = b.find(&keys[qi]) {
-                        let slot = b.slots[pos].clone();
+                let asked: Vec<OutPointKey> = group
+                    .iter()
+                    .map(|&(_, _, qi)| outpoint_key(&keys[qi]))
+                    .collect();
+                let PageFind { head, found } = self.page(st, shard, (layer, page), |p| {
+                    find_in_page(p, geo.page_size, &asked)
+                })?;
+                for (&(_, _, qi), slot) in group.iter().zip(found) {
+                    if let Some(slot) = slot {
                         let mut entry = slot.entry;
                         if let Some((ext, len)) = slot.external {
                             let overlay = &self.overlays[shard as usize];
@@ -2300,7 +2325,9 @@ impl SozuReader {
                                 read_script(st, (shard, overlay), None, ext, len)?;
                         }
                         out[qi] = Some(entry);
-                    } else if let Some(child) = geo.child_of(Descent::of(&b), h, layer, 0) {
+                    } else if let Some(child) =
+                        geo.child_of(Descent::of(&head), hashes[qi], layer, 0)
+                    {
                         next.push((shard, child, qi));
                     }
                 }
@@ -2328,7 +2355,9 @@ impl UtxoReader for SozuReader {
                     geo,
                     geo.max_layer,
                     &mut st,
-                    |st, addr| self.page(&mut **st, shard, addr),
+                    |st, addr| {
+                        self.page(&mut **st, shard, addr, |p| decode_bucket(p, geo.page_size))
+                    },
                     |_, addr, b| {
                         scan.add(addr, &b);
                         Ok(())
