@@ -377,18 +377,17 @@ pub fn find_in_page(
     let (n, head) = decode_head(&mut r)?;
     let mut found = vec![None; keys.len()];
     for _ in 0..n {
-        let len = page_entry(page, r.at)?;
-        let key = &page[r.at..r.at + 36];
-        if keys.iter().any(|k| k[..] == *key) {
-            let slot = decode_slot(&mut r)?;
-            for (f, k) in found.iter_mut().zip(keys) {
-                if k[..] == *key {
-                    *f = Some(slot.clone());
-                }
+        let (at, len) = (r.at, page_entry(page, r.at)?);
+        // In bounds: `page_entry` checked the entry's whole length.
+        let key = &page[at..at + 36];
+        let mut slot = None;
+        for (f, _) in found.iter_mut().zip(keys).filter(|(_, k)| k[..] == *key) {
+            if slot.is_none() {
+                slot = Some(decode_slot(&mut Reader { buf: page, at })?);
             }
-        } else {
-            r.at += len;
+            f.clone_from(&slot);
         }
+        r.at = at + len;
     }
     Ok(PageFind { head, found })
 }
