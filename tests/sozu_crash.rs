@@ -683,6 +683,16 @@ fn damaged_journal_record_before_later_commits_is_corrupt() {
     }
 }
 
+/// The header image `h` with byte `at` set to `value` and its crc32 (bytes
+/// 0..4) made right again, so that open's field checks see the change.
+fn with_byte_and_checksum(h: &[u8], at: usize, value: u8) -> Vec<u8> {
+    let mut h = h.to_vec();
+    h[at] = value;
+    let crc = crc32fast::hash(&h[4..]);
+    h[..4].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
 #[test]
 fn header_field_out_of_range_is_corrupt() {
     // A header whose checksum is right but whose geometry the page format
@@ -690,11 +700,8 @@ fn header_field_out_of_range_is_corrupt() {
     // buckets) is refused with the typed error, before anything is read.
     for (at, value) in [(21, 5u8), (21, 8), (21, 0), (20, 33)] {
         let s = built();
-        let mut h = s.read_file("sozu.header").expect("header");
-        h[at] = value;
-        let crc = crc32fast::hash(&h[4..]);
-        h[..4].copy_from_slice(&crc.to_le_bytes());
-        s.write_file("sozu.header", h);
+        let h = s.read_file("sozu.header").expect("header");
+        s.write_file("sozu.header", with_byte_and_checksum(&h, at, value));
         match open_err(&s) {
             SozuError::Corrupt { path, offset, .. } => {
                 assert!(path.ends_with("sozu.header"), "{path:?}");
@@ -727,11 +734,7 @@ fn any_header_byte_changed_under_a_valid_checksum_never_panics() {
             for (name, data) in &files {
                 s.write_file(name, data.clone());
             }
-            let mut h = h0.clone();
-            h[at] = v;
-            let crc = crc32fast::hash(&h[4..]);
-            h[..4].copy_from_slice(&crc.to_le_bytes());
-            s.write_file("sozu.header", h);
+            s.write_file("sozu.header", with_byte_and_checksum(&h0, at, v));
             let before = s.snapshot();
             let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 SozuTable::open_with_storage(Box::new(s.clone()), small_config())
