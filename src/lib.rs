@@ -16,6 +16,7 @@ pub mod import;
 pub mod node;
 pub mod p2p;
 pub mod pipeline;
+pub mod snapshot;
 pub mod sozu;
 pub mod store;
 pub mod validation;

@@ -46,30 +46,32 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bitcoin::bip158::{BlockFilter, FilterHeader};
-use bitcoin::consensus::{deserialize, serialize};
+use bitcoin::consensus::serialize;
 use bitcoin::hashes::Hash;
 use bitcoin::pow::Work;
 use bitcoin::{Block, BlockHash, OutPoint};
 
 use arc_swap::ArcSwap;
 
-use crate::chain::index::{BlockIndex, BlockStatus, ChainIndex, IndexEntry};
+use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
 use crate::chain::ChainParams;
 use crate::filters;
+use crate::snapshot::{BlockMeta, ChainSnapshot, Snapshots};
 use crate::sozu::{
-    BlockId, BlockWrite, ChainView, Coin, CommitTag, Consumption, NewOutput, SozuError, UtxoReader,
-    UtxoTable, ViewStatus, PURGE_DEPTH,
+    BlockId, BlockWrite, Coin, CommitTag, Consumption, NewOutput, SozuError, UtxoReader, UtxoTable,
+    ViewStatus, PURGE_DEPTH,
 };
 use crate::store::{
-    sync_concurrently, BlockRecord, FileLoc, FlatFiles, FlatPos, FlatReader, Store, StoreError,
-    WriteBatch, META_TIP,
+    sync_concurrently, BlockRecord, FlatFiles, FlatPos, Store, StoreError, WriteBatch,
+    META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_SPENT, META_SOZU_LAST, META_TIP,
 };
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
 
+pub mod spent;
+use spent::encode_spent;
+
 /// Maximum size of one flat file, bytes (Core's `MAX_BLOCKFILE_SIZE`).
 const MAX_FLAT_FILE_SIZE: u64 = 128 * 1024 * 1024;
-/// Meta key: the last block whose changes were written to the UTXO table.
-const META_SOZU_LAST: &str = "sozu_last";
 
 /// Errors that stop the pipeline (storage), as opposed to invalid blocks,
 /// which are reported in [`SubmitOutcome`].
@@ -97,13 +99,24 @@ pub enum PipelineError {
     /// The archive of spent outputs (sealing or reading epochs) failed.
     #[error("archive: {0}")]
     Archive(#[from] crate::archive::ArchiveError),
-    /// An earlier block boundary failed half-way (storage error between
-    /// the index commit and the UTXO table's); writes are refused until the
-    /// node restarts and reconciles the stores.
-    #[error("an earlier storage failure stopped the chain state ({reason}): restart the node")]
+    /// A block boundary failed half-way (a storage error between the index
+    /// commit and the UTXO table's): the in-memory state may be ahead of the
+    /// disk, so this and every later write is refused until the node
+    /// restarts and reconciles the stores.
+    #[error("a block boundary failed half-way, writes are stopped (restart the node): {source}")]
     Failed {
-        /// The earlier error.
-        reason: String,
+        /// The storage error that stopped the boundary.
+        #[source]
+        source: Arc<PipelineError>,
+    },
+    /// A spent-output record of the `spent/` flat files does not decode.
+    #[error("spent outputs of block {}: {source}", block.0)]
+    CorruptSpent {
+        /// The block whose record is corrupt.
+        block: BlockId,
+        /// What is wrong with it.
+        #[source]
+        source: spent::SpentRecordError,
     },
     /// A filter could not be built.
     #[error("filter of block {hash}: {source}")]
@@ -151,6 +164,42 @@ pub enum SubmitOutcome {
     },
 }
 
+/// What [`Chainstate::accept_headers`] did with a batch of headers.
+#[derive(Debug)]
+pub struct HeadersAccepted {
+    /// Headers stored by this call (already known ones are not counted).
+    pub new: usize,
+    /// The first header refused, if any: the batch stops there.
+    pub refused: Option<RefusedHeader>,
+}
+
+/// A header [`Chainstate::accept_headers`] refused.
+#[derive(Debug)]
+pub struct RefusedHeader {
+    /// Its position in the batch.
+    pub index: usize,
+    /// The rule it breaks.
+    pub error: crate::chain::index::HeaderError,
+}
+
+/// The outcome of checking a block against the UTXO table.
+enum Verdict {
+    /// The block is valid: what connecting it writes.
+    Valid(ValidBlock),
+    /// The block breaks a rule.
+    Invalid(BlockError),
+}
+
+/// What connecting a valid block writes.
+struct ValidBlock {
+    /// The UTXO table's write.
+    write: BlockWrite,
+    /// The outputs it spends, in block order.
+    spent: Vec<SpentOutput>,
+    /// The outputs it creates, in block order.
+    created: Vec<(OutPoint, Coin)>,
+}
+
 /// Counters since start-up.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PipelineStats {
@@ -166,86 +215,6 @@ pub struct PipelineStats {
     /// connection, commits), microseconds: against the elapsed time of a
     /// sync it tells how much of it the pipeline took.
     pub submit_micros: u64,
-}
-
-/// Per-block data that is not part of the chain index proper.
-#[derive(Clone, Debug, Default)]
-struct BlockMeta {
-    data: Option<FileLoc>,
-    filter: Option<FileLoc>,
-    spent: Option<FileLoc>,
-    filter_header: [u8; 32],
-    txouts: u64,
-    total_sats: u64,
-    tx_count: u32,
-    reject_reason: String,
-}
-
-/// The UTXO set summary of the active chain (like Core's `gettxoutsetinfo`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct UtxoStats {
-    /// Number of unspent outputs.
-    pub txouts: u64,
-    /// Their total value, sats.
-    pub total_amount_sats: u64,
-    /// Active tip hash.
-    pub bestblock: BlockHash,
-    /// Active tip height.
-    pub height: u32,
-}
-
-/// An immutable state of the chain as of one committed block boundary:
-/// the block index's read core, the per-block metadata, read handles on
-/// the stores and the sealed archive epochs. The writer publishes one at
-/// the end of every operation that changes the chain state
-/// ([`Chainstate::snapshots`]); readers load the latest and keep it as long
-/// as they like, without locks, while the writer goes on.
-///
-/// Cheap to publish: the index and metadata are persistent structures
-/// shared with the writer's (a clone is O(1)), the stores are shared
-/// handles. Reads see only committed data: flat-file locations come from
-/// this snapshot's metadata (durable before it was published); rows of the
-/// index database (sled) and entries of the UTXO table, which may already
-/// hold later blocks, are filtered through this snapshot's index (blocks it
-/// does not know, or that are not on its active chain, are ignored).
-#[derive(Clone)]
-pub struct ChainSnapshot {
-    index: ChainIndex,
-    meta: imbl::Vector<BlockMeta>,
-    store: Store,
-    blocks: Arc<FlatReader>,
-    filters: Arc<FlatReader>,
-    spent: Arc<FlatReader>,
-    archive: crate::archive::Archive,
-    /// Concurrent reads of the UTXO table's committed state (which may be
-    /// ahead of this snapshot: entries are read under its view).
-    utxo: Arc<dyn UtxoReader>,
-    stats: PipelineStats,
-    table_counters: Option<crate::sozu::SozuStats>,
-    datadir: Arc<Path>,
-}
-
-/// The handle readers hold: loads the latest published [`ChainSnapshot`]
-/// (lock-free, `arc_swap`). Cheap to clone; every clone sees the same
-/// chain state's publications.
-#[derive(Clone)]
-pub struct Snapshots(Arc<ArcSwap<ChainSnapshot>>);
-
-impl Snapshots {
-    /// The latest published snapshot (a committed block boundary). Never
-    /// waits for the writer.
-    pub fn load(&self) -> Arc<ChainSnapshot> {
-        self.0.load_full()
-    }
-}
-
-impl std::fmt::Debug for Snapshots {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = self.0.load();
-        f.debug_struct("Snapshots")
-            .field("tip_height", &s.index.tip_height())
-            .finish()
-    }
 }
 
 /// The node's chain state: block index, stores, UTXO table. The one writer:
@@ -271,7 +240,7 @@ pub struct Chainstate {
     /// the index commit and the table's): the in-memory state may be ahead
     /// of the disk, so every later write is refused until a restart, which
     /// reconciles the stores.
-    failed: Option<String>,
+    failed: Option<Arc<PipelineError>>,
     /// Where snapshots are published.
     published: Snapshots,
 }
@@ -289,72 +258,28 @@ fn flat_pos_bytes(p: FlatPos) -> Vec<u8> {
     v
 }
 
-fn flat_pos_from(bytes: Option<Vec<u8>>) -> FlatPos {
-    match bytes {
-        Some(b) if b.len() == 12 => FlatPos {
-            file: u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
-            len: u64::from_be_bytes([b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11]]),
-        },
-        _ => FlatPos::default(),
-    }
-}
-
-/// Encodes a block's spent outputs (prevouts) for the `spent/` files:
-/// count u32 LE, then per output: txid (32) ‖ vout u32 LE ‖ value u64 LE ‖
-/// creation height u32 LE ‖ coinbase u8 ‖ spending txid (32) ‖ vin u32 LE ‖
-/// script length u32 LE ‖ script.
-pub fn encode_spent(spent: &[SpentOutput]) -> Vec<u8> {
-    let mut v = (spent.len() as u32).to_le_bytes().to_vec();
-    for s in spent {
-        v.extend_from_slice(s.outpoint.txid.as_byte_array());
-        v.extend_from_slice(&s.outpoint.vout.to_le_bytes());
-        v.extend_from_slice(&s.coin.value.to_le_bytes());
-        v.extend_from_slice(&s.coin.height.to_le_bytes());
-        v.push(u8::from(s.coin.coinbase));
-        v.extend_from_slice(s.txid.as_byte_array());
-        v.extend_from_slice(&s.vin.to_le_bytes());
-        v.extend_from_slice(&(s.coin.script_pubkey.len() as u32).to_le_bytes());
-        v.extend_from_slice(&s.coin.script_pubkey);
-    }
-    v
-}
-
-/// Decodes [`encode_spent`]'s format; `None` if malformed.
-pub fn decode_spent(mut b: &[u8]) -> Option<Vec<SpentOutput>> {
-    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-        if b.len() < n {
-            return None;
-        }
-        let (x, y) = b.split_at(n);
-        *b = y;
-        Some(x)
-    }
-    let u32le = |x: &[u8]| u32::from_le_bytes([x[0], x[1], x[2], x[3]]);
-    let n = u32le(take(&mut b, 4)?) as usize;
-    let mut out = Vec::with_capacity(n.min(b.len() / 89));
-    for _ in 0..n {
-        let txid = bitcoin::Txid::from_byte_array(take(&mut b, 32)?.try_into().ok()?);
-        let vout = u32le(take(&mut b, 4)?);
-        let value = u64::from_le_bytes(take(&mut b, 8)?.try_into().ok()?);
-        let height = u32le(take(&mut b, 4)?);
-        let coinbase = take(&mut b, 1)?[0] != 0;
-        let stxid = bitcoin::Txid::from_byte_array(take(&mut b, 32)?.try_into().ok()?);
-        let vin = u32le(take(&mut b, 4)?);
-        let len = u32le(take(&mut b, 4)?) as usize;
-        let script = take(&mut b, len)?.to_vec();
-        out.push(SpentOutput {
-            outpoint: OutPoint { txid, vout },
-            coin: Coin {
-                value,
-                script_pubkey: script,
-                height,
-                coinbase,
-            },
-            txid: stxid,
-            vin,
-        });
-    }
-    b.is_empty().then_some(out)
+/// Decodes a committed flat-file position stored under meta key `name`
+/// (see [`META_FLAT_BLOCKS`]); a missing key is a fresh datadir (position 0).
+///
+/// # Errors
+/// [`PipelineError::Inconsistent`] when the value is not 12 bytes: the
+/// files must not be truncated to a position read from a corrupt row.
+fn flat_pos_from(name: &str, bytes: Option<Vec<u8>>) -> Result<FlatPos, PipelineError> {
+    let Some(b) = bytes else {
+        return Ok(FlatPos::default());
+    };
+    let a: [u8; 12] = b
+        .as_slice()
+        .try_into()
+        .map_err(|_| PipelineError::Inconsistent {
+            reason: format!(
+                "meta key {name} holds {} bytes; a flat-file position has 12",
+                b.len()
+            ),
+        })?;
+    let file = u32::from_be_bytes([a[0], a[1], a[2], a[3]]);
+    let len = u64::from_be_bytes([a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11]]);
+    Ok(FlatPos { file, len })
 }
 
 impl Chainstate {
@@ -372,28 +297,29 @@ impl Chainstate {
     ) -> Result<Self, PipelineError> {
         let store = Store::open(&datadir.join("index"))?;
         let magic = params.magic();
-        let pos =
-            |name: &str| -> Result<FlatPos, StoreError> { Ok(flat_pos_from(store.meta(name)?)) };
+        let pos = |name: &str| -> Result<FlatPos, PipelineError> {
+            flat_pos_from(name, store.meta(name)?)
+        };
         let blocks = FlatFiles::open(
             &datadir.join("blocks"),
             "blk",
             magic,
             MAX_FLAT_FILE_SIZE,
-            pos("flat_blocks")?,
+            pos(META_FLAT_BLOCKS)?,
         )?;
         let filters = FlatFiles::open(
             &datadir.join("filters"),
             "flt",
             magic,
             MAX_FLAT_FILE_SIZE,
-            pos("flat_filters")?,
+            pos(META_FLAT_FILTERS)?,
         )?;
         let spent = FlatFiles::open(
             &datadir.join("spent"),
             "sp",
             magic,
             MAX_FLAT_FILE_SIZE,
-            pos("flat_spent")?,
+            pos(META_FLAT_SPENT)?,
         )?;
 
         let records = store.trees.block_by_id.values()?;
@@ -519,9 +445,9 @@ impl Chainstate {
         let parent = entry.prev.ok_or_else(|| PipelineError::Inconsistent {
             reason: "replay of genesis".into(),
         })?;
-        let (write, _, _) = match self.validate(&block, &entry, parent)? {
-            Ok(v) => v,
-            Err(e) => {
+        let write = match self.validate(&block, &entry, parent)? {
+            Verdict::Valid(v) => v.write,
+            Verdict::Invalid(e) => {
                 return Err(PipelineError::Inconsistent {
                     reason: format!("replayed block {} fails validation: {e}", entry.hash),
                 })
@@ -773,7 +699,7 @@ impl Chainstate {
         self.index.set_status(id, BlockStatus::HaveData);
         let mut batch = WriteBatch::default();
         self.put_record(&mut batch, id);
-        batch.put_meta("flat_blocks", &flat_pos_bytes(self.blocks.position()));
+        batch.put_meta(META_FLAT_BLOCKS, &flat_pos_bytes(self.blocks.position()));
         let tip = self.index.tip().id;
         if entry.prev == Some(tip)
             && self.index.best_candidate() == id
@@ -803,10 +729,19 @@ impl Chainstate {
         })
     }
 
+    /// Stops every later write after `cause` broke a block boundary
+    /// half-way; returns the [`PipelineError::Failed`] to report, which
+    /// keeps `cause` as its source.
+    fn stop_writes(&mut self, cause: PipelineError) -> PipelineError {
+        let source = Arc::new(cause);
+        self.failed = Some(source.clone());
+        PipelineError::Failed { source }
+    }
+
     fn check_not_failed(&self) -> Result<(), PipelineError> {
         match &self.failed {
-            Some(reason) => Err(PipelineError::Failed {
-                reason: reason.clone(),
+            Some(source) => Err(PipelineError::Failed {
+                source: source.clone(),
             }),
             None => Ok(()),
         }
@@ -891,18 +826,17 @@ impl Chainstate {
     }
 
     /// Validates block `entry` against the table under the view of its
-    /// parent's branch; returns the table write, the spent outputs and the
-    /// created count, or the block's error.
-    #[allow(clippy::type_complexity)]
+    /// parent's branch.
+    ///
+    /// # Errors
+    /// [`PipelineError`] when the table or the index database fails; an
+    /// invalid block is a [`Verdict::Invalid`], not an error.
     fn validate(
         &mut self,
         block: &Block,
         entry: &IndexEntry,
         parent: BlockId,
-    ) -> Result<
-        Result<(BlockWrite, Vec<SpentOutput>, Vec<(OutPoint, Coin)>), BlockError>,
-        PipelineError,
-    > {
+    ) -> Result<Verdict, PipelineError> {
         let txids: HashSet<bitcoin::Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
         let mut keys: Vec<OutPoint> = Vec::new();
         for tx in block.txdata.iter().skip(1) {
@@ -956,7 +890,7 @@ impl Chainstate {
         // remain.
         let effects = match validation::connect_block(block, &ctx, &coins) {
             Ok(fx) => fx,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => return Ok(Verdict::Invalid(e)),
         };
         let write = BlockWrite {
             block: entry.id,
@@ -985,7 +919,11 @@ impl Chainstate {
                 })
                 .collect(),
         };
-        Ok(Ok((write, effects.spent, effects.created)))
+        Ok(Verdict::Valid(ValidBlock {
+            write,
+            spent: effects.spent,
+            created: effects.created,
+        }))
     }
 
     /// Connects the stored block `id` (whose parent is the active tip).
@@ -1025,9 +963,13 @@ impl Chainstate {
             }
         };
         let started = std::time::Instant::now();
-        let (write, spent, created) = match self.validate(block, &entry, parent)? {
-            Ok(v) => v,
-            Err(e) => {
+        let ValidBlock {
+            write,
+            spent,
+            created,
+        } = match self.validate(block, &entry, parent)? {
+            Verdict::Valid(v) => v,
+            Verdict::Invalid(e) => {
                 let reason = e.reject_reason();
                 tracing::warn!(height = entry.height, block_hash = %entry.hash, reason, "block invalid: {e}");
                 let changed = self.index.mark_invalid(id);
@@ -1093,8 +1035,8 @@ impl Chainstate {
         for s in &spent {
             batch.put_spend(s.outpoint, id, s.txid, s.vin);
         }
-        batch.put_meta("flat_filters", &flat_pos_bytes(self.filters.position()));
-        batch.put_meta("flat_spent", &flat_pos_bytes(self.spent.position()));
+        batch.put_meta(META_FLAT_FILTERS, &flat_pos_bytes(self.filters.position()));
+        batch.put_meta(META_FLAT_SPENT, &flat_pos_bytes(self.spent.position()));
         batch.put_meta(META_SOZU_LAST, &id.0.to_be_bytes());
 
         // Durable, in this order: the flat files (synced together), then
@@ -1132,8 +1074,7 @@ impl Chainstate {
         if let Err(e) = durable.and_then(|()| written.map_err(PipelineError::from)) {
             // The table holds an uncommitted block the index may lack (or
             // the reverse): refuse further writes; a restart reconciles.
-            self.failed = Some(e.to_string());
-            return Err(e);
+            return Err(self.stop_writes(e));
         }
 
         // UTXO table last (the index names this block as sozu_last, so a
@@ -1144,8 +1085,7 @@ impl Chainstate {
             block_hash: entry.hash.to_byte_array(),
         };
         if let Err(e) = self.table.commit(tag) {
-            self.failed = Some(e.to_string());
-            return Err(e.into());
+            return Err(self.stop_writes(e.into()));
         }
         self.stats.blocks_connected += 1;
         tracing::info!(
@@ -1216,16 +1156,15 @@ impl Chainstate {
     /// status [`BlockStatus::HeadersOnly`] in one index-database batch (like
     /// Core's `ProcessNewBlockHeaders`). Headers already known are skipped.
     ///
-    /// Returns the number of new headers, or the position and rule of the
-    /// first refused header; the headers before it stay stored.
+    /// Returns the number of new headers and the first refused header, if
+    /// any; the headers before it stay stored.
     ///
     /// # Errors
     /// [`PipelineError`] when the index database fails.
-    #[allow(clippy::type_complexity)]
     pub fn accept_headers(
         &mut self,
         headers: &[bitcoin::block::Header],
-    ) -> Result<Result<usize, (usize, crate::chain::index::HeaderError)>, PipelineError> {
+    ) -> Result<HeadersAccepted, PipelineError> {
         let now = now_secs();
         let mut new_ids = Vec::new();
         let mut refused = None;
@@ -1237,8 +1176,8 @@ impl Chainstate {
                         new_ids.push(id);
                     }
                 }
-                Err(e) => {
-                    refused = Some((i, e));
+                Err(error) => {
+                    refused = Some(RefusedHeader { index: i, error });
                     break;
                 }
             }
@@ -1252,9 +1191,9 @@ impl Chainstate {
             self.store.commit(batch)?;
             self.publish();
         }
-        Ok(match refused {
-            Some(r) => Err(r),
-            None => Ok(new_ids.len()),
+        Ok(HeadersAccepted {
+            new: new_ids.len(),
+            refused,
         })
     }
 
@@ -1268,375 +1207,5 @@ impl Chainstate {
     pub fn activate_stored_blocks(&mut self) -> Result<(), PipelineError> {
         self.check_not_failed()?;
         self.activate_best_chain()
-    }
-}
-
-/// Reads of one committed state of the chain (see [`ChainSnapshot`]).
-impl ChainSnapshot {
-    /// The network parameters.
-    pub fn params(&self) -> &ChainParams {
-        self.index.params()
-    }
-
-    /// The block index as of this snapshot.
-    pub fn index(&self) -> &ChainIndex {
-        &self.index
-    }
-
-    /// The writer's counters when this snapshot was published.
-    pub fn stats(&self) -> &PipelineStats {
-        &self.stats
-    }
-
-    /// The datadir.
-    pub fn datadir(&self) -> &Path {
-        &self.datadir
-    }
-
-    /// Reads and decodes the stored block `id`.
-    ///
-    /// # Errors
-    /// Flat-file failure or a stored block that no longer decodes.
-    pub fn read_block(&self, id: BlockId) -> Result<Option<Block>, PipelineError> {
-        let Some(raw) = self.read_block_raw(id)? else {
-            return Ok(None);
-        };
-        deserialize(&raw)
-            .map(Some)
-            .map_err(|_| PipelineError::Inconsistent {
-                reason: format!("stored block {} does not decode", id.0),
-            })
-    }
-
-    /// The stored serialized block `id` (with witness).
-    ///
-    /// # Errors
-    /// Flat-file failure.
-    pub fn read_block_raw(&self, id: BlockId) -> Result<Option<Vec<u8>>, PipelineError> {
-        match self.meta.get(id.0 as usize).and_then(|m| m.data) {
-            Some(loc) => Ok(Some(self.blocks.read(loc)?)),
-            None => Ok(None),
-        }
-    }
-
-    /// The BIP-158 basic filter and filter header of a connected block
-    /// (active or stale); `None` if the block has no filter yet.
-    ///
-    /// # Errors
-    /// Flat-file failure.
-    pub fn filter(&self, id: BlockId) -> Result<Option<(Vec<u8>, FilterHeader)>, PipelineError> {
-        if id == BlockId(0) {
-            let genesis = self.index.params().genesis_block();
-            let filter =
-                filters::basic_filter(&genesis, std::iter::empty::<&[u8]>()).map_err(|source| {
-                    PipelineError::Filter {
-                        hash: genesis.block_hash(),
-                        source,
-                    }
-                })?;
-            let header = filters::filter_header(&filter, &filters::genesis_previous_header());
-            return Ok(Some((filter.content, header)));
-        }
-        let Some(m) = self.meta.get(id.0 as usize) else {
-            return Ok(None);
-        };
-        match m.filter {
-            Some(loc) => Ok(Some((
-                self.filters.read(loc)?,
-                FilterHeader::from_byte_array(m.filter_header),
-            ))),
-            None => Ok(None),
-        }
-    }
-
-    /// The spent outputs (prevouts) of a connected block, in block order.
-    ///
-    /// # Errors
-    /// Flat-file failure or corrupt data.
-    pub fn spent_outputs(&self, id: BlockId) -> Result<Option<Vec<SpentOutput>>, PipelineError> {
-        let Some(loc) = self.meta.get(id.0 as usize).and_then(|m| m.spent) else {
-            return Ok(None);
-        };
-        let raw = self.spent.read(loc)?;
-        decode_spent(&raw)
-            .map(Some)
-            .ok_or_else(|| PipelineError::Inconsistent {
-                reason: format!("spent outputs of block {} corrupt", id.0),
-            })
-    }
-
-    /// The UTXO set summary of the active chain.
-    pub fn utxo_stats(&self) -> UtxoStats {
-        let tip = self.index.tip();
-        let m = self
-            .meta
-            .get(tip.id.0 as usize)
-            .cloned()
-            .unwrap_or_default();
-        UtxoStats {
-            txouts: m.txouts,
-            total_amount_sats: m.total_sats,
-            bestblock: tip.hash,
-            height: tip.height,
-        }
-    }
-
-    /// The UTXO table's view of the active chain, for readers.
-    pub fn active_view(&self) -> impl ChainView + '_ {
-        self.index.view(self.index.tip().id)
-    }
-
-    /// The leaves of archive epoch `n`: every output spent by the active
-    /// chain's blocks at heights `[n·L, (n+1)·L − 1]`, in block order (the
-    /// archive sorts them), each with its spend (block hash, height,
-    /// spending txid, input index). All heights must be on the active chain.
-    ///
-    /// # Errors
-    /// [`PipelineError::Inconsistent`] when a height of the range has no
-    /// active block or a connected block has no spent-output record;
-    /// flat-file errors.
-    pub fn archive_leaves(&self, n: u32) -> Result<Vec<crate::archive::Leaf>, PipelineError> {
-        let (first, last) = self.archive.epoch_range(n);
-        let mut leaves = Vec::new();
-        for height in first..=last {
-            let e = self
-                .index
-                .active_at(height)
-                .ok_or_else(|| PipelineError::Inconsistent {
-                    reason: format!("archive epoch {n}: no active block at height {height}"),
-                })?;
-            let spent = match self.spent_outputs(e.id)? {
-                Some(s) => s,
-                // Genesis is never connected and spends nothing.
-                None if height == 0 => Vec::new(),
-                None => {
-                    return Err(PipelineError::Inconsistent {
-                        reason: format!(
-                            "archive epoch {n}: active block {} has no spent outputs",
-                            e.hash
-                        ),
-                    })
-                }
-            };
-            leaves.extend(spent.into_iter().map(|s| {
-                crate::archive::Leaf::from_coin(
-                    s.outpoint,
-                    &s.coin,
-                    crate::archive::Spend {
-                        block_hash: e.hash,
-                        height,
-                        txid: s.txid,
-                        vin: s.vin,
-                    },
-                )
-            }));
-        }
-        Ok(leaves)
-    }
-
-    /// The archive of sealed epochs (headers, commitment, filters, proofs
-    /// without txoutproofs).
-    pub fn archive(&self) -> &crate::archive::Archive {
-        &self.archive
-    }
-
-    /// The status of `outpoint` on the active chain (`docs/archive.md` §7):
-    /// `Unspent` (live in the UTXO table: a claim of the node),
-    /// `SpentNotSealed { block, height }` (spent by an active block above
-    /// the last sealed epoch), `Archived { epoch }` (provable), `Unknown`
-    /// (never created on the active chain, unspendable, or spent in a
-    /// stale block only).
-    ///
-    /// Cost: one table read and the archive's filter lookups; for an
-    /// outpoint whose transaction is on the active chain but that is in
-    /// neither (spent by a final block of the open epoch, so purged from the
-    /// table), a scan of the spent outputs of the final blocks above the
-    /// last sealed epoch (at most L blocks).
-    ///
-    /// # Errors
-    /// UTXO-table, index, flat-file or archive failures.
-    pub fn outpoint_status(
-        &self,
-        outpoint: &OutPoint,
-    ) -> Result<crate::archive::OutpointStatus, PipelineError> {
-        use crate::archive::OutpointStatus;
-        let sealed_through = self.archive.epochs().last().map(|h| h.last_height);
-        let entry = self
-            .utxo
-            .get_batch(std::slice::from_ref(outpoint))?
-            .into_iter()
-            .next()
-            .flatten();
-        if let Some(e) = entry {
-            let view = self.active_view();
-            match e.status_in(&view) {
-                ViewStatus::Unspent => return Ok(OutpointStatus::Unspent),
-                ViewStatus::Spent(c) => {
-                    if let Some(b) = self.index.get(c.block) {
-                        if !matches!(sealed_through, Some(s) if b.height <= s) {
-                            return Ok(OutpointStatus::SpentNotSealed {
-                                block: b.hash,
-                                height: b.height,
-                            });
-                        }
-                    }
-                }
-                ViewStatus::Absent => {}
-            }
-        }
-        let archived = self.archive.status(outpoint)?;
-        if archived != OutpointStatus::Unknown {
-            return Ok(archived);
-        }
-        Ok(match self.find_purged_unsealed_spend(outpoint)? {
-            Some((block, height)) => OutpointStatus::SpentNotSealed { block, height },
-            None => OutpointStatus::Unknown,
-        })
-    }
-
-    /// The active block spending `outpoint` among the final blocks above the
-    /// last sealed epoch (whose spent entries the table may have purged).
-    fn find_purged_unsealed_spend(
-        &self,
-        outpoint: &OutPoint,
-    ) -> Result<Option<(BlockHash, u32)>, PipelineError> {
-        let Some(purged_through) = self.index.tip_height().checked_sub(PURGE_DEPTH) else {
-            return Ok(None);
-        };
-        let created = self
-            .tx_blocks(&outpoint.txid)?
-            .into_iter()
-            .filter(|(id, _)| self.index.is_active(*id))
-            .filter_map(|(id, _)| self.index.get(id).map(|e| e.height))
-            .min();
-        let Some(created) = created else {
-            return Ok(None);
-        };
-        let from = self
-            .archive
-            .epoch_range(self.archive.next_epoch())
-            .0
-            .max(created);
-        for height in from..=purged_through {
-            let Some(e) = self.index.active_at(height) else {
-                break;
-            };
-            if let Some(spent) = self.spent_outputs(e.id)? {
-                if spent.iter().any(|s| s.outpoint == *outpoint) {
-                    return Ok(Some((e.hash, height)));
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    /// A commitment-anchored proof for `outpoints` (1..=1,000, distinct):
-    /// existence in the sealed epoch holding each archived one, with the
-    /// spending transaction's txoutproof built from the stored block
-    /// (`MerkleBlock::from_header_txids_with_predicate`, as Core's
-    /// `gettxoutproof`), or absence from every sealed epoch.
-    ///
-    /// # Errors
-    /// [`PipelineError::Archive`] with `BadRequest` / `DuplicateOutpoint`
-    /// for a bad list, `SelfCheck` when the proof fails its own check
-    /// (damaged epoch file), I/O errors.
-    pub fn prove_outpoints(
-        &self,
-        outpoints: &[OutPoint],
-    ) -> Result<crate::archive::ProofBatch, PipelineError> {
-        use bitcoin::merkle_tree::MerkleBlock;
-        type Txids = Option<(bitcoin::block::Header, Vec<bitcoin::Txid>)>;
-        // Txids per spend block, read once per block (bounded: at most
-        // 64 blocks' txid lists held at a time).
-        let cache: std::cell::RefCell<HashMap<BlockHash, Txids>> = Default::default();
-        let txoutproof = |hash: &BlockHash, txid: &bitcoin::Txid| -> Option<MerkleBlock> {
-            let mut cache = cache.borrow_mut();
-            if !cache.contains_key(hash) {
-                if cache.len() >= 64 {
-                    cache.clear();
-                }
-                let read = self
-                    .index
-                    .id_of(hash)
-                    .and_then(|id| self.read_block(id).ok().flatten())
-                    .map(|b| {
-                        let ids = b.txdata.iter().map(|t| t.compute_txid()).collect();
-                        (b.header, ids)
-                    });
-                cache.insert(*hash, read);
-            }
-            let (header, ids) = cache.get(hash)?.as_ref()?;
-            ids.contains(txid)
-                .then(|| MerkleBlock::from_header_txids_with_predicate(header, ids, |t| t == txid))
-        };
-        Ok(self.archive.prove_with(outpoints, &txoutproof)?)
-    }
-
-    /// Every block connected as of this snapshot (active or stale) that
-    /// contains `txid`, with the transaction's position in it
-    /// (`tx_position_by_txid_block`). Rows of blocks this snapshot does not
-    /// know as connected (written by the writer after it) are left out.
-    ///
-    /// # Errors
-    /// sled failure or corruption.
-    pub fn tx_blocks(&self, txid: &bitcoin::Txid) -> Result<Vec<(BlockId, u32)>, PipelineError> {
-        let mut rows = self.store.tx_blocks(txid)?;
-        rows.retain(|(id, _)| {
-            self.index
-                .get(*id)
-                .is_some_and(|e| e.status == BlockStatus::Valid)
-        });
-        Ok(rows)
-    }
-
-    /// The spender of `outpoint` on this snapshot's active chain, if a block
-    /// of it spends it (`spend_by_outpoint_block`; rows of later blocks are
-    /// ignored).
-    ///
-    /// # Errors
-    /// sled failure or corruption.
-    pub fn active_spender(
-        &self,
-        outpoint: &OutPoint,
-    ) -> Result<Option<(BlockId, crate::store::SpendRecord)>, PipelineError> {
-        Ok(self
-            .store
-            .spenders(outpoint)?
-            .into_iter()
-            .find(|(b, _)| self.index.is_active(*b)))
-    }
-
-    /// The table entries of `outpoints`, in the same order (`None` when the
-    /// table holds none: never created, an unspendable output, or purged
-    /// after being consumed at least [`crate::sozu::PURGE_DEPTH`] blocks
-    /// deep). Interpret each entry with
-    /// `Entry::status_in(&self.index().view(tip))` ([`ChainSnapshot::active_view`]):
-    /// the table may already hold later blocks' changes, which that view
-    /// ignores.
-    ///
-    /// # Errors
-    /// UTXO-table failure.
-    pub fn lookup_outpoints(
-        &self,
-        outpoints: &[OutPoint],
-    ) -> Result<Vec<Option<crate::sozu::Entry>>, PipelineError> {
-        Ok(self.utxo.get_batch(outpoints)?)
-    }
-
-    /// Statistics of the UTXO table ([`crate::sozu::SozuStats`]: entries and
-    /// fill per layer, bytes on disk, spills, purges), `None` when the table
-    /// keeps none. Scans every page of the table: callers cache the result.
-    ///
-    /// # Errors
-    /// UTXO-table storage failure or corruption.
-    pub fn table_stats(&self) -> Result<Option<crate::sozu::SozuStats>, PipelineError> {
-        Ok(self.utxo.scan_stats()?)
-    }
-
-    /// The UTXO table's counters without a scan (spills, purges, commits,
-    /// journal bytes, …; see [`crate::sozu::UtxoTable::sozu_counters`]):
-    /// as the writer left them when it published this snapshot.
-    pub fn table_counters(&self) -> Option<crate::sozu::SozuStats> {
-        self.table_counters.clone()
     }
 }

@@ -19,7 +19,8 @@ use kakehi::import::{import_files, read_file};
 use kakehi::node::{open_chainstate, DataDir};
 use kakehi::p2p::backend::{HeadersError, NodeBackend};
 use kakehi::p2p::{start_p2p, NodeP2p, P2pConfig, P2pError, P2pHandle};
-use kakehi::pipeline::{Chainstate, Snapshots};
+use kakehi::pipeline::Chainstate;
+use kakehi::snapshot::Snapshots;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 

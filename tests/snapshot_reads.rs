@@ -24,7 +24,8 @@ use bitcoin::{Block, BlockHash, Network};
 use common::{data, json, TestNode};
 use kakehi::archive::OutpointStatus;
 use kakehi::import::{read_file, Record};
-use kakehi::pipeline::{ChainSnapshot, Chainstate, SubmitOutcome};
+use kakehi::pipeline::{Chainstate, SubmitOutcome};
+use kakehi::snapshot::ChainSnapshot;
 use kakehi::sozu::ViewStatus;
 
 /// How long the writer may take to connect the rest of regtest-a (debug

@@ -189,7 +189,7 @@ const MAX_TIMEWARP: u32 = 600;
 /// active chain (height → id). Built from persistent structures
 /// ([`imbl`]) so a clone costs O(1) and shares everything with the
 /// original: the writer's [`BlockIndex`] holds one and publishes clones of
-/// it in every [`crate::pipeline::ChainSnapshot`]. Every read of the index
+/// it in every [`crate::snapshot::ChainSnapshot`]. Every read of the index
 /// (lookups, tips, locators, views, fork points) is defined here, once.
 #[derive(Clone, Debug)]
 pub struct ChainIndex {

@@ -26,7 +26,8 @@ use bitcoin::{OutPoint, Txid};
 use crate::archive::proof::MAX_ITEMS;
 use crate::archive::{ArchiveError, OutpointStatus};
 use crate::http::AppState;
-use crate::pipeline::{ChainSnapshot, PipelineError};
+use crate::pipeline::PipelineError;
+use crate::snapshot::ChainSnapshot;
 
 /// Response header carrying the outpoint's status on `GET /proof/outpoint/…`.
 pub const STATUS_HEADER: &str = "x-kakehi-outpoint-status";

@@ -14,7 +14,7 @@ use super::{
     AppState, Format,
 };
 use crate::chain::index::IndexEntry;
-use crate::pipeline::ChainSnapshot;
+use crate::snapshot::ChainSnapshot;
 
 /// Largest `count` of `/rest/headers` (Core's `MAX_REST_HEADERS_RESULTS`).
 pub const MAX_REST_HEADERS: u32 = 2000;

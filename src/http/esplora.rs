@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use super::{hex, parse_hash, read, text, ApiError, ApiResult, AppState};
 use crate::chain::index::IndexEntry;
-use crate::pipeline::ChainSnapshot;
+use crate::snapshot::ChainSnapshot;
 use crate::sozu::ViewStatus;
 
 /// Blocks per page of `/blocks[/:start_height]` (Esplora's `BLOCK_LIMIT`).

@@ -19,7 +19,7 @@ use bitcoin::consensus::encode::{serialize, serialize_hex};
 use bitcoin::hashes::Hash;
 use bitcoin::BlockHash;
 
-use crate::pipeline::{ChainSnapshot, Snapshots};
+use crate::snapshot::{ChainSnapshot, Snapshots};
 
 pub mod archive;
 mod core_rest;

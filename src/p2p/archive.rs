@@ -38,7 +38,7 @@ use tracing::{debug, warn};
 use super::backend::{BoxError, NodeBackend};
 use crate::archive::header::HEADER_LEN;
 use crate::archive::{EpochHeader, ProofBatch};
-use crate::pipeline::ChainSnapshot;
+use crate::snapshot::ChainSnapshot;
 
 /// Service bit of nodes serving archive epochs and proofs: bit 24
 /// (`0x0100_0000`), the first of the bits 24–31 Bitcoin Core reserves for

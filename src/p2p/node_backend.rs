@@ -34,7 +34,8 @@ use super::backend::{
 use super::{P2pConfig, P2pError, P2pHandle};
 use crate::chain::index::{BlockStatus, ChainIndex, IndexEntry};
 use crate::chain::ChainParams;
-use crate::pipeline::{self, ChainSnapshot, Chainstate, Snapshots};
+use crate::pipeline::{self, Chainstate};
+use crate::snapshot::{ChainSnapshot, Snapshots};
 use crate::sozu::BlockId;
 
 /// Most headers held in memory below the minimum chainwork (all presync
@@ -360,21 +361,20 @@ impl NodeP2p {
             .map_err(|e| HeadersError::Storage { source: e.into() });
         drop(cs);
         self.refresh_after_write();
-        let new = match result? {
-            Ok(n) => n,
-            Err((i, e)) => {
-                let hash = headers[i].block_hash();
-                return Err(match e {
-                    crate::chain::index::HeaderError::UnknownParent { hash, prev } => {
-                        HeadersError::Unconnected { hash, prev }
-                    }
-                    e => HeadersError::Invalid {
-                        hash,
-                        source: Box::new(e),
-                    },
-                });
-            }
-        };
+        let accepted = result?;
+        if let Some(refused) = accepted.refused {
+            let hash = headers[refused.index].block_hash();
+            return Err(match refused.error {
+                crate::chain::index::HeaderError::UnknownParent { hash, prev } => {
+                    HeadersError::Unconnected { hash, prev }
+                }
+                e => HeadersError::Invalid {
+                    hash,
+                    source: Box::new(e),
+                },
+            });
+        }
+        let new = accepted.new;
         let last_height = headers
             .last()
             .and_then(|h| {

@@ -489,6 +489,18 @@ impl WriteBatch {
 const META_FORMAT: &str = "format_version";
 /// Meta key of the tip marker: the active tip's `BlockId`, u32 BE.
 pub const META_TIP: &str = "tip";
+/// Meta key of the last block whose changes were written to the UTXO table
+/// (`BlockId`, u32 BE): one block ahead of the table's own commit after a
+/// crash between the two, which start-up then replays.
+pub const META_SOZU_LAST: &str = "sozu_last";
+/// Meta keys of the committed end of each flat-file series (blocks,
+/// filters, spent outputs): a [`FlatPos`], file number u32 BE ‖ length u64
+/// BE. At open, each series is truncated to it.
+pub const META_FLAT_BLOCKS: &str = "flat_blocks";
+/// See [`META_FLAT_BLOCKS`].
+pub const META_FLAT_FILTERS: &str = "flat_filters";
+/// See [`META_FLAT_BLOCKS`].
+pub const META_FLAT_SPENT: &str = "flat_spent";
 
 /// The index database.
 #[derive(Clone, Debug)]

@@ -1,0 +1,471 @@
+//! [`ChainSnapshot`]: the read side every server uses. One committed block
+//! boundary of the chain state, published by the writer
+//! ([`crate::pipeline::Chainstate`]) through [`Snapshots`] and read without
+//! locks by HTTP, P2P serving and the CLI, while the writer goes on.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bitcoin::bip158::FilterHeader;
+use bitcoin::consensus::deserialize;
+use bitcoin::hashes::Hash;
+use bitcoin::{Block, BlockHash, OutPoint};
+
+use crate::chain::index::{BlockStatus, ChainIndex};
+use crate::chain::ChainParams;
+use crate::filters;
+use crate::pipeline::spent::decode_spent;
+use crate::pipeline::{PipelineError, PipelineStats};
+use crate::sozu::{BlockId, ChainView, UtxoReader, ViewStatus, PURGE_DEPTH};
+use crate::store::{FileLoc, FlatReader, Store};
+use crate::validation::SpentOutput;
+
+/// Per-block data that is not part of the chain index proper.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BlockMeta {
+    pub(crate) data: Option<FileLoc>,
+    pub(crate) filter: Option<FileLoc>,
+    pub(crate) spent: Option<FileLoc>,
+    pub(crate) filter_header: [u8; 32],
+    pub(crate) txouts: u64,
+    pub(crate) total_sats: u64,
+    pub(crate) tx_count: u32,
+    pub(crate) reject_reason: String,
+}
+
+/// The UTXO set summary of the active chain (like Core's `gettxoutsetinfo`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct UtxoStats {
+    /// Number of unspent outputs.
+    pub txouts: u64,
+    /// Their total value, sats.
+    pub total_amount_sats: u64,
+    /// Active tip hash.
+    pub bestblock: BlockHash,
+    /// Active tip height.
+    pub height: u32,
+}
+
+/// An immutable state of the chain as of one committed block boundary:
+/// the block index's read core, the per-block metadata, read handles on
+/// the stores and the sealed archive epochs. The writer publishes one at
+/// the end of every operation that changes the chain state
+/// ([`Chainstate::snapshots`]); readers load the latest and keep it as long
+/// as they like, without locks, while the writer goes on.
+///
+/// Cheap to publish: the index and metadata are persistent structures
+/// shared with the writer's (a clone is O(1)), the stores are shared
+/// handles. Reads see only committed data: flat-file locations come from
+/// this snapshot's metadata (durable before it was published); rows of the
+/// index database (sled) and entries of the UTXO table, which may already
+/// hold later blocks, are filtered through this snapshot's index (blocks it
+/// does not know, or that are not on its active chain, are ignored).
+#[derive(Clone)]
+pub struct ChainSnapshot {
+    pub(crate) index: ChainIndex,
+    pub(crate) meta: imbl::Vector<BlockMeta>,
+    pub(crate) store: Store,
+    pub(crate) blocks: Arc<FlatReader>,
+    pub(crate) filters: Arc<FlatReader>,
+    pub(crate) spent: Arc<FlatReader>,
+    pub(crate) archive: crate::archive::Archive,
+    /// Concurrent reads of the UTXO table's committed state (which may be
+    /// ahead of this snapshot: entries are read under its view).
+    pub(crate) utxo: Arc<dyn UtxoReader>,
+    pub(crate) stats: PipelineStats,
+    pub(crate) table_counters: Option<crate::sozu::SozuStats>,
+    pub(crate) datadir: Arc<Path>,
+}
+
+/// The handle readers hold: loads the latest published [`ChainSnapshot`]
+/// (lock-free, `arc_swap`). Cheap to clone; every clone sees the same
+/// chain state's publications.
+#[derive(Clone)]
+pub struct Snapshots(pub(crate) Arc<ArcSwap<ChainSnapshot>>);
+
+impl Snapshots {
+    /// The latest published snapshot (a committed block boundary). Never
+    /// waits for the writer.
+    pub fn load(&self) -> Arc<ChainSnapshot> {
+        self.0.load_full()
+    }
+}
+
+impl std::fmt::Debug for Snapshots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.0.load();
+        f.debug_struct("Snapshots")
+            .field("tip_height", &s.index.tip_height())
+            .finish()
+    }
+}
+
+/// Reads of one committed state of the chain (see [`ChainSnapshot`]).
+impl ChainSnapshot {
+    /// The network parameters.
+    pub fn params(&self) -> &ChainParams {
+        self.index.params()
+    }
+
+    /// The block index as of this snapshot.
+    pub fn index(&self) -> &ChainIndex {
+        &self.index
+    }
+
+    /// The writer's counters when this snapshot was published.
+    pub fn stats(&self) -> &PipelineStats {
+        &self.stats
+    }
+
+    /// The datadir.
+    pub fn datadir(&self) -> &Path {
+        &self.datadir
+    }
+
+    /// Reads and decodes the stored block `id`.
+    ///
+    /// # Errors
+    /// Flat-file failure or a stored block that no longer decodes.
+    pub fn read_block(&self, id: BlockId) -> Result<Option<Block>, PipelineError> {
+        let Some(raw) = self.read_block_raw(id)? else {
+            return Ok(None);
+        };
+        deserialize(&raw)
+            .map(Some)
+            .map_err(|_| PipelineError::Inconsistent {
+                reason: format!("stored block {} does not decode", id.0),
+            })
+    }
+
+    /// The stored serialized block `id` (with witness).
+    ///
+    /// # Errors
+    /// Flat-file failure.
+    pub fn read_block_raw(&self, id: BlockId) -> Result<Option<Vec<u8>>, PipelineError> {
+        match self.meta.get(id.0 as usize).and_then(|m| m.data) {
+            Some(loc) => Ok(Some(self.blocks.read(loc)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The BIP-158 basic filter and filter header of a connected block
+    /// (active or stale); `None` if the block has no filter yet.
+    ///
+    /// # Errors
+    /// Flat-file failure.
+    pub fn filter(&self, id: BlockId) -> Result<Option<(Vec<u8>, FilterHeader)>, PipelineError> {
+        if id == BlockId(0) {
+            let genesis = self.index.params().genesis_block();
+            let filter =
+                filters::basic_filter(&genesis, std::iter::empty::<&[u8]>()).map_err(|source| {
+                    PipelineError::Filter {
+                        hash: genesis.block_hash(),
+                        source,
+                    }
+                })?;
+            let header = filters::filter_header(&filter, &filters::genesis_previous_header());
+            return Ok(Some((filter.content, header)));
+        }
+        let Some(m) = self.meta.get(id.0 as usize) else {
+            return Ok(None);
+        };
+        match m.filter {
+            Some(loc) => Ok(Some((
+                self.filters.read(loc)?,
+                FilterHeader::from_byte_array(m.filter_header),
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// The spent outputs (prevouts) of a connected block, in block order.
+    ///
+    /// # Errors
+    /// Flat-file failure or corrupt data.
+    pub fn spent_outputs(&self, id: BlockId) -> Result<Option<Vec<SpentOutput>>, PipelineError> {
+        let Some(loc) = self.meta.get(id.0 as usize).and_then(|m| m.spent) else {
+            return Ok(None);
+        };
+        let raw = self.spent.read(loc)?;
+        decode_spent(&raw)
+            .map(Some)
+            .map_err(|source| PipelineError::CorruptSpent { block: id, source })
+    }
+
+    /// The UTXO set summary of the active chain.
+    pub fn utxo_stats(&self) -> UtxoStats {
+        let tip = self.index.tip();
+        let m = self
+            .meta
+            .get(tip.id.0 as usize)
+            .cloned()
+            .unwrap_or_default();
+        UtxoStats {
+            txouts: m.txouts,
+            total_amount_sats: m.total_sats,
+            bestblock: tip.hash,
+            height: tip.height,
+        }
+    }
+
+    /// The UTXO table's view of the active chain, for readers.
+    pub fn active_view(&self) -> impl ChainView + '_ {
+        self.index.view(self.index.tip().id)
+    }
+
+    /// The leaves of archive epoch `n`: every output spent by the active
+    /// chain's blocks at heights `[n·L, (n+1)·L − 1]`, in block order (the
+    /// archive sorts them), each with its spend (block hash, height,
+    /// spending txid, input index). All heights must be on the active chain.
+    ///
+    /// # Errors
+    /// [`PipelineError::Inconsistent`] when a height of the range has no
+    /// active block or a connected block has no spent-output record;
+    /// flat-file errors.
+    pub fn archive_leaves(&self, n: u32) -> Result<Vec<crate::archive::Leaf>, PipelineError> {
+        let (first, last) = self.archive.epoch_range(n);
+        let mut leaves = Vec::new();
+        for height in first..=last {
+            let e = self
+                .index
+                .active_at(height)
+                .ok_or_else(|| PipelineError::Inconsistent {
+                    reason: format!("archive epoch {n}: no active block at height {height}"),
+                })?;
+            let spent = match self.spent_outputs(e.id)? {
+                Some(s) => s,
+                // Genesis is never connected and spends nothing.
+                None if height == 0 => Vec::new(),
+                None => {
+                    return Err(PipelineError::Inconsistent {
+                        reason: format!(
+                            "archive epoch {n}: active block {} has no spent outputs",
+                            e.hash
+                        ),
+                    })
+                }
+            };
+            leaves.extend(spent.into_iter().map(|s| {
+                crate::archive::Leaf::from_coin(
+                    s.outpoint,
+                    &s.coin,
+                    crate::archive::Spend {
+                        block_hash: e.hash,
+                        height,
+                        txid: s.txid,
+                        vin: s.vin,
+                    },
+                )
+            }));
+        }
+        Ok(leaves)
+    }
+
+    /// The archive of sealed epochs (headers, commitment, filters, proofs
+    /// without txoutproofs).
+    pub fn archive(&self) -> &crate::archive::Archive {
+        &self.archive
+    }
+
+    /// The status of `outpoint` on the active chain (`docs/archive.md` §7):
+    /// `Unspent` (live in the UTXO table: a claim of the node),
+    /// `SpentNotSealed { block, height }` (spent by an active block above
+    /// the last sealed epoch), `Archived { epoch }` (provable), `Unknown`
+    /// (never created on the active chain, unspendable, or spent in a
+    /// stale block only).
+    ///
+    /// Cost: one table read and the archive's filter lookups; for an
+    /// outpoint whose transaction is on the active chain but that is in
+    /// neither (spent by a final block of the open epoch, so purged from the
+    /// table), a scan of the spent outputs of the final blocks above the
+    /// last sealed epoch (at most L blocks).
+    ///
+    /// # Errors
+    /// UTXO-table, index, flat-file or archive failures.
+    pub fn outpoint_status(
+        &self,
+        outpoint: &OutPoint,
+    ) -> Result<crate::archive::OutpointStatus, PipelineError> {
+        use crate::archive::OutpointStatus;
+        let sealed_through = self.archive.epochs().last().map(|h| h.last_height);
+        let entry = self
+            .utxo
+            .get_batch(std::slice::from_ref(outpoint))?
+            .into_iter()
+            .next()
+            .flatten();
+        if let Some(e) = entry {
+            let view = self.active_view();
+            match e.status_in(&view) {
+                ViewStatus::Unspent => return Ok(OutpointStatus::Unspent),
+                ViewStatus::Spent(c) => {
+                    if let Some(b) = self.index.get(c.block) {
+                        if !matches!(sealed_through, Some(s) if b.height <= s) {
+                            return Ok(OutpointStatus::SpentNotSealed {
+                                block: b.hash,
+                                height: b.height,
+                            });
+                        }
+                    }
+                }
+                ViewStatus::Absent => {}
+            }
+        }
+        let archived = self.archive.status(outpoint)?;
+        if archived != OutpointStatus::Unknown {
+            return Ok(archived);
+        }
+        Ok(match self.find_purged_unsealed_spend(outpoint)? {
+            Some((block, height)) => OutpointStatus::SpentNotSealed { block, height },
+            None => OutpointStatus::Unknown,
+        })
+    }
+
+    /// The active block spending `outpoint` among the final blocks above the
+    /// last sealed epoch (whose spent entries the table may have purged).
+    fn find_purged_unsealed_spend(
+        &self,
+        outpoint: &OutPoint,
+    ) -> Result<Option<(BlockHash, u32)>, PipelineError> {
+        let Some(purged_through) = self.index.tip_height().checked_sub(PURGE_DEPTH) else {
+            return Ok(None);
+        };
+        let created = self
+            .tx_blocks(&outpoint.txid)?
+            .into_iter()
+            .filter(|(id, _)| self.index.is_active(*id))
+            .filter_map(|(id, _)| self.index.get(id).map(|e| e.height))
+            .min();
+        let Some(created) = created else {
+            return Ok(None);
+        };
+        let from = self
+            .archive
+            .epoch_range(self.archive.next_epoch())
+            .0
+            .max(created);
+        for height in from..=purged_through {
+            let Some(e) = self.index.active_at(height) else {
+                break;
+            };
+            if let Some(spent) = self.spent_outputs(e.id)? {
+                if spent.iter().any(|s| s.outpoint == *outpoint) {
+                    return Ok(Some((e.hash, height)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A commitment-anchored proof for `outpoints` (1..=1,000, distinct):
+    /// existence in the sealed epoch holding each archived one, with the
+    /// spending transaction's txoutproof built from the stored block
+    /// (`MerkleBlock::from_header_txids_with_predicate`, as Core's
+    /// `gettxoutproof`), or absence from every sealed epoch.
+    ///
+    /// # Errors
+    /// [`PipelineError::Archive`] with `BadRequest` / `DuplicateOutpoint`
+    /// for a bad list, `SelfCheck` when the proof fails its own check
+    /// (damaged epoch file), I/O errors.
+    pub fn prove_outpoints(
+        &self,
+        outpoints: &[OutPoint],
+    ) -> Result<crate::archive::ProofBatch, PipelineError> {
+        use bitcoin::merkle_tree::MerkleBlock;
+        type Txids = Option<(bitcoin::block::Header, Vec<bitcoin::Txid>)>;
+        // Txids per spend block, read once per block (bounded: at most
+        // 64 blocks' txid lists held at a time).
+        let cache: std::cell::RefCell<HashMap<BlockHash, Txids>> = Default::default();
+        let txoutproof = |hash: &BlockHash, txid: &bitcoin::Txid| -> Option<MerkleBlock> {
+            let mut cache = cache.borrow_mut();
+            if !cache.contains_key(hash) {
+                if cache.len() >= 64 {
+                    cache.clear();
+                }
+                let read = self
+                    .index
+                    .id_of(hash)
+                    .and_then(|id| self.read_block(id).ok().flatten())
+                    .map(|b| {
+                        let ids = b.txdata.iter().map(|t| t.compute_txid()).collect();
+                        (b.header, ids)
+                    });
+                cache.insert(*hash, read);
+            }
+            let (header, ids) = cache.get(hash)?.as_ref()?;
+            ids.contains(txid)
+                .then(|| MerkleBlock::from_header_txids_with_predicate(header, ids, |t| t == txid))
+        };
+        Ok(self.archive.prove_with(outpoints, &txoutproof)?)
+    }
+
+    /// Every block connected as of this snapshot (active or stale) that
+    /// contains `txid`, with the transaction's position in it
+    /// (`tx_position_by_txid_block`). Rows of blocks this snapshot does not
+    /// know as connected (written by the writer after it) are left out.
+    ///
+    /// # Errors
+    /// sled failure or corruption.
+    pub fn tx_blocks(&self, txid: &bitcoin::Txid) -> Result<Vec<(BlockId, u32)>, PipelineError> {
+        let mut rows = self.store.tx_blocks(txid)?;
+        rows.retain(|(id, _)| {
+            self.index
+                .get(*id)
+                .is_some_and(|e| e.status == BlockStatus::Valid)
+        });
+        Ok(rows)
+    }
+
+    /// The spender of `outpoint` on this snapshot's active chain, if a block
+    /// of it spends it (`spend_by_outpoint_block`; rows of later blocks are
+    /// ignored).
+    ///
+    /// # Errors
+    /// sled failure or corruption.
+    pub fn active_spender(
+        &self,
+        outpoint: &OutPoint,
+    ) -> Result<Option<(BlockId, crate::store::SpendRecord)>, PipelineError> {
+        Ok(self
+            .store
+            .spenders(outpoint)?
+            .into_iter()
+            .find(|(b, _)| self.index.is_active(*b)))
+    }
+
+    /// The table entries of `outpoints`, in the same order (`None` when the
+    /// table holds none: never created, an unspendable output, or purged
+    /// after being consumed at least [`crate::sozu::PURGE_DEPTH`] blocks
+    /// deep). Interpret each entry with
+    /// `Entry::status_in(&self.index().view(tip))` ([`ChainSnapshot::active_view`]):
+    /// the table may already hold later blocks' changes, which that view
+    /// ignores.
+    ///
+    /// # Errors
+    /// UTXO-table failure.
+    pub fn lookup_outpoints(
+        &self,
+        outpoints: &[OutPoint],
+    ) -> Result<Vec<Option<crate::sozu::Entry>>, PipelineError> {
+        Ok(self.utxo.get_batch(outpoints)?)
+    }
+
+    /// Statistics of the UTXO table ([`crate::sozu::SozuStats`]: entries and
+    /// fill per layer, bytes on disk, spills, purges), `None` when the table
+    /// keeps none. Scans every page of the table: callers cache the result.
+    ///
+    /// # Errors
+    /// UTXO-table storage failure or corruption.
+    pub fn table_stats(&self) -> Result<Option<crate::sozu::SozuStats>, PipelineError> {
+        Ok(self.utxo.scan_stats()?)
+    }
+
+    /// The UTXO table's counters without a scan (spills, purges, commits,
+    /// journal bytes, …; see [`crate::sozu::UtxoTable::sozu_counters`]):
+    /// as the writer left them when it published this snapshot.
+    pub fn table_counters(&self) -> Option<crate::sozu::SozuStats> {
+        self.table_counters.clone()
+    }
+}
