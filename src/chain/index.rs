@@ -218,6 +218,14 @@ pub struct BlockIndex {
     /// Blocks with data whose parent is not complete yet, by parent (Core's
     /// `m_blocks_unlinked`): they become complete with it.
     unlinked: HashMap<BlockId, Vec<BlockId>>,
+    /// Per entry: the `nBits` of the last block at or below it that is not
+    /// a minimum-difficulty block of the 20-minute rule (a retarget height,
+    /// genesis, or other bits than the pow limit). This is where Core's
+    /// `GetNextWorkRequired` walks back to on networks that allow
+    /// min-difficulty blocks; kept here, it costs O(1) per header instead of
+    /// up to one retarget interval (2,016 steps on regtest and testnet,
+    /// where every block may be at the limit). 4 bytes per entry.
+    pow_anchor_bits: Vec<CompactTarget>,
 }
 
 impl std::ops::Deref for BlockIndex {
@@ -255,6 +263,7 @@ impl BlockIndex {
             complete: Vec::new(),
             candidates: BTreeSet::new(),
             unlinked: HashMap::new(),
+            pow_anchor_bits: vec![header.bits],
         };
         index.rebuild_candidates();
         index
@@ -298,7 +307,12 @@ impl BlockIndex {
             complete: Vec::new(),
             candidates: BTreeSet::new(),
             unlinked: HashMap::new(),
+            pow_anchor_bits: Vec::new(),
         };
+        for e in index.core.entries.iter() {
+            let anchor = index.pow_anchor_of(e);
+            index.pow_anchor_bits.push(anchor);
+        }
         index.set_active_tip(tip);
         index.rebuild_candidates();
         Ok(index)
@@ -490,7 +504,68 @@ impl BlockIndex {
         });
         self.complete.push(false);
         self.core.by_hash.insert(hash, id);
+        let anchor = self.pow_anchor_of(&self.core.entries[id.0 as usize]);
+        self.pow_anchor_bits.push(anchor);
         Ok(id)
+    }
+
+    /// The `nBits` a child of `prev` must carry (Core's
+    /// `GetNextWorkRequired`, with testnet's 20-minute rule and BIP94).
+    ///
+    /// `prev` must be an entry of this index.
+    pub fn next_work_required(&self, prev: &IndexEntry, time: u32) -> CompactTarget {
+        let pow = &self.params.pow;
+        let pow_limit_bits = pow.max_attainable_target.to_compact_lossy();
+        let interval = (pow.pow_target_timespan / pow.pow_target_spacing) as u32;
+        let height = prev.height + 1;
+        if !height.is_multiple_of(interval) {
+            if pow.allow_min_difficulty_blocks {
+                // Testnet: a block more than 2 * spacing after its parent may
+                // use the minimum difficulty.
+                if u64::from(time) > u64::from(prev.header.time) + pow.pow_target_spacing * 2 {
+                    return pow_limit_bits;
+                }
+                // Otherwise the last non-min-difficulty block's bits.
+                return self
+                    .pow_anchor_bits
+                    .get(prev.id.0 as usize)
+                    .copied()
+                    .unwrap_or(prev.header.bits);
+            }
+            return prev.header.bits;
+        }
+        if pow.no_pow_retargeting {
+            return prev.header.bits;
+        }
+        let first_height = height - interval;
+        let Some(first) = self.ancestor(prev.id, first_height) else {
+            return prev.header.bits;
+        };
+        let timespan = u64::from(prev.header.time.saturating_sub(first.header.time));
+        // BIP94: retarget from the first block of the period, not the last
+        // (which may be a min-difficulty block).
+        let base = if self.params.enforce_bip94 {
+            first.header.bits
+        } else {
+            prev.header.bits
+        };
+        CompactTarget::from_next_work_required(base, timespan, pow)
+    }
+
+    /// [`BlockIndex::pow_anchor_bits`] of `e`, from its parent's (which
+    /// must be stored already: parents come before children).
+    fn pow_anchor_of(&self, e: &IndexEntry) -> CompactTarget {
+        let pow = &self.core.params.pow;
+        let interval = (pow.pow_target_timespan / pow.pow_target_spacing) as u32;
+        let at_limit = e.header.bits == pow.max_attainable_target.to_compact_lossy();
+        match e.prev {
+            Some(p) if at_limit && !e.height.is_multiple_of(interval) => self
+                .pow_anchor_bits
+                .get(p.0 as usize)
+                .copied()
+                .unwrap_or(e.header.bits),
+            _ => e.header.bits,
+        }
     }
 
     /// Makes `tip` the active chain's tip: rewrites `active` from the fork
@@ -646,50 +721,6 @@ impl ChainIndex {
         }
         times.sort_unstable();
         times.get(times.len() / 2).copied().unwrap_or(0)
-    }
-
-    /// The `nBits` a child of `prev` must carry (Core's
-    /// `GetNextWorkRequired`, with testnet's 20-minute rule and BIP94).
-    pub fn next_work_required(&self, prev: &IndexEntry, time: u32) -> CompactTarget {
-        let pow = &self.params.pow;
-        let pow_limit_bits = pow.max_attainable_target.to_compact_lossy();
-        let interval = (pow.pow_target_timespan / pow.pow_target_spacing) as u32;
-        let height = prev.height + 1;
-        if !height.is_multiple_of(interval) {
-            if pow.allow_min_difficulty_blocks {
-                // Testnet: a block more than 2 * spacing after its parent may
-                // use the minimum difficulty.
-                if u64::from(time) > u64::from(prev.header.time) + pow.pow_target_spacing * 2 {
-                    return pow_limit_bits;
-                }
-                // Otherwise the last non-min-difficulty block's bits.
-                let mut e = prev;
-                while let Some(parent) = e.prev.and_then(|p| self.get(p)) {
-                    if e.height.is_multiple_of(interval) || e.header.bits != pow_limit_bits {
-                        break;
-                    }
-                    e = parent;
-                }
-                return e.header.bits;
-            }
-            return prev.header.bits;
-        }
-        if pow.no_pow_retargeting {
-            return prev.header.bits;
-        }
-        let first_height = height - interval;
-        let Some(first) = self.ancestor(prev.id, first_height) else {
-            return prev.header.bits;
-        };
-        let timespan = u64::from(prev.header.time.saturating_sub(first.header.time));
-        // BIP94: retarget from the first block of the period, not the last
-        // (which may be a min-difficulty block).
-        let base = if self.params.enforce_bip94 {
-            first.header.bits
-        } else {
-            prev.header.bits
-        };
-        CompactTarget::from_next_work_required(base, timespan, pow)
     }
 
     /// The last common block of `a`'s chain and `b`'s chain.
@@ -910,6 +941,92 @@ mod tests {
             pos += 8 + len;
         }
         out
+    }
+
+    /// Core's walk in `GetNextWorkRequired` (pow.cpp) for a block that is
+    /// not at a retarget height and not 20 minutes after its parent: back
+    /// from `prev` while the block is a min-difficulty block, to the first
+    /// one that is not (or a retarget height, or genesis).
+    fn walked_bits(index: &ChainIndex, prev: &IndexEntry) -> CompactTarget {
+        let pow = &index.params().pow;
+        let limit = pow.max_attainable_target.to_compact_lossy();
+        let interval = (pow.pow_target_timespan / pow.pow_target_spacing) as u32;
+        let mut e = prev;
+        while let Some(parent) = e.prev.and_then(|p| index.get(p)) {
+            if e.height.is_multiple_of(interval) || e.header.bits != limit {
+                break;
+            }
+            e = parent;
+        }
+        e.header.bits
+    }
+
+    /// The per-entry anchor the writer keeps gives the bits of Core's walk
+    /// at every height of a testnet-like chain that mixes min-difficulty
+    /// runs of every length with ordinary blocks, across three retarget
+    /// intervals; a load from stored entries rebuilds the same anchors.
+    #[test]
+    fn min_difficulty_anchor_equals_cores_walk() {
+        let params = ChainParams::new(Network::Testnet);
+        let limit = params.pow.max_attainable_target.to_compact_lossy();
+        let genesis = params.genesis_header();
+        let mut entries = vec![IndexEntry {
+            id: BlockId(0),
+            hash: genesis.block_hash(),
+            header: genesis,
+            height: 0,
+            chainwork: genesis.work(),
+            status: BlockStatus::Valid,
+            prev: None,
+        }];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for height in 1..6_100u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Runs of min-difficulty blocks whose lengths vary widely.
+            let bits = if x % 97 < 90 {
+                limit
+            } else {
+                CompactTarget::from_consensus(0x1c00_0000 | (height % 0xffff))
+            };
+            let prev = &entries[height as usize - 1];
+            let header = Header {
+                prev_blockhash: prev.hash,
+                bits,
+                time: genesis.time + height * 600,
+                ..genesis
+            };
+            entries.push(IndexEntry {
+                id: BlockId(height),
+                hash: header.block_hash(),
+                header,
+                height,
+                chainwork: prev.chainwork,
+                status: BlockStatus::Valid,
+                prev: Some(BlockId(height - 1)),
+            });
+        }
+        let tip = BlockId(entries.len() as u32 - 1);
+        let index = BlockIndex::from_entries(params, entries, tip).unwrap();
+        let mut differing_from_parent = 0;
+        for e in index.entries() {
+            if (e.height + 1).is_multiple_of(2016) {
+                continue;
+            }
+            let want = walked_bits(&index, e);
+            assert_eq!(
+                index.next_work_required(e, e.header.time + 600),
+                want,
+                "height {}",
+                e.height
+            );
+            differing_from_parent += usize::from(want != e.header.bits);
+        }
+        assert!(
+            differing_from_parent > 1_000,
+            "the walk matters in this chain"
+        );
     }
 
     #[test]
