@@ -109,9 +109,26 @@ pub enum PipelineError {
         #[source]
         source: Arc<PipelineError>,
     },
+    /// A record read back from a flat file contradicts what was committed
+    /// for it (a filter the filter-header chain does not bind, a block whose
+    /// hash, merkle root or witness commitment is wrong): the file is
+    /// damaged. Nothing is served from it.
+    #[error("{path}: the stored {what} of block {block} is corrupt ({reason}); restore the datadir from a backup or resync")]
+    CorruptRecord {
+        /// The flat file.
+        path: std::path::PathBuf,
+        /// The block the record belongs to.
+        block: BlockHash,
+        /// Which record ("block", "filter").
+        what: &'static str,
+        /// What does not match.
+        reason: &'static str,
+    },
     /// A spent-output record of the `spent/` flat files does not decode.
-    #[error("spent outputs of block {}: {source}", block.0)]
+    #[error("{path}: spent outputs of block {}: {source}; restore the datadir from a backup or resync", block.0)]
     CorruptSpent {
+        /// The flat file.
+        path: std::path::PathBuf,
         /// The block whose record is corrupt.
         block: BlockId,
         /// What is wrong with it.
@@ -408,6 +425,7 @@ impl Chainstate {
             batch.put_meta(META_TIP, &0u32.to_be_bytes());
             cs.store.commit(batch)?;
         }
+        cs.check_flat_lengths()?;
         cs.reconcile_table()?;
         cs.seal_final_epochs()?;
         cs.publish();
@@ -417,13 +435,54 @@ impl Chainstate {
     /// Replays the last block written to the UTXO table if the table's
     /// commit did not happen (crash between the index's commit and the
     /// table's).
+    /// Checks that no flat file is shorter than the records the index
+    /// points into it: a file truncated after its commit would otherwise
+    /// open fine and fail (or serve nothing) only when a record past the cut
+    /// is read.
+    ///
+    /// # Errors
+    /// [`PipelineError::Flat`] with [`crate::store::FlatFileError::Truncated`]
+    /// naming the file.
+    fn check_flat_lengths(&self) -> Result<(), PipelineError> {
+        use std::collections::BTreeMap;
+        let mut ends: [BTreeMap<u32, u64>; 3] = Default::default();
+        for m in self.meta.iter() {
+            for (series, loc) in [m.data, m.filter, m.spent].into_iter().enumerate() {
+                if let Some(loc) = loc {
+                    let end = ends[series].entry(loc.file).or_default();
+                    *end = (*end).max(loc.offset + u64::from(loc.len));
+                }
+            }
+        }
+        let [data, filters, spent] = ends;
+        self.blocks.reader().check_lengths(&data)?;
+        self.filters.reader().check_lengths(&filters)?;
+        self.spent.reader().check_lengths(&spent)?;
+        Ok(())
+    }
+
     fn reconcile_table(&mut self) -> Result<(), PipelineError> {
         let Some(last) = self
             .store
             .meta(META_SOZU_LAST)?
             .and_then(|b| <u32 as crate::store::Codec>::decode(&b))
         else {
-            return Ok(());
+            // No block was ever connected per the index: the table must be
+            // empty too (an index database that lost its rows would
+            // otherwise open at genesis beside a full table).
+            return match self.table.committed() {
+                None => Ok(()),
+                Some(tag) => Err(PipelineError::Inconsistent {
+                    reason: format!(
+                        "the UTXO table ({}/utxo) holds blocks up to height {}, but the index \
+                         database ({}/index) has none connected: it lost its rows; restore the \
+                         datadir from a backup or resync",
+                        self.datadir.display(),
+                        tag.height,
+                        self.datadir.display()
+                    ),
+                }),
+            };
         };
         let last = BlockId(last);
         let committed = self.table.committed().map(|t| t.block);
@@ -435,6 +494,25 @@ impl Chainstate {
                 reason: format!("sozu_last {} not in the index", last.0),
             });
         };
+        // Only the last boundary's table commit may be missing (the index
+        // commits first); a table further behind lost commits it had made
+        // durable, and replaying one block on top of it would build a wrong
+        // UTXO set.
+        let table_parent = committed.or((entry.height == 1).then_some(BlockId(0)));
+        if table_parent != entry.prev {
+            let table_height = committed
+                .and_then(|c| self.index.get(c))
+                .map_or_else(|| "empty".to_owned(), |e| format!("at height {}", e.height));
+            return Err(PipelineError::Inconsistent {
+                reason: format!(
+                    "the UTXO table ({}/utxo) is {table_height}, but the index database has \
+                     connected blocks up to height {}: the table lost commits; restore the \
+                     datadir from a backup or resync",
+                    self.datadir.display(),
+                    entry.height
+                ),
+            });
+        }
         tracing::warn!(height = entry.height, block_hash = %entry.hash, "UTXO table is one block behind the index: replaying it");
         let block =
             self.current()

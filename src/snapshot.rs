@@ -124,37 +124,60 @@ impl ChainSnapshot {
         &self.datadir
     }
 
-    /// Reads and decodes the stored block `id`.
+    /// Reads and decodes the stored block `id`, checked against the index
+    /// before it is used or served: its hash, merkle root and witness
+    /// commitment (a flipped byte in a block file changes one of them).
     ///
     /// # Errors
-    /// Flat-file failure or a stored block that no longer decodes.
+    /// Flat-file failure; [`PipelineError::CorruptRecord`] for a stored block
+    /// that fails a check or no longer decodes.
     pub fn read_block(&self, id: BlockId) -> Result<Option<Block>, PipelineError> {
-        let Some(raw) = self.read_block_raw(id)? else {
-            return Ok(None);
-        };
-        deserialize(&raw)
-            .map(Some)
-            .map_err(|_| PipelineError::Inconsistent {
-                reason: format!("stored block {} does not decode", id.0),
-            })
+        Ok(self.read_checked_block(id)?.map(|(_, block)| block))
     }
 
-    /// The stored serialized block `id` (with witness).
+    /// The stored serialized block `id` (with witness), checked as
+    /// [`ChainSnapshot::read_block`] checks it.
     ///
     /// # Errors
-    /// Flat-file failure.
+    /// As [`ChainSnapshot::read_block`].
     pub fn read_block_raw(&self, id: BlockId) -> Result<Option<Vec<u8>>, PipelineError> {
-        match self.meta.get(id.0 as usize).and_then(|m| m.data) {
-            Some(loc) => Ok(Some(self.blocks.read(loc)?)),
-            None => Ok(None),
+        Ok(self.read_checked_block(id)?.map(|(raw, _)| raw))
+    }
+
+    fn read_checked_block(&self, id: BlockId) -> Result<Option<(Vec<u8>, Block)>, PipelineError> {
+        let (Some(loc), Some(entry)) = (
+            self.meta.get(id.0 as usize).and_then(|m| m.data),
+            self.index.get(id),
+        ) else {
+            return Ok(None);
+        };
+        let raw = self.blocks.read(loc)?;
+        let corrupt = |reason| PipelineError::CorruptRecord {
+            path: self.blocks.path(loc.file),
+            block: entry.hash,
+            what: "block",
+            reason,
+        };
+        let block: Block = deserialize(&raw).map_err(|_| corrupt("does not decode"))?;
+        if block.block_hash() != entry.hash {
+            return Err(corrupt("its header hashes to another block"));
         }
+        if !block.check_merkle_root() {
+            return Err(corrupt("merkle root mismatch"));
+        }
+        if !block.check_witness_commitment() {
+            return Err(corrupt("witness commitment mismatch"));
+        }
+        Ok(Some((raw, block)))
     }
 
     /// The BIP-158 basic filter and filter header of a connected block
-    /// (active or stale); `None` if the block has no filter yet.
+    /// (active or stale); `None` if the block has no filter yet. The filter
+    /// read back is checked against the committed filter header chain.
     ///
     /// # Errors
-    /// Flat-file failure.
+    /// Flat-file failure; [`PipelineError::CorruptRecord`] when the filter
+    /// read is not the one the chain committed.
     pub fn filter(&self, id: BlockId) -> Result<Option<(Vec<u8>, FilterHeader)>, PipelineError> {
         if id == BlockId(0) {
             let genesis = self.index.params().genesis_block();
@@ -168,16 +191,34 @@ impl ChainSnapshot {
             let header = filters::filter_header(&filter, &filters::genesis_previous_header());
             return Ok(Some((filter.content, header)));
         }
-        let Some(m) = self.meta.get(id.0 as usize) else {
+        let (Some(m), Some(entry)) = (self.meta.get(id.0 as usize), self.index.get(id)) else {
             return Ok(None);
         };
-        match m.filter {
-            Some(loc) => Ok(Some((
-                self.filters.read(loc)?,
-                FilterHeader::from_byte_array(m.filter_header),
-            ))),
-            None => Ok(None),
+        let Some(loc) = m.filter else {
+            return Ok(None);
+        };
+        let content = self.filters.read(loc)?;
+        let header = FilterHeader::from_byte_array(m.filter_header);
+        // The filter header chain commits to every filter's hash: one
+        // SHA-256d binds what was read to what was committed.
+        let previous = match entry.prev {
+            Some(BlockId(0)) => self.filter(BlockId(0))?.map(|(_, h)| h),
+            Some(p) => self
+                .meta
+                .get(p.0 as usize)
+                .map(|pm| FilterHeader::from_byte_array(pm.filter_header)),
+            None => None,
+        };
+        let filter = bitcoin::bip158::BlockFilter::new(&content);
+        if previous.map(|prev| filters::filter_header(&filter, &prev)) != Some(header) {
+            return Err(PipelineError::CorruptRecord {
+                path: self.filters.path(loc.file),
+                block: entry.hash,
+                what: "filter",
+                reason: "the filter header chain does not bind it",
+            });
         }
+        Ok(Some((content, header)))
     }
 
     /// The spent outputs (prevouts) of a connected block, in block order.
@@ -191,7 +232,11 @@ impl ChainSnapshot {
         let raw = self.spent.read(loc)?;
         decode_spent(&raw)
             .map(Some)
-            .map_err(|source| PipelineError::CorruptSpent { block: id, source })
+            .map_err(|source| PipelineError::CorruptSpent {
+                path: self.spent.path(loc.file),
+                block: id,
+                source,
+            })
     }
 
     /// The UTXO set summary of the active chain.

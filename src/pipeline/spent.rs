@@ -18,8 +18,12 @@
 //! | scriptPubKey length | 4 (u32, not a CompactSize) |
 //! | scriptPubKey | length |
 //!
-//! So a record is 4 + Σ (89 + script length) bytes. The layout is part of
-//! the datadir format (`store::FORMAT_VERSION`): changing it needs a bump.
+//! | CRC-32 (IEEE) of all the bytes above | 4 (u32) |
+//!
+//! So a record is 8 + Σ (89 + script length) bytes. The checksum catches a
+//! damaged file before its values feed the archive or an HTTP answer (the
+//! flat-file frame only holds magic and length). The layout is part of the
+//! datadir format (`store::FORMAT_VERSION` 2.0 added the checksum).
 
 use std::io::Cursor;
 
@@ -32,9 +36,9 @@ use crate::validation::SpentOutput;
 /// Fixed bytes of one output in a record, before its scriptPubKey.
 const FIXED_BYTES_PER_OUTPUT: usize = 36 + 8 + 4 + 1 + 32 + 4 + 4;
 
-/// A spent-output record that cannot be decoded (truncated, trailing bytes,
-/// a count or script length past the record's end): the `spent/` file is
-/// corrupt.
+/// A spent-output record that cannot be decoded (checksum mismatch,
+/// truncated, trailing bytes, a count or script length past the record's
+/// end): the `spent/` file is corrupt.
 #[derive(Debug, thiserror::Error)]
 #[error("malformed spent-output record: {source}")]
 pub struct SpentRecordError {
@@ -46,8 +50,10 @@ pub struct SpentRecordError {
 /// Encodes a block's spent outputs as one record (layout in the module doc).
 pub fn encode_spent(spent: &[SpentOutput]) -> Vec<u8> {
     let scripts: usize = spent.iter().map(|s| s.coin.script_pubkey.len()).sum();
-    let mut v = Vec::with_capacity(4 + spent.len() * FIXED_BYTES_PER_OUTPUT + scripts);
+    let mut v = Vec::with_capacity(8 + spent.len() * FIXED_BYTES_PER_OUTPUT + scripts);
     encode_into(spent, &mut v).expect("writing to a Vec<u8> cannot fail");
+    let crc = crc32fast::hash(&v);
+    v.extend_from_slice(&crc.to_le_bytes());
     v
 }
 
@@ -72,8 +78,14 @@ fn encode_into(spent: &[SpentOutput], w: &mut Vec<u8>) -> Result<(), std::io::Er
 /// [`SpentRecordError`] when the bytes are not exactly one record. The
 /// count and script lengths are checked against the bytes left before
 /// anything is allocated, so a corrupt length cannot ask for gigabytes.
-pub fn decode_spent(bytes: &[u8]) -> Result<Vec<SpentOutput>, SpentRecordError> {
+pub fn decode_spent(record: &[u8]) -> Result<Vec<SpentOutput>, SpentRecordError> {
     use bitcoin::consensus::encode::Error;
+    let Some((bytes, crc)) = record.split_last_chunk::<4>() else {
+        return Err(Error::ParseFailed("spent-output record shorter than its checksum").into());
+    };
+    if crc32fast::hash(bytes) != u32::from_le_bytes(*crc) {
+        return Err(Error::ParseFailed("spent-output record checksum mismatch").into());
+    }
     let mut r = Cursor::new(bytes);
     let left = |r: &Cursor<&[u8]>| bytes.len() - r.position() as usize;
     let n = u32::consensus_decode(&mut r)? as usize;
@@ -154,27 +166,46 @@ mod tests {
         want.extend_from_slice(&1u32.to_le_bytes());
         want.extend_from_slice(&2u32.to_le_bytes());
         want.extend_from_slice(&[1, 1]);
+        let crc = crc32fast::hash(&want);
+        want.extend_from_slice(&crc.to_le_bytes());
         assert_eq!(encode_spent(std::slice::from_ref(&s)), want);
-        assert_eq!(want.len(), 4 + FIXED_BYTES_PER_OUTPUT + 2);
+        assert_eq!(want.len(), 8 + FIXED_BYTES_PER_OUTPUT + 2);
         assert_eq!(decode_spent(&want).unwrap(), vec![s]);
-        assert_eq!(encode_spent(&[]), vec![0, 0, 0, 0]);
+        let empty = encode_spent(&[]);
+        assert_eq!(empty[..4], [0, 0, 0, 0]);
+        assert_eq!(empty[4..], crc32fast::hash(&[0, 0, 0, 0]).to_le_bytes());
+    }
+
+    /// `body` (a record without its checksum) with a right checksum.
+    fn sealed(mut body: Vec<u8>) -> Vec<u8> {
+        let crc = crc32fast::hash(&body);
+        body.extend_from_slice(&crc.to_le_bytes());
+        body
     }
 
     #[test]
     fn refuses_malformed_records() {
         let good = encode_spent(&[output(2, 25), output(3, 0)]);
+        let body = good[..good.len() - 4].to_vec();
         for cut in 0..good.len() {
             assert!(decode_spent(&good[..cut]).is_err(), "truncated at {cut}");
+            // Cut with a checksum made right: the layout check still refuses.
+            assert!(decode_spent(&sealed(body[..cut.min(body.len() - 1)].to_vec())).is_err());
         }
-        let mut trailing = good.clone();
+        for i in 0..good.len() {
+            let mut flipped = good.clone();
+            flipped[i] ^= 0x10;
+            assert!(decode_spent(&flipped).is_err(), "byte {i} flipped");
+        }
+        let mut trailing = body.clone();
         trailing.push(0);
-        assert!(decode_spent(&trailing).is_err());
-        let mut huge_count = good.clone();
+        assert!(decode_spent(&sealed(trailing)).is_err());
+        let mut huge_count = body.clone();
         huge_count[..4].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode_spent(&huge_count).is_err());
-        let mut bad_flag = good;
+        assert!(decode_spent(&sealed(huge_count)).is_err());
+        let mut bad_flag = body;
         bad_flag[4 + 48] = 2;
-        assert!(decode_spent(&bad_flag).is_err());
+        assert!(decode_spent(&sealed(bad_flag)).is_err());
     }
 
     proptest! {

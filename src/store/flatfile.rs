@@ -64,6 +64,18 @@ pub enum FlatFileError {
         /// What did not match.
         reason: &'static str,
     },
+    /// A file is shorter than the data committed in it: it was truncated
+    /// after the commit (a damaged disk, a bad copy), and records the index
+    /// points to are gone.
+    #[error("{path} is {len} bytes, but committed records reach byte {committed}: the file was truncated")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Its length now, bytes.
+        len: u64,
+        /// Where the committed data ends, bytes.
+        committed: u64,
+    },
     /// A payload too large for one record (over 4 GiB - 1).
     #[error("record of {len} bytes is too large")]
     TooLarge {
@@ -164,6 +176,13 @@ impl FlatFiles {
                 .open(&path)
                 .map_err(self.io(pos.file))?;
             let actual = f.metadata().map_err(self.io(pos.file))?.len();
+            if actual < pos.len {
+                return Err(FlatFileError::Truncated {
+                    path,
+                    len: actual,
+                    committed: pos.len,
+                });
+            }
             if actual > pos.len {
                 tracing::warn!(file = %path.display(), committed = pos.len, actual, "truncating flat file past its committed length");
                 f.set_len(pos.len).map_err(self.io(pos.file))?;
@@ -264,8 +283,38 @@ impl FlatFiles {
 }
 
 impl FlatReader {
-    fn path(&self, file: u32) -> PathBuf {
+    /// The path of file number `file`.
+    pub fn path(&self, file: u32) -> PathBuf {
         self.dir.join(format!("{}{:05}.dat", self.prefix, file))
+    }
+
+    /// Checks that every file is at least as long as the committed records
+    /// in it: `ends` holds, per file number, the end of its last committed
+    /// record (payload offset + length), bytes.
+    ///
+    /// # Errors
+    /// [`FlatFileError::Truncated`] for the first file that is shorter (a
+    /// missing file has length 0); [`FlatFileError::Io`].
+    pub fn check_lengths(
+        &self,
+        ends: &std::collections::BTreeMap<u32, u64>,
+    ) -> Result<(), FlatFileError> {
+        for (&file, &committed) in ends {
+            let path = self.path(file);
+            let len = match std::fs::metadata(&path) {
+                Ok(m) => m.len(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+                Err(source) => return Err(FlatFileError::Io { path, source }),
+            };
+            if len < committed {
+                return Err(FlatFileError::Truncated {
+                    path,
+                    len,
+                    committed,
+                });
+            }
+        }
+        Ok(())
     }
 
     fn io(&self, file: u32) -> impl FnOnce(std::io::Error) -> FlatFileError + '_ {

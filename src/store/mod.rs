@@ -34,15 +34,16 @@ use crate::sozu::BlockId;
 /// it connected before have no rows there (the HTTP API then reports such
 /// outputs spent without the spender once the UTXO table purged them).
 ///
-/// 1.2 dropped `block_id_by_hash`: it was written for every block record
-/// and never read (the block index, rebuilt from `block_by_id` at open,
-/// maps hashes to ids in memory), and its random-order inserts were half
-/// of the database's work in a headers sync. Opening an older datadir
-/// drops the tree.
-pub const FORMAT_VERSION: (u16, u16) = (1, 2);
-
-/// The tree format 1.2 dropped (see [`FORMAT_VERSION`]).
-const DROPPED_BLOCK_ID_BY_HASH: &str = "block_id_by_hash";
+/// 2.0 (a 1.x datadir is refused: move it aside and re-import or resync):
+/// - each spent-output record in the `spent/` flat files ends in a CRC-32
+///   (`pipeline::spent`), so a damaged file is refused instead of feeding
+///   wrong values to the archive and HTTP answers; 1.x records have none and
+///   cannot be told apart;
+/// - `block_id_by_hash` is gone: it was written for every block record and
+///   never read (the block index, rebuilt from `block_by_id` at open, maps
+///   hashes to ids in memory), and its random-order inserts were most of
+///   the database's work in a headers sync.
+pub const FORMAT_VERSION: (u16, u16) = (2, 0);
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -51,11 +52,26 @@ pub enum StoreError {
     /// sled reported an error.
     #[error("index database error: {0}")]
     Sled(#[from] sled::Error),
+    /// The database files cannot be opened: sled refused them, or panicked
+    /// while recovering them (`source` is `None` then). Damaged files.
+    #[error(
+        "the index database at {path} cannot be opened ({}); restore the datadir from a backup or resync",
+        source.as_ref().map_or_else(|| "sled panicked while recovering its files".to_owned(), |e| e.to_string())
+    )]
+    Open {
+        /// The database directory.
+        path: PathBuf,
+        /// sled's error.
+        #[source]
+        source: Option<sled::Error>,
+    },
     /// A flat file failed.
     #[error(transparent)]
     Flat(#[from] FlatFileError),
-    /// A stored value does not decode.
-    #[error("corrupt {tree} entry: {reason}")]
+    /// A stored value does not decode, or the database files are damaged.
+    #[error(
+        "corrupt index database ({tree}): {reason}; restore the datadir from a backup or resync"
+    )]
     Corrupt {
         /// The tree.
         tree: &'static str,
@@ -526,11 +542,22 @@ impl Store {
     /// # Errors
     /// [`StoreError::FormatMismatch`] for another major version; sled errors.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = sled::Config::new()
+        // sled panics on some damaged files during recovery (seen with a
+        // `db` file cut to half: an index out of bounds); a panic must not
+        // escape as a crash, it is a corrupt database like any other. The
+        // config is moved in and dropped with whatever state the panic left
+        // (hence AssertUnwindSafe): nothing of it is used afterwards.
+        let config = sled::Config::new()
             .path(path)
             .mode(sled::Mode::LowSpace)
-            .cache_capacity(INDEX_CACHE_BYTES)
-            .open()?;
+            .cache_capacity(INDEX_CACHE_BYTES);
+        let db = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()))
+            .map_err(|_| None)
+            .and_then(|r| r.map_err(Some))
+            .map_err(|source| StoreError::Open {
+                path: path.into(),
+                source,
+            })?;
         let trees = Trees {
             meta_by_name: TypedTree::open(&db, "meta_by_name")?,
             block_by_id: TypedTree::open(&db, "block_by_id")?,
@@ -538,7 +565,6 @@ impl Store {
             tx_position_by_txid_block: TypedTree::open(&db, "tx_position_by_txid_block")?,
             spend_by_outpoint_block: TypedTree::open(&db, "spend_by_outpoint_block")?,
         };
-        db.drop_tree(DROPPED_BLOCK_ID_BY_HASH)?;
         let store = Store { db, trees };
         match store.trees.meta_by_name.get(&META_FORMAT.to_string())? {
             None => {

@@ -1,0 +1,342 @@
+//! Corruption at rest, as an operator's disk does it: every file of a
+//! datadir that imported regtest-a (1,529 blocks, made by bcoin) gets 8
+//! bytes flipped in its middle, or is truncated to half its length. Then
+//! the node opens the datadir and answers every filter, 25 spends, 25
+//! proofs, 25 outpoint statuses and the whole UTXO dump, each checked
+//! against bcoin's own records (`filters.json`, `spent.txt`, `utxos.txt`).
+//!
+//! A case passes when the node refuses the datadir at open, or refuses a
+//! read with an error, or answers exactly what bcoin says. It fails when it
+//! panics or serves a wrong answer: a light client would silently miss its
+//! payments.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use bitcoin::{Network, OutPoint, Txid};
+use kakehi::archive::{Anchor, OutpointStatus, VerifiedStatus};
+use kakehi::chain::ChainParams;
+use kakehi::node::{open_chainstate, DataDir};
+use kakehi::pipeline::Chainstate;
+
+/// Outpoints of each kind the checks ask about.
+const SAMPLE: usize = 25;
+
+/// bcoin's records of regtest-a.
+struct Truth {
+    /// (height, filter hex, filter header hex) of the best chain.
+    filters: Vec<(u32, String, String)>,
+    /// `utxos.txt` as is.
+    utxos: String,
+    /// A sample of the outputs spent on the best chain: (outpoint,
+    /// spending txid, vin).
+    spent: Vec<(OutPoint, Txid, u32)>,
+    /// Every output spent on the best chain, by spending height.
+    spent_at: BTreeMap<u32, Vec<(OutPoint, Txid, u32)>>,
+    /// Unspent outputs.
+    unspent: Vec<OutPoint>,
+    /// The best chain's tip hash (`chain.json`).
+    tip: String,
+    /// The archive commitment of the undamaged datadir, which proofs from
+    /// a damaged one must verify against.
+    commitment: [u8; 32],
+}
+
+fn truth() -> Truth {
+    let filters = common::json("regtest-a/filters.json")
+        .as_array()
+        .expect("filters.json is a list")
+        .iter()
+        .map(|f| {
+            (
+                f["height"].as_u64().expect("height") as u32,
+                f["basic_filter"].as_str().expect("filter").to_owned(),
+                f["filter_header"].as_str().expect("header").to_owned(),
+            )
+        })
+        .collect();
+    let utxos = std::fs::read_to_string(common::data("regtest-a/utxos.txt")).expect("utxos.txt");
+    let spent_txt =
+        std::fs::read_to_string(common::data("regtest-a/spent.txt")).expect("spent.txt");
+    let mut spent_at: BTreeMap<u32, Vec<(OutPoint, Txid, u32)>> = BTreeMap::new();
+    let mut all = Vec::new();
+    for line in spent_txt.lines() {
+        let mut f = line.split_whitespace();
+        let outpoint = OutPoint::from_str(f.next().expect("outpoint")).expect("outpoint");
+        let (txid, vin) = f
+            .next()
+            .expect("spender")
+            .split_once(':')
+            .expect("txid:vin");
+        let height: u32 = f.next().expect("height").parse().expect("height");
+        let row = (
+            outpoint,
+            Txid::from_str(txid).expect("txid"),
+            vin.parse().expect("vin"),
+        );
+        spent_at.entry(height).or_default().push(row);
+        all.push(row);
+    }
+    let step = all.len() / SAMPLE;
+    let spent = (0..SAMPLE).map(|i| all[i * step]).collect();
+    let ulines: Vec<&str> = utxos.lines().collect();
+    let ustep = ulines.len() / SAMPLE;
+    let unspent = (0..SAMPLE)
+        .map(|i| {
+            let op = ulines[i * ustep]
+                .split_whitespace()
+                .next()
+                .expect("outpoint");
+            OutPoint::from_str(op).expect("outpoint")
+        })
+        .collect();
+    let tip = common::json("regtest-a/chain.json")["tip_hash"]
+        .as_str()
+        .expect("tip_hash")
+        .to_owned();
+    Truth {
+        filters,
+        utxos,
+        spent,
+        spent_at,
+        unspent,
+        tip,
+        commitment: [0; 32],
+    }
+}
+
+/// What a corrupted datadir did.
+#[derive(Debug)]
+enum Outcome {
+    /// Open refused it, with this message.
+    Refused(String),
+    /// It opened; a read failed with this message (nothing wrong served).
+    ReadError(String),
+    /// Every answer equals bcoin's.
+    AllCorrect,
+}
+
+/// Opens `datadir` and checks every answer against `truth`.
+///
+/// # Panics
+/// On a wrong answer (the test fails), or a panic inside the node.
+fn check(datadir: &Path, truth: &Truth) -> Outcome {
+    let params = ChainParams::new(Network::Regtest);
+    let dd = match DataDir::open(datadir) {
+        Ok(d) => d,
+        Err(e) => return Outcome::Refused(e.to_string()),
+    };
+    let mut chain = match open_chainstate(params, &dd) {
+        Ok(c) => c,
+        Err(e) => return Outcome::Refused(format!("{e:#}")),
+    };
+    match answers(&mut chain, truth) {
+        Ok(()) => Outcome::AllCorrect,
+        Err(e) => Outcome::ReadError(e),
+    }
+}
+
+/// Every answer; `Err` for the first read the node refused.
+fn answers(chain: &mut Chainstate, truth: &Truth) -> Result<(), String> {
+    let snap = chain.snapshots().load();
+    let index = snap.index();
+    let tip = index.tip();
+    assert_eq!(
+        (tip.height, tip.hash.to_string()),
+        (1500, truth.tip.clone()),
+        "the datadir opened at another tip"
+    );
+    for (height, filter, header) in &truth.filters {
+        let id = index.active_at(*height).expect("active height").id;
+        let (f, h) = snap
+            .filter(id)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no filter at height {height}"))?;
+        assert_eq!(
+            &bitcoin::hex::DisplayHex::to_lower_hex_string(&f),
+            filter,
+            "filter at height {height}"
+        );
+        assert_eq!(&h.to_string(), header, "filter header at height {height}");
+    }
+    for (outpoint, txid, vin) in &truth.spent {
+        match snap.active_spender(outpoint).map_err(|e| e.to_string())? {
+            Some((_, rec)) => {
+                assert_eq!((rec.txid, rec.vin), (*txid, *vin), "spender of {outpoint}")
+            }
+            None => return Err(format!("no spender row for {outpoint}")),
+        }
+        match snap.outpoint_status(outpoint).map_err(|e| e.to_string())? {
+            OutpointStatus::Unspent => panic!("{outpoint} reported unspent; bcoin has it spent"),
+            OutpointStatus::Unknown => return Err(format!("{outpoint} unknown")),
+            _ => {}
+        }
+    }
+    for outpoint in &truth.unspent {
+        let status = snap.outpoint_status(outpoint).map_err(|e| e.to_string())?;
+        assert!(
+            matches!(status, OutpointStatus::Unspent),
+            "{outpoint}: {status:?}, bcoin has it unspent"
+        );
+    }
+    for height in 1..=tip.height {
+        let e = index.active_at(height).expect("active height");
+        let block = snap
+            .read_block(e.id)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no block at height {height}"))?;
+        assert_eq!(block.block_hash(), e.hash, "block at height {height}");
+        let spent = snap
+            .spent_outputs(e.id)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no spent outputs at height {height}"))?;
+        let mut got: Vec<_> = spent.iter().map(|s| (s.outpoint, s.txid, s.vin)).collect();
+        let mut want = truth.spent_at.get(&height).cloned().unwrap_or_default();
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "spent outputs at height {height}");
+    }
+    let spent: Vec<OutPoint> = truth.spent.iter().map(|s| s.0).collect();
+    let batch = snap.prove_outpoints(&spent).map_err(|e| e.to_string())?;
+    let verified = kakehi::archive::verify(&batch, Anchor::Commitment(truth.commitment))
+        .unwrap_or_else(|e| panic!("proof from the damaged datadir does not verify: {e}"));
+    for (outpoint, txid, vin) in &truth.spent {
+        if let Some(VerifiedStatus::Spent { leaf, .. }) = verified.status(outpoint) {
+            assert_eq!(
+                (leaf.spend.txid, leaf.spend.vin),
+                (*txid, *vin),
+                "proof of {outpoint}"
+            );
+        }
+    }
+    let mut dump = Vec::new();
+    chain.dump_utxos(&mut dump).map_err(|e| e.to_string())?;
+    assert!(
+        String::from_utf8_lossy(&dump) == truth.utxos,
+        "dump-utxos differs from bcoin's utxos.txt"
+    );
+    Ok(())
+}
+
+/// Every file under `dir`, relative, in name order (the datadir lock
+/// excepted: it holds nothing).
+fn files(dir: &Path) -> Vec<PathBuf> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).expect("read dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else if e.file_name() != ".lock" && p.metadata().map_or(0, |m| m.len()) > 0 {
+                out.push(p.strip_prefix(root).expect("under root").to_path_buf());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read dir").flatten() {
+        let dest = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).expect("copy");
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Damage {
+    /// 8 bytes inverted in the middle of the file.
+    Flip8,
+    /// Cut to half its length.
+    TruncateHalf,
+}
+
+fn damage(path: &Path, how: Damage) {
+    let mut bytes = std::fs::read(path).expect("read");
+    match how {
+        Damage::Flip8 => {
+            let mid = bytes.len() / 2;
+            for b in bytes.iter_mut().skip(mid.saturating_sub(4)).take(8) {
+                *b = !*b;
+            }
+        }
+        Damage::TruncateHalf => bytes.truncate(bytes.len() / 2),
+    }
+    std::fs::write(path, bytes).expect("write");
+}
+
+#[test]
+fn every_datadir_file_flipped_or_truncated_is_refused_or_served_right() {
+    let mut truth = truth();
+    let template = tempfile::tempdir().expect("tempdir");
+    {
+        let datadir = DataDir::open(template.path()).expect("datadir");
+        let chain = std::sync::Mutex::new(
+            open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open"),
+        );
+        let files = [common::data("regtest-a/blocks.dat")];
+        kakehi::import::import_files(&chain, &files, &Default::default(), false).expect("import");
+    }
+    truth.commitment = {
+        let dd = DataDir::open(template.path()).expect("datadir");
+        let chain = open_chainstate(ChainParams::new(Network::Regtest), &dd).expect("open");
+        let commitment = chain.snapshots().load().archive().commitment();
+        commitment
+    };
+    // The undamaged datadir answers everything right (so the checks can
+    // pass, and a refusal below is the damage's doing).
+    assert!(matches!(
+        check(template.path(), &truth),
+        Outcome::AllCorrect
+    ));
+
+    let mut report = BTreeMap::new();
+    let mut bad = Vec::new();
+    for rel in files(template.path()) {
+        for how in [Damage::Flip8, Damage::TruncateHalf] {
+            let case = tempfile::tempdir().expect("tempdir");
+            copy_dir(template.path(), case.path());
+            damage(&case.path().join(&rel), how);
+            let outcome = catch_unwind(AssertUnwindSafe(|| check(case.path(), &truth)));
+            let case_dir = case.path().display().to_string();
+            let line = match &outcome {
+                Ok(Outcome::Refused(m) | Outcome::ReadError(m)) if !m.contains(&case_dir) => {
+                    bad.push(format!(
+                        "{} {how:?}: refused without naming a file: {m}",
+                        rel.display()
+                    ));
+                    format!("FAILED: {m}")
+                }
+                Ok(o) => format!("{o:?}"),
+                Err(p) => {
+                    let msg = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    bad.push(format!("{} {how:?}: {msg}", rel.display()));
+                    format!("FAILED: {msg}")
+                }
+            };
+            report.insert(format!("{} {how:?}", rel.display()), line);
+        }
+    }
+    for (case, line) in &report {
+        eprintln!("{case}: {line}");
+    }
+    assert!(
+        bad.is_empty(),
+        "wrong answers or panics:\n{}",
+        bad.join("\n")
+    );
+}
