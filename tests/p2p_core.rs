@@ -8,6 +8,10 @@
 //! - `handshake`: version/verack, services NODE_NETWORK | NODE_WITNESS |
 //!   NODE_COMPACT_FILTERS, protocol 70016, wtxidrelay/sendaddrv2/sendheaders,
 //!   pings; getheaders and getdata against `chain.json`;
+//! - `getblocks`: a peer that syncs the whole chain by `getblocks` / `inv` /
+//!   `getdata` only (as bcoin and btcd do), relying on the continuation
+//!   `inv` of the tip after each batch of 500, ends at `chain.json`'s tip;
+//!   a locator starting on a stale branch is answered from the fork point;
 //! - `filters`: getcfcheckpt / getcfheaders / getcfilters checked as Core's
 //!   `p2p_blockfilters.py` does, against bcoin's `filters.json` and
 //!   `stale_filters.json`; then 500 coinbase-only blocks mined by the script
@@ -98,10 +102,10 @@ fn core_test_framework_against_kakehi() {
     let p2p = common::ListeningP2p::start(chain.clone());
     let addr = p2p.addr;
 
-    // In this order: `filters` extends the chain, `malformed` gets
+    // In this order: `getblocks` needs regtest-a's tip, `filters` extends the chain, `malformed` gets
     // 127.0.0.1 discouraged.
     let mut failures = Vec::new();
-    for check in ["handshake", "filters", "malformed"] {
+    for check in ["handshake", "getblocks", "filters", "malformed"] {
         match run_check(&python, addr, check) {
             Ok(out) => eprintln!("{out}"),
             Err(e) => failures.push(e),

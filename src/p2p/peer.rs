@@ -14,7 +14,7 @@ use bitcoin::consensus::{deserialize, serialize};
 use bitcoin::hashes::Hash;
 use bitcoin::p2p::address::{AddrV2, AddrV2Message, Address};
 use bitcoin::p2p::message::NetworkMessage;
-use bitcoin::p2p::message_blockdata::{GetHeadersMessage, Inventory};
+use bitcoin::p2p::message_blockdata::{GetBlocksMessage, GetHeadersMessage, Inventory};
 use bitcoin::p2p::message_filter::{
     CFCheckpt, CFHeaders, CFilter, GetCFCheckpt, GetCFHeaders, GetCFilters,
 };
@@ -274,6 +274,9 @@ struct Peer {
     unconnecting: u32,
     not_found: HashSet<BlockHash>,
     sent_getaddr_answer: bool,
+    /// The last block of a full `getblocks` answer: when the peer asks for
+    /// it, our tip is announced (Core's `m_continuation_block`).
+    continuation_block: Option<BlockHash>,
 }
 
 impl Peer {
@@ -302,6 +305,7 @@ impl Peer {
             unconnecting: 0,
             not_found: HashSet::new(),
             sent_getaddr_answer: false,
+            continuation_block: None,
         }
     }
 
@@ -752,22 +756,7 @@ impl Peer {
                 Ok(())
             }
             NetworkMessage::GetHeaders(req) => self.on_getheaders(req).await,
-            NetworkMessage::GetBlocks(req) => {
-                let b = self.backend();
-                let headers = blocking(move || {
-                    b.headers_after(&req.locator_hashes, req.stop_hash, MAX_GETBLOCKS)
-                })
-                .await
-                .unwrap_or_default();
-                if headers.is_empty() {
-                    return Ok(());
-                }
-                let inv = headers
-                    .iter()
-                    .map(|h| Inventory::Block(h.block_hash()))
-                    .collect();
-                self.send(NetworkMessage::Inv(inv)).await
-            }
+            NetworkMessage::GetBlocks(req) => self.on_getblocks(req).await,
             NetworkMessage::GetData(inv) => self.on_getdata(inv).await,
             NetworkMessage::Headers(headers) => self.on_headers(headers).await,
             NetworkMessage::Inv(inv) => self.on_inv(inv).await,
@@ -844,58 +833,124 @@ impl Peer {
         self.send(NetworkMessage::Headers(headers)).await
     }
 
+    /// `getblocks`: an `inv` of up to [`MAX_GETBLOCKS`] active-chain blocks
+    /// after the locator's fork point, the stop block excluded (Core's
+    /// `ProcessMessage` for `GETBLOCKS`). A full batch remembers its last
+    /// block as the continuation: when the peer asks for it, an `inv` of
+    /// our tip follows ([`Peer::on_getdata`]), so a peer that syncs by
+    /// `getblocks` (bcoin, btcd, old Core) asks for the next batch.
+    async fn on_getblocks(&mut self, req: GetBlocksMessage) -> Result<(), Disconnect> {
+        let b = self.backend();
+        let stop = req.stop_hash;
+        let mut headers =
+            blocking(move || b.headers_after(&req.locator_hashes, stop, MAX_GETBLOCKS))
+                .await
+                .unwrap_or_default();
+        if headers.last().is_some_and(|h| h.block_hash() == stop) {
+            headers.pop();
+        }
+        let Some(last) = headers.last().map(|h| h.block_hash()) else {
+            return Ok(());
+        };
+        if headers.len() == MAX_GETBLOCKS {
+            self.continuation_block = Some(last);
+        }
+        let inv = headers
+            .iter()
+            .map(|h| Inventory::Block(h.block_hash()))
+            .collect();
+        self.send(NetworkMessage::Inv(inv)).await
+    }
+
+    /// After a block was sent: if it was the continuation of a full
+    /// `getblocks` batch, an `inv` of our tip, sent even when redundant
+    /// (Core's `m_continuation_block` in `ProcessGetBlockData`).
+    async fn after_block_served(&mut self, hash: BlockHash) -> Result<(), Disconnect> {
+        if self.continuation_block != Some(hash) {
+            return Ok(());
+        }
+        self.continuation_block = None;
+        let (_, tip) = self.net.backend.tip();
+        self.send(NetworkMessage::Inv(vec![Inventory::Block(tip)]))
+            .await
+    }
+
+    /// `getdata`: blocks from the block files (`MSG_CMPCT_BLOCK` answered
+    /// with the full witness block, as Core does for blocks too deep for a
+    /// compact one: kakehi offers no compact blocks), transactions from the
+    /// few we relayed (`MSG_TX` without witness, `MSG_WITNESS_TX` and
+    /// `MSG_WTX` with, as Core). Everything else, and what we do not have,
+    /// is listed in one `notfound`.
     async fn on_getdata(&mut self, inv: Vec<Inventory>) -> Result<(), Disconnect> {
         let mut not_found = Vec::new();
         for item in inv {
-            match item {
-                Inventory::Block(h) | Inventory::WitnessBlock(h) => {
-                    let b = self.backend();
-                    let bytes = blocking(move || b.block_bytes(&h)).await.flatten();
-                    let Some(bytes) = bytes else {
-                        not_found.push(item);
-                        continue;
-                    };
-                    let payload = if matches!(item, Inventory::WitnessBlock(_)) {
-                        bytes
-                    } else {
-                        match strip_witness(&bytes) {
-                            Some(p) => p,
-                            None => {
-                                not_found.push(item);
-                                continue;
-                            }
-                        }
-                    };
-                    let frame = codec::encode_raw(self.net.magic, "block", &payload);
-                    self.write(&frame).await?;
+            let served = match item {
+                Inventory::Block(h) => self.serve_block(h, false).await?,
+                Inventory::WitnessBlock(h) | Inventory::CompactBlock(h) => {
+                    self.serve_block(h, true).await?
                 }
                 Inventory::Transaction(txid) => {
-                    let tx = lock(&self.net.recent_txs)
-                        .iter()
-                        .find(|t| t.compute_txid() == txid)
-                        .cloned();
-                    match tx {
-                        Some(tx) => self.send(NetworkMessage::Tx((*tx).clone())).await?,
-                        None => not_found.push(item),
-                    }
+                    self.serve_tx(|t| t.compute_txid() == txid, false).await?
+                }
+                Inventory::WitnessTransaction(txid) => {
+                    self.serve_tx(|t| t.compute_txid() == txid, true).await?
                 }
                 Inventory::WTx(wtxid) => {
-                    let tx = lock(&self.net.recent_txs)
-                        .iter()
-                        .find(|t| t.compute_wtxid() == wtxid)
-                        .cloned();
-                    match tx {
-                        Some(tx) => self.send(NetworkMessage::Tx((*tx).clone())).await?,
-                        None => not_found.push(item),
-                    }
+                    self.serve_tx(|t| t.compute_wtxid() == wtxid, true).await?
                 }
-                _ => not_found.push(item),
+                _ => false,
+            };
+            if !served {
+                not_found.push(item);
             }
         }
         if !not_found.is_empty() {
             self.send(NetworkMessage::NotFound(not_found)).await?;
         }
         Ok(())
+    }
+
+    /// Sends block `hash` (with or without witness); false when we do not
+    /// have it (or its stored bytes do not parse).
+    async fn serve_block(&mut self, hash: BlockHash, witness: bool) -> Result<bool, Disconnect> {
+        let b = self.backend();
+        let Some(bytes) = blocking(move || b.block_bytes(&hash)).await.flatten() else {
+            return Ok(false);
+        };
+        let payload = if witness {
+            bytes
+        } else {
+            match strip_witness(&bytes) {
+                Some(p) => p,
+                None => return Ok(false),
+            }
+        };
+        let frame = codec::encode_raw(self.net.magic, "block", &payload);
+        self.write(&frame).await?;
+        self.after_block_served(hash).await?;
+        Ok(true)
+    }
+
+    /// Sends the relayed transaction matching `pick`; false when there is
+    /// none (we keep no mempool: Core answers `notfound` likewise).
+    async fn serve_tx(
+        &mut self,
+        pick: impl Fn(&Transaction) -> bool,
+        witness: bool,
+    ) -> Result<bool, Disconnect> {
+        let tx = lock(&self.net.recent_txs)
+            .iter()
+            .find(|t| pick(t))
+            .cloned();
+        let Some(tx) = tx else { return Ok(false) };
+        let mut tx = (*tx).clone();
+        if !witness {
+            for input in &mut tx.input {
+                input.witness.clear();
+            }
+        }
+        self.send(NetworkMessage::Tx(tx)).await?;
+        Ok(true)
     }
 
     async fn on_inv(&mut self, inv: Vec<Inventory>) -> Result<(), Disconnect> {

@@ -44,6 +44,7 @@ from verystable.core.messages import (
     CInv,
     MSG_TYPE_MASK,
     MSG_WITNESS_FLAG,
+    msg_getblocks,
     msg_getdata,
     msg_getheaders,
     CBlockHeader,
@@ -219,6 +220,120 @@ def check_handshake(port, data):
     from verystable.core.messages import msg_wtxidrelay
     p.send_message(msg_wtxidrelay())
     expect_disconnect(p, "wtxidrelay after verack")
+
+
+# --------------------------------------------------------------------------
+# getblocks: a peer that syncs as bcoin, btcd and pre-0.10 Core do
+
+
+class GetBlocksSyncer(P2PInterface):
+    """Downloads the chain by getblocks / inv / getdata only, never
+    getheaders: on an inv of unknown blocks it asks for them; on an inv of a
+    single unknown block while nothing is in flight (the continuation inv of
+    the node's tip, Core's m_continuation_block) it sends the next getblocks
+    from its own chain. Every block must extend the one before."""
+
+    def __init__(self, genesis):
+        super().__init__()
+        self.chain = [genesis]
+        self.have = {genesis}
+        self.requested = set()
+        self.continuations = 0
+        self.getblocks_sent = 0
+        self.errors = []
+
+    def locator(self):
+        """Core's CChain::GetLocator shape: ten back one by one, then doubling
+        steps, genesis last."""
+        out, step, i = [], 1, len(self.chain) - 1
+        while i > 0:
+            out.append(self.chain[i])
+            if len(out) >= 10:
+                step *= 2
+            i -= step
+        out.append(self.chain[0])
+        return out
+
+    def send_getblocks(self):
+        m = msg_getblocks()
+        m.locator.vHave = self.locator()
+        m.hashstop = 0
+        self.getblocks_sent += 1
+        self.send_message(m)
+
+    def on_inv(self, message):
+        blocks = [i.hash for i in message.inv if i.type & MSG_TYPE_MASK == MSG_BLOCK]
+        unknown = [h for h in blocks if h not in self.have]
+        if len(blocks) == 1 and unknown and not self.requested:
+            self.continuations += 1
+            self.send_getblocks()
+            return
+        new = [h for h in unknown if h not in self.requested]
+        self.requested.update(new)
+        if new:
+            self.send_message(msg_getdata([CInv(MSG_BLOCK | MSG_WITNESS_FLAG, h) for h in new]))
+
+    def on_block(self, message):
+        b = message.block
+        b.rehash()
+        if b.sha256 not in self.requested:
+            self.errors.append(f"unrequested block {i2h(b.sha256)}")
+        self.requested.discard(b.sha256)
+        if b.hashPrevBlock != self.chain[-1]:
+            self.errors.append(f"block {i2h(b.sha256)} does not extend {i2h(self.chain[-1])}")
+        self.chain.append(b.sha256)
+        self.have.add(b.sha256)
+
+    def on_getheaders(self, message):
+        pass
+
+
+def check_getblocks(port, data):
+    best = [h2i(b["hash"]) for b in sorted(
+        (b for b in data["blocks"] if b["on_best_chain"]), key=lambda b: b["height"])]
+    tip = h2i(data["tip_hash"])
+    genesis = h2i(data["genesis"])
+    p = connect(port, GetBlocksSyncer, genesis=genesis)
+    started = time.time()
+    with p2p_lock:
+        p.send_getblocks()
+    p.wait_until(lambda: p.chain[-1] == tip or p.errors, timeout=240)
+    p.sync_with_ping()
+    took = time.time() - started
+    with p2p_lock:
+        chain, errors = list(p.chain), list(p.errors)
+        sent, continuations = p.getblocks_sent, p.continuations
+        got_headers = p.message_count["headers"]
+    assert not errors, errors[:5]
+    assert chain[1:] == best, f"synced {len(chain) - 1} blocks, not chain.json's best chain"
+    # 1,500 blocks = three full batches of 500: two continuation invs lead to
+    # new getblocks; the third batch ends at the tip (its continuation inv
+    # names a block the peer has).
+    assert (sent, continuations) == (3, 2), (sent, continuations)
+    log(f"  ok: {len(chain) - 1} blocks by getblocks/inv/getdata in {took:.1f} s, "
+        f"{sent} getblocks, {continuations} continuation invs, tip {i2h(chain[-1])}; "
+        f"{got_headers} headers messages received, no getheaders sent")
+    # A locator that starts on a stale branch (the old tip of the deepest
+    # reorg): the answer starts after the fork point, on the active chain,
+    # and the stop block is not listed.
+    reorg = max(data["reorgs"], key=lambda r: r["depth"])
+    q = connect(port, Observer)
+    m = msg_getblocks()
+    m.locator.vHave = [h2i(reorg["old_tip"]), h2i(reorg["fork_hash"]), genesis]
+    stop_height = reorg["fork_height"] + 20
+    m.hashstop = best[stop_height - 1]
+    with p2p_lock:
+        q.last_message.pop("inv", None)
+    q.send_message(m)
+    q.wait_until(lambda: "inv" in q.last_message, timeout=WAIT)
+    with p2p_lock:
+        inv = [i.hash for i in q.last_message["inv"].inv]
+    want = best[reorg["fork_height"]:stop_height - 1]
+    assert inv == want, f"stale locator: {len(inv)} hashes, want heights {reorg['fork_height'] + 1}.."
+    log(f"  ok: locator from stale block {reorg['old_tip'][:16]}..: inv of heights "
+        f"{reorg['fork_height'] + 1}..{stop_height - 1}, stop block excluded")
+    p.peer_disconnect()
+    q.peer_disconnect()
 
 
 # --------------------------------------------------------------------------
@@ -839,7 +954,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--data", required=True, help="testnet-data/regtest-a")
-    ap.add_argument("check", choices=["handshake", "filters", "malformed"])
+    ap.add_argument("check", choices=["handshake", "getblocks", "filters", "malformed"])
     args = ap.parse_args()
     chain = json.load(open(os.path.join(args.data, "chain.json")))
     thread = NetworkThread()
@@ -849,6 +964,8 @@ def main():
     started = time.time()
     if args.check == "handshake":
         check_handshake(args.port, chain)
+    elif args.check == "getblocks":
+        check_getblocks(args.port, chain)
     elif args.check == "filters":
         check_filters(args.port, args.data)
     else:
