@@ -65,6 +65,7 @@ use crate::store::{
     sync_concurrently, BlockRecord, FlatFiles, FlatPos, Store, StoreError, WriteBatch,
     META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_SPENT, META_SOZU_LAST, META_TIP,
 };
+use crate::muhash::MuHash3072;
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
 
 pub mod spent;
@@ -72,6 +73,8 @@ use spent::encode_spent;
 
 /// Maximum size of one flat file, bytes (Core's `MAX_BLOCKFILE_SIZE`).
 const MAX_FLAT_FILE_SIZE: u64 = 128 * 1024 * 1024;
+
+mod utxo_hash;
 
 /// Errors that stop the pipeline (storage), as opposed to invalid blocks,
 /// which are reported in [`SubmitOutcome`].
@@ -232,6 +235,9 @@ pub struct PipelineStats {
     /// connection, commits), microseconds: against the elapsed time of a
     /// sync it tells how much of it the pipeline took.
     pub submit_micros: u64,
+    /// Wall time spent computing the UTXO set's MuHash deltas (blocks
+    /// connected and disconnected), microseconds.
+    pub muhash_micros: u64,
 }
 
 /// The node's chain state: block index, stores, UTXO table. The one writer:
@@ -260,6 +266,8 @@ pub struct Chainstate {
     failed: Option<Arc<PipelineError>>,
     /// Where snapshots are published.
     published: Snapshots,
+    /// MuHash state of the UTXO set at the active tip (`utxo_hash`).
+    muhash: Arc<MuHash3072>,
 }
 
 fn now_secs() -> u64 {
@@ -400,6 +408,7 @@ impl Chainstate {
             stats: PipelineStats::default(),
             table_counters: None,
             datadir: datadir.clone(),
+            muhash: Arc::new(MuHash3072::new()),
         };
         let mut cs = Chainstate {
             archive,
@@ -416,6 +425,7 @@ impl Chainstate {
             datadir,
             failed: None,
             published: Snapshots(Arc::new(ArcSwap::from_pointee(first))),
+            muhash: Arc::new(MuHash3072::new()),
         };
         if cs.store.meta(META_TIP)?.is_none() {
             // New datadir: persist genesis.
@@ -427,6 +437,7 @@ impl Chainstate {
         }
         cs.check_flat_lengths()?;
         cs.reconcile_table()?;
+        cs.load_muhash()?;
         cs.seal_final_epochs()?;
         cs.publish();
         Ok(cs)
@@ -585,6 +596,7 @@ impl Chainstate {
             stats: self.stats.clone(),
             table_counters: self.table.sozu_counters(),
             datadir: self.datadir.clone(),
+            muhash: self.muhash.clone(),
         }
     }
 
@@ -879,6 +891,7 @@ impl Chainstate {
     /// no UTXO-table work) and commits.
     fn switch_tip(&mut self, id: BlockId) -> Result<(), PipelineError> {
         let mut batch = WriteBatch::default();
+        self.muhash_to(&mut batch, id, None)?;
         self.set_active(&mut batch, id);
         self.store.commit(batch)?;
         self.seal_final_epochs()?;
@@ -1104,6 +1117,8 @@ impl Chainstate {
             m.txouts = txouts;
             m.total_sats = total;
         }
+        let delta = self.timed_delta(block, entry.height, &spent);
+        self.muhash_to(&mut batch, id, Some((id, &delta)))?;
         self.index.set_status(id, BlockStatus::Valid);
         self.set_active(&mut batch, id);
         self.put_record(&mut batch, id);

@@ -46,6 +46,9 @@ pub struct UtxoStats {
     pub bestblock: BlockHash,
     /// Active tip height.
     pub height: u32,
+    /// MuHash3072 of the UTXO set at the tip, hex as Bitcoin Core's
+    /// `gettxoutsetinfo muhash` prints it ([`crate::muhash`]).
+    pub muhash: String,
 }
 
 /// An immutable state of the chain as of one committed block boundary:
@@ -77,6 +80,8 @@ pub struct ChainSnapshot {
     pub(crate) stats: PipelineStats,
     pub(crate) table_counters: Option<crate::sozu::SozuStats>,
     pub(crate) datadir: Arc<Path>,
+    /// MuHash state of the UTXO set at this snapshot's tip.
+    pub(crate) muhash: Arc<crate::muhash::MuHash3072>,
 }
 
 /// The handle readers hold: loads the latest published [`ChainSnapshot`]
@@ -252,6 +257,7 @@ impl ChainSnapshot {
             total_amount_sats: m.total_sats,
             bestblock: tip.hash,
             height: tip.height,
+            muhash: self.muhash.core_hex(),
         }
     }
 

@@ -520,6 +520,12 @@ pub const META_FLAT_BLOCKS: &str = "flat_blocks";
 pub const META_FLAT_FILTERS: &str = "flat_filters";
 /// See [`META_FLAT_BLOCKS`].
 pub const META_FLAT_SPENT: &str = "flat_spent";
+/// Meta key of the UTXO set's MuHash3072 at the active tip, written in the
+/// same batch as [`META_TIP`]: tip `BlockId` u32 BE ‖ numerator (384 bytes
+/// LE) ‖ denominator (384 bytes LE) (`src/pipeline/utxo_hash.rs`). Absent or
+/// naming another tip (a datadir from before it existed): rebuilt once from
+/// the UTXO table at open; no format change needed.
+pub const META_MUHASH: &str = "muhash";
 
 /// Page cache of the index database (sled's `cache_capacity`), bytes:
 /// 128 MiB. sled's own default (1 GiB) made a headers sync of 1M headers
