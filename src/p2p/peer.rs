@@ -91,12 +91,6 @@ pub enum Misbehaviour {
     /// A second `version`.
     #[error("duplicate version")]
     DuplicateVersion,
-    /// `wtxidrelay` or `sendaddrv2` after `verack` (BIP339, BIP155).
-    #[error("{command} after verack")]
-    LateNegotiation {
-        /// The command.
-        command: &'static str,
-    },
     /// Headers refused by the node.
     #[error("headers refused: {0}")]
     Headers(#[source] HeadersError),
@@ -174,6 +168,28 @@ pub enum Disconnect {
     /// The node is shutting down.
     #[error("shutdown")]
     Shutdown,
+    /// A message Core answers by disconnecting, without discouraging: a
+    /// feature we do not offer (`mempool`, BIP37 `filterload`/`filteradd`/
+    /// `filterclear` without NODE_BLOOM), transactions or their `inv` after
+    /// our `version` asked for none (Core's `-blocksonly`), negotiation
+    /// after `verack` (BIP339 `wtxidrelay`, BIP155 `sendaddrv2`).
+    #[error("{command}: {reason}")]
+    Refused {
+        /// The command.
+        command: &'static str,
+        /// Why (Core's log wording).
+        reason: &'static str,
+    },
+    /// The first bytes of an inbound connection are not a v1 message for
+    /// our network: a BIP324 v2 initiator (64 bytes of ElligatorSwift key),
+    /// or a node of another network. Closed without an answer, so a v2
+    /// peer retries in v1 (Core's `V2Transport` fallback); not discouraged
+    /// (Core never penalises a wrong message start).
+    #[error("not a v1 message for this network (first bytes {got:02x?}); a v2 (BIP324) handshake?")]
+    NotV1 {
+        /// The four bytes where the magic should be.
+        got: [u8; 4],
+    },
     /// A request for a service we did not advertise to this peer (an
     /// archive request without `NODE_ARCHIVE_PROOFS`). Not discouraged.
     #[error("{command} without the service advertised")]
@@ -192,6 +208,14 @@ impl Disconnect {
 fn misbehaving(m: Misbehaviour) -> Disconnect {
     Disconnect::Misbehaving(m)
 }
+
+fn refused(command: &'static str, reason: &'static str) -> Disconnect {
+    Disconnect::Refused { command, reason }
+}
+
+/// Core's reason for refusing BIP37 messages when it does not offer
+/// NODE_BLOOM.
+const NO_BLOOM: &str = "received despite not offering bloom services";
 
 async fn reader_loop(
     mut rd: OwnedReadHalf,
@@ -433,6 +457,9 @@ impl Peer {
             let msg = tokio::select! {
                 m = msg_rx.recv() => match m {
                     Some(Ok(m)) => m,
+                    Some(Err(CodecError::BadMagic { got, .. })) if self.version.is_none() => {
+                        return Err(Disconnect::NotV1 { got })
+                    }
                     Some(Err(e)) => return Err(codec_disconnect(e)),
                     None => return Err(Disconnect::Io(std::io::ErrorKind::UnexpectedEof.into())),
                 },
@@ -731,12 +758,16 @@ impl Peer {
         match msg {
             NetworkMessage::Version(_) => Err(misbehaving(Misbehaviour::DuplicateVersion)),
             NetworkMessage::Verack => Ok(()),
-            NetworkMessage::WtxidRelay => Err(misbehaving(Misbehaviour::LateNegotiation {
-                command: "wtxidrelay",
-            })),
-            NetworkMessage::SendAddrV2 => Err(misbehaving(Misbehaviour::LateNegotiation {
-                command: "sendaddrv2",
-            })),
+            NetworkMessage::WtxidRelay => Err(refused("wtxidrelay", "received after verack")),
+            NetworkMessage::SendAddrV2 => Err(refused("sendaddrv2", "received after verack")),
+            NetworkMessage::MemPool => Err(refused(
+                "mempool",
+                "mempool request with bloom filters disabled",
+            )),
+            NetworkMessage::FilterLoad(_) => Err(refused("filterload", NO_BLOOM)),
+            NetworkMessage::FilterAdd(_) => Err(refused("filteradd", NO_BLOOM)),
+            NetworkMessage::FilterClear => Err(refused("filterclear", NO_BLOOM)),
+            NetworkMessage::Tx(_) => Err(refused("tx", "transaction sent in violation of protocol")),
             NetworkMessage::SendHeaders => {
                 self.send_headers = true;
                 Ok(())
@@ -809,7 +840,10 @@ impl Peer {
                     Err(e) => Err(misbehaving(Misbehaviour::Archive(e))),
                 }
             }
-            // No mempool, no compact blocks, no BIP37: ignored.
+            // sendcmpct (we never send one, so the peer asks full blocks),
+            // cmpctblock, getblocktxn, blocktxn, merkleblock, reject, alert
+            // and answers we did not ask for: ignored, as Core does with
+            // what it does not use (docs/p2p.md).
             _ => Ok(()),
         }
     }
@@ -954,6 +988,15 @@ impl Peer {
     }
 
     async fn on_inv(&mut self, inv: Vec<Inventory>) -> Result<(), Disconnect> {
+        if inv.iter().any(|i| {
+            matches!(
+                i,
+                Inventory::Transaction(_) | Inventory::WTx(_) | Inventory::WitnessTransaction(_)
+            )
+        }) {
+            // We sent `relay = false`: Core (`-blocksonly`) disconnects.
+            return Err(refused("inv", "transaction inv sent in violation of protocol"));
+        }
         let mut unknown = false;
         for item in inv {
             if let Inventory::Block(h) | Inventory::WitnessBlock(h) = item {

@@ -628,9 +628,10 @@ async fn malformed_case(name: &str, bytes: Vec<u8>, handshake_first: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_traffic_disconnects_sender_only() {
+    // Mid-stream (the first bytes of a connection: `not_v1_first_bytes`).
     let mut bad_magic = encode_message(M, NetworkMessage::Ping(1));
     bad_magic[..4].copy_from_slice(&Magic::BITCOIN.to_bytes());
-    malformed_case("bad magic", bad_magic, false).await;
+    malformed_case("bad magic", bad_magic, true).await;
 
     let mut bad_checksum = encode_message(M, NetworkMessage::Ping(1));
     bad_checksum[20] ^= 0xff;
@@ -662,6 +663,64 @@ async fn malformed_traffic_disconnects_sender_only() {
         junk.extend_from_slice(&one);
     }
     malformed_case("80 junk 4 MB messages", junk, true).await;
+}
+
+/// One message Core answers by a disconnect without discouragement (or
+/// first bytes that are not a v1 message): the sender is disconnected, and
+/// a new connection from its IP may still take the last inbound slot.
+async fn refused_case(name: &str, bytes: Vec<u8>, handshake_first: bool) {
+    let mut config = test_config();
+    config.max_inbound = 2;
+    let a = Node::start(MockBackend::genesis_only(), config).await;
+    let mut good = TestPeer::handshake(a.addr).await;
+    let mut bad = if handshake_first {
+        TestPeer::handshake(a.addr).await
+    } else {
+        TestPeer::connect(a.addr).await
+    };
+    let _ = bad.send_raw(&bytes).await;
+    assert!(
+        bad.closed_within(Duration::from_secs(2)).await,
+        "{name}: sender not disconnected"
+    );
+    assert!(good.ping(1).await < Duration::from_secs(2), "{name}");
+    // Not discouraged: the same IP takes the last inbound slot.
+    let mut again = TestPeer::handshake(a.addr).await;
+    assert!(again.ping(2).await < Duration::from_secs(2), "{name}");
+    assert_eq!(a.handle.peer_count(), 2, "{name}");
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_v1_first_bytes_close_without_discouragement() {
+    // A BIP324 v2 initiator's first 64 bytes (an ElligatorSwift key: to us,
+    // random bytes).
+    let mut v2 = [0u8; 64];
+    getrandom::getrandom(&mut v2).unwrap();
+    if v2[..4] == M.to_bytes() {
+        v2[0] ^= 1;
+    }
+    refused_case("v2 handshake bytes", v2.to_vec(), false).await;
+    let mut other_net = encode_message(M, NetworkMessage::Ping(1));
+    other_net[..4].copy_from_slice(&Magic::BITCOIN.to_bytes());
+    refused_case("mainnet magic first", other_net, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn core_refusals_disconnect_without_discouragement() {
+    let tx = bitcoin::constants::genesis_block(bitcoin::Network::Regtest).txdata[0].clone();
+    let txid = tx.compute_txid();
+    let cases = [
+        ("mempool", NetworkMessage::MemPool),
+        ("tx", NetworkMessage::Tx(tx)),
+        ("tx inv", NetworkMessage::Inv(vec![Inventory::Transaction(txid)])),
+        ("filterclear", NetworkMessage::FilterClear),
+        ("wtxidrelay after verack", NetworkMessage::WtxidRelay),
+        ("sendaddrv2 after verack", NetworkMessage::SendAddrV2),
+    ];
+    for (name, msg) in cases {
+        refused_case(name, encode_message(M, msg), true).await;
+    }
 }
 
 fn version_with_agent(addr: SocketAddr, user_agent: String) -> NetworkMessage {
