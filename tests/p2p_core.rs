@@ -17,6 +17,12 @@
 //!   `stale_filters.json`; then 500 coinbase-only blocks mined by the script
 //!   and sent over P2P (to reach height 2,000; their filters checked with the
 //!   script's own BIP158 encoder), tip announcements, over-limit requests;
+//! - `messages`: what Core, btcd and bcoin peers send to a node without a
+//!   mempool (docs/p2p.md): wtxidrelay before verack, feefilter, notfound,
+//!   getdata for transactions (notfound), sendcmpct (full blocks for
+//!   MSG_CMPCT_BLOCK, also for a block mined and announced now), getaddr
+//!   (once), mempool / filterclear / tx / tx inv (disconnect), BIP324 v2
+//!   handshake bytes (closed at once, v1 retry served);
 //! - `malformed`: bad magic, bad checksum, oversized payload and counts, 80
 //!   junk 4 MB messages, each disconnecting its sender while a second peer's
 //!   pings are answered within 2 s (and a third peer downloads 20,000
@@ -56,8 +62,10 @@ fn run_check(python: &Path, addr: SocketAddr, check: &str) -> Result<String, Str
         .arg(check)
         .env("PYTHONUNBUFFERED", "1")
         .stdin(Stdio::null())
-        .stdout(out.reopen().expect("reopen"))
-        .stderr(out.reopen().expect("reopen"))
+        // One file description for both (a dup shares the offset), so
+        // stderr does not overwrite what stdout wrote.
+        .stdout(out.as_file().try_clone().expect("dup"))
+        .stderr(out.as_file().try_clone().expect("dup"))
         .spawn()
         .expect("spawn python");
     let status = loop {
@@ -102,10 +110,11 @@ fn core_test_framework_against_kakehi() {
     let p2p = common::ListeningP2p::start(chain.clone());
     let addr = p2p.addr;
 
-    // In this order: `getblocks` needs regtest-a's tip, `filters` extends the chain, `malformed` gets
+    // In this order: `getblocks` needs regtest-a's tip, `filters` extends the chain
+    // (from regtest-a's tip), `messages` mines one block on whatever tip, `malformed` gets
     // 127.0.0.1 discouraged.
     let mut failures = Vec::new();
-    for check in ["handshake", "getblocks", "filters", "malformed"] {
+    for check in ["handshake", "getblocks", "filters", "messages", "malformed"] {
         match run_check(&python, addr, check) {
             Ok(out) => eprintln!("{out}"),
             Err(e) => failures.push(e),

@@ -1336,3 +1336,42 @@ async fn full_inbound_slots_evict_an_unprotected_peer() {
     }
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn getaddr_answered_once_with_addr_gossip() {
+    let a = Node::start(MockBackend::genesis_only(), test_config()).await;
+    let mut p = TestPeer::handshake(a.addr).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as u32;
+    let list: Vec<(u32, Address)> = (1..=5u8)
+        .map(|i| {
+            let sa: SocketAddr = format!("11.22.33.{i}:18444").parse().unwrap();
+            (now, Address::new(&sa, ServiceFlags::NETWORK | ServiceFlags::WITNESS))
+        })
+        .collect();
+    p.send(NetworkMessage::Addr(list)).await;
+    p.ping(1).await;
+    p.send(NetworkMessage::GetAddr).await;
+    // The test peer sent sendaddrv2: the answer is an addrv2.
+    let back = p
+        .recv_until(|m| match m {
+            NetworkMessage::AddrV2(v) => Some(v),
+            _ => None,
+        })
+        .await;
+    assert_eq!(back.len(), 5, "{back:?}");
+    p.send(NetworkMessage::GetAddr).await;
+    p.send(NetworkMessage::Ping(77)).await;
+    let second = p
+        .recv_until(|m| match m {
+            NetworkMessage::Addr(_) | NetworkMessage::AddrV2(_) => Some(false),
+            NetworkMessage::Pong(77) => Some(true),
+            _ => None,
+        })
+        .await;
+    assert!(second, "a second getaddr was answered");
+    a.stop().await;
+}
+

@@ -44,7 +44,20 @@ from verystable.core.messages import (
     CInv,
     MSG_TYPE_MASK,
     MSG_WITNESS_FLAG,
+    msg_addr,
+    msg_getaddr,
     msg_getblocks,
+    msg_mempool,
+    msg_filterclear,
+    msg_notfound,
+    msg_sendcmpct,
+    msg_tx,
+    msg_inv,
+    CAddress,
+    MSG_CMPCT_BLOCK,
+    MSG_TX,
+    MSG_WTX,
+    MSG_WITNESS_TX,
     msg_getdata,
     msg_getheaders,
     CBlockHeader,
@@ -371,6 +384,193 @@ class Observer(P2PInterface):
         for i in message.inv:
             if i.type & MSG_TYPE_MASK == MSG_BLOCK:
                 self.by_inv.add(i.hash)
+
+
+# --------------------------------------------------------------------------
+# messages: what Core, btcd and bcoin peers send to a node without a mempool
+# (docs/p2p.md lists kakehi's answer to each)
+
+
+class MsgPeer(Observer):
+    """An Observer that negotiated addrv2 and keeps the addrv2 it got."""
+
+    def __init__(self):
+        super().__init__()
+        self.support_addrv2 = True
+        self.addrv2_entries = []
+
+    def on_addrv2(self, message):
+        self.addrv2_entries += message.addrs
+
+
+def active_tip_header(port, data):
+    """The node's active tip header and height, by getheaders from
+    regtest-a's tip (the chain may have been extended by `filters`)."""
+    q = connect(port, Observer)
+    loc = CBlockLocator()
+    loc.vHave = [h2i(data["tip_hash"])]
+    gh = msg_getheaders()
+    gh.locator = loc
+    with p2p_lock:
+        q.last_message.pop("headers", None)
+    q.send_message(gh)
+    q.wait_until(lambda: "headers" in q.last_message, timeout=WAIT)
+    with p2p_lock:
+        hs = q.last_message["headers"].headers
+    q.peer_disconnect()
+    if not hs:
+        return None, data["tip_height"]
+    hs[-1].rehash()
+    return hs[-1], data["tip_height"] + len(hs)
+
+
+def expect_refused(port, msg, what):
+    """`msg` after the handshake: disconnected (Core does the same)."""
+    r = connect(port)
+    r.send_message(msg)
+    expect_disconnect(r, what)
+
+
+def check_messages(port, data):
+    best = sorted((b for b in data["blocks"] if b["on_best_chain"]), key=lambda b: b["height"])
+    p = connect(port, MsgPeer)
+    # connect() sent wtxidrelay and sendaddrv2 between version and verack.
+    assert p.is_connected
+    log("  ok: wtxidrelay and sendaddrv2 before verack accepted (BIP339/BIP155)")
+    for rate in (1000, 0, 21_000_000 * 10**8 + 1):
+        p.send_and_ping(msg_feefilter(rate))
+    p.send_raw_message(frame(b"feefilter", struct.pack("<q", -1)))
+    p.sync_with_ping()
+    log("  ok: feefilter (also negative and above MAX_MONEY) accepted and ignored")
+    p.send_and_ping(msg_notfound(vec=[CInv(MSG_BLOCK, random.getrandbits(256)),
+                                      CInv(MSG_TX, random.getrandbits(256))]))
+    log("  ok: unsolicited notfound ignored")
+    # getdata for transactions: no mempool, so notfound, as Core for a tx it
+    # does not relay; a confirmed transaction too (Core serves no txindex).
+    b = best[-2]
+    with p2p_lock:
+        p.last_message.pop("block", None)
+    p.send_message(msg_getdata([CInv(MSG_BLOCK | MSG_WITNESS_FLAG, h2i(b["hash"]))]))
+    p.wait_until(lambda: "block" in p.last_message, timeout=WAIT)
+    with p2p_lock:
+        blk = p.last_message["block"].block
+    confirmed = blk.vtx[-1]
+    confirmed.rehash()
+    asked = [CInv(MSG_TX, random.getrandbits(256)), CInv(MSG_WTX, random.getrandbits(256)),
+             CInv(MSG_WITNESS_TX, random.getrandbits(256)), CInv(MSG_TX, confirmed.sha256)]
+    with p2p_lock:
+        p.last_message.pop("notfound", None)
+    p.send_message(msg_getdata(asked))
+    p.wait_until(lambda: "notfound" in p.last_message, timeout=WAIT)
+    with p2p_lock:
+        nf = [(i.type, i.hash) for i in p.last_message["notfound"].vec]
+        got_tx = p.message_count["tx"]
+    assert nf == [(i.type, i.hash) for i in asked], nf
+    assert got_tx == 0
+    log("  ok: getdata for 4 transactions (MSG_TX, MSG_WTX, MSG_WITNESS_TX, a confirmed one) "
+        "-> one notfound listing them")
+    check_compact(port, data, p, best)
+    # getaddr: answered once per connection (Core), here with what an addr
+    # message just taught the node. (The framework's peers send a getaddr of
+    # their own while connecting: for p it came before the gossip, so a new
+    # peer asks.)
+    now = int(time.time())
+    addrs = []
+    for i in range(1, 6):
+        a = CAddress()
+        a.time = now
+        a.nServices = NODE_NETWORK | NODE_WITNESS
+        a.ip = f"11.22.33.{i}"
+        a.port = 18444
+        addrs.append(a)
+    p.send_and_ping(msg_addr_of(addrs))
+    r = connect(port, MsgPeer)
+    r.send_and_ping(msg_getaddr())
+    r.wait_until(lambda: r.message_count["addrv2"] + r.message_count["addr"] >= 1, timeout=WAIT)
+    r.send_and_ping(msg_getaddr())
+    with p2p_lock:
+        answers = r.message_count["addrv2"] + r.message_count["addr"]
+        learned = {(a.ip, a.port) for a in r.addrv2_entries}
+    assert answers == 1, f"{answers} answers to getaddr"
+    assert {(a.ip, a.port) for a in addrs} <= learned, learned
+    r.peer_disconnect()
+    log(f"  ok: getaddr answered once per connection ({len(learned)} addrv2 entries, "
+        "the gossiped ones included), later ones ignored")
+    assert p.is_connected
+    # Messages Core answers by a disconnect, without discouragement.
+    expect_refused(port, msg_mempool(), "mempool (no NODE_BLOOM)")
+    expect_refused(port, msg_filterclear(), "filterclear (no NODE_BLOOM)")
+    expect_refused(port, msg_tx(confirmed), "tx after version relay=0 (Core -blocksonly)")
+    expect_refused(port, msg_inv([CInv(MSG_WTX, random.getrandbits(256))]),
+                   "tx inv after version relay=0")
+    check_v2(port)
+    p.sync_with_ping()
+    log("  ok: the first peer is still served")
+
+
+def msg_addr_of(addrs):
+    m = msg_addr()
+    m.addrs = addrs
+    return m
+
+
+def check_compact(port, data, p, best):
+    """sendcmpct: kakehi sends no sendcmpct, so it offers no compact blocks;
+    a peer that asks for MSG_CMPCT_BLOCK gets the full block, as Core answers
+    for blocks too deep for a compact one. Also for a block mined now and
+    announced to the peer."""
+    p.send_and_ping(msg_sendcmpct(announce=True, version=2))
+    b = best[-2]
+    with p2p_lock:
+        p.last_message.pop("block", None)
+    p.send_message(msg_getdata([CInv(MSG_CMPCT_BLOCK, h2i(b["hash"]))]))
+    p.wait_until(lambda: "block" in p.last_message, timeout=WAIT)
+    with p2p_lock:
+        blk = p.last_message["block"].block
+    blk.rehash()
+    assert i2h(blk.sha256) == b["hash"]
+    assert len(blk.serialize(with_witness=True)) == b["size"], "not the full witness block"
+    tip, height = active_tip_header(port, data)
+    prev = tip.sha256 if tip else h2i(data["tip_hash"])
+    ntime = (tip.nTime if tip else best[-1]["time"]) + 1
+    new = create_block(prev, create_coinbase(height + 1), ntime)
+    new.solve()
+    miner = connect(port)
+    miner.send_and_ping(msg_block(new))
+    p.wait_until(lambda: new.sha256 in p.by_headers or new.sha256 in p.by_inv, timeout=WAIT)
+    with p2p_lock:
+        p.last_message.pop("block", None)
+    p.send_message(msg_getdata([CInv(MSG_CMPCT_BLOCK, new.sha256)]))
+    p.wait_until(lambda: "block" in p.last_message, timeout=WAIT)
+    with p2p_lock:
+        got = p.last_message["block"].block
+        compact = p.message_count["cmpctblock"]
+    got.rehash()
+    assert got.sha256 == new.sha256 and compact == 0
+    miner.peer_disconnect()
+    log(f"  ok: sendcmpct(1, 2) accepted; MSG_CMPCT_BLOCK answered with full blocks "
+        f"(block {b['height']}, and {height + 1} mined now and announced), no cmpctblock")
+
+
+def check_v2(port):
+    """A BIP324 v2 initiator's first bytes (64 bytes of ElligatorSwift key,
+    then up to 4095 of garbage; random to us): kakehi speaks v1 only, so it
+    closes the connection without answering, at once; the v1 retry from the
+    same address is served."""
+    for extra in (0, 100):
+        r = RawPeer(port, handshake=False)
+        started = time.time()
+        first = os.urandom(64)
+        while first[:4] == REGTEST:
+            first = os.urandom(64)
+        r.send_quietly(first + os.urandom(extra))
+        r.wait_closed(f"v2 handshake ({64 + extra} bytes)", timeout=10)
+        took = time.time() - started
+        log(f"  ok: v2 initiator bytes ({64 + extra}) closed in {took * 1000:.0f} ms")
+    again = connect(port)
+    again.sync_with_ping()
+    again.peer_disconnect()
+    log("  ok: a v1 connection from the same address is served afterwards")
 
 
 def request_cfcheckpt(p, stop_hash):
@@ -954,7 +1154,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--data", required=True, help="testnet-data/regtest-a")
-    ap.add_argument("check", choices=["handshake", "getblocks", "filters", "malformed"])
+    ap.add_argument("check", choices=["handshake", "getblocks", "filters", "messages", "malformed"])
     args = ap.parse_args()
     chain = json.load(open(os.path.join(args.data, "chain.json")))
     thread = NetworkThread()
@@ -966,6 +1166,8 @@ def main():
         check_handshake(args.port, chain)
     elif args.check == "getblocks":
         check_getblocks(args.port, chain)
+    elif args.check == "messages":
+        check_messages(args.port, chain)
     elif args.check == "filters":
         check_filters(args.port, args.data)
     else:
