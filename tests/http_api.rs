@@ -157,6 +157,24 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// MuHash3072 of regtest-a's UTXO set (`utxos.txt`) by Bitcoin Core's Python
+/// implementation (`tests/python/muhash_utxos.py`, verystable 28.1), as Core's
+/// `gettxoutsetinfo muhash` prints it.
+const REGTEST_A_MUHASH: &str = "7621cdc59b72640b7aa9d97d201aacf13027922448df03c13471c64abafe26d0";
+
+#[test]
+fn utxo_stats_serves_the_reference_summary_and_muhash() {
+    let (st, ctype, body) = get("/utxo/stats");
+    assert_eq!(st, 200);
+    assert!(ctype.starts_with("application/json"), "{ctype}");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let reference = json("regtest-a/utxo.json");
+    assert_eq!(v["txouts"], reference["txouts"]);
+    assert_eq!(v["total_amount_sats"], reference["total_amount_sats"]);
+    assert_eq!(v["bestblock"], reference["bestblock"]);
+    assert_eq!(v["muhash"], REGTEST_A_MUHASH);
+}
+
 /// Sample heights spread over the chain (coinbase-only and busy blocks).
 const SAMPLE_HEIGHTS: [u32; 8] = [1, 100, 101, 432, 777, 1200, 1499, 1500];
 
