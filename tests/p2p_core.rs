@@ -21,7 +21,7 @@
 //!   mempool (docs/p2p.md): wtxidrelay before verack, feefilter, notfound,
 //!   getdata for transactions (notfound), sendcmpct (full blocks for
 //!   MSG_CMPCT_BLOCK, also for a block mined and announced now), getaddr
-//!   (once), mempool / filterclear / tx / tx inv (disconnect), BIP324 v2
+//!   (once), mempool / filterclear (disconnect), tx / tx inv (ignored), BIP324 v2
 //!   handshake bytes (closed at once, v1 retry served);
 //! - `malformed`: bad magic, bad checksum, oversized payload and counts, 80
 //!   junk 4 MB messages, each disconnecting its sender while a second peer's

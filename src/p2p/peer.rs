@@ -170,9 +170,8 @@ pub enum Disconnect {
     Shutdown,
     /// A message Core answers by disconnecting, without discouraging: a
     /// feature we do not offer (`mempool`, BIP37 `filterload`/`filteradd`/
-    /// `filterclear` without NODE_BLOOM), transactions or their `inv` after
-    /// our `version` asked for none (Core's `-blocksonly`), negotiation
-    /// after `verack` (BIP339 `wtxidrelay`, BIP155 `sendaddrv2`).
+    /// `filterclear` without NODE_BLOOM), negotiation after `verack`
+    /// (BIP339 `wtxidrelay`, BIP155 `sendaddrv2`).
     #[error("{command}: {reason}")]
     Refused {
         /// The command.
@@ -767,7 +766,14 @@ impl Peer {
             NetworkMessage::FilterLoad(_) => Err(refused("filterload", NO_BLOOM)),
             NetworkMessage::FilterAdd(_) => Err(refused("filteradd", NO_BLOOM)),
             NetworkMessage::FilterClear => Err(refused("filterclear", NO_BLOOM)),
-            NetworkMessage::Tx(_) => Err(refused("tx", "transaction sent in violation of protocol")),
+            NetworkMessage::Tx(tx) => {
+                // Our `version` said relay = false, and Core's -blocksonly
+                // disconnects here; but BIP157 light clients (kyoto sends
+                // to a random peer) broadcast whatever the flag, and would
+                // lose their filter server. We keep no mempool: dropped.
+                debug!(peer = %self.addr, txid = %tx.compute_txid(), "unsolicited tx ignored");
+                Ok(())
+            }
             NetworkMessage::SendHeaders => {
                 self.send_headers = true;
                 Ok(())
@@ -988,15 +994,9 @@ impl Peer {
     }
 
     async fn on_inv(&mut self, inv: Vec<Inventory>) -> Result<(), Disconnect> {
-        if inv.iter().any(|i| {
-            matches!(
-                i,
-                Inventory::Transaction(_) | Inventory::WTx(_) | Inventory::WitnessTransaction(_)
-            )
-        }) {
-            // We sent `relay = false`: Core (`-blocksonly`) disconnects.
-            return Err(refused("inv", "transaction inv sent in violation of protocol"));
-        }
+        // Transaction entries are not fetched (no mempool) and, unlike
+        // Core's -blocksonly, not punished (see the `tx` arm of
+        // `on_message`).
         let mut unknown = false;
         for item in inv {
             if let Inventory::Block(h) | Inventory::WitnessBlock(h) = item {

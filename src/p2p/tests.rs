@@ -708,12 +708,8 @@ async fn not_v1_first_bytes_close_without_discouragement() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn core_refusals_disconnect_without_discouragement() {
-    let tx = bitcoin::constants::genesis_block(bitcoin::Network::Regtest).txdata[0].clone();
-    let txid = tx.compute_txid();
     let cases = [
         ("mempool", NetworkMessage::MemPool),
-        ("tx", NetworkMessage::Tx(tx)),
-        ("tx inv", NetworkMessage::Inv(vec![Inventory::Transaction(txid)])),
         ("filterclear", NetworkMessage::FilterClear),
         ("wtxidrelay after verack", NetworkMessage::WtxidRelay),
         ("sendaddrv2 after verack", NetworkMessage::SendAddrV2),
@@ -721,6 +717,29 @@ async fn core_refusals_disconnect_without_discouragement() {
     for (name, msg) in cases {
         refused_case(name, encode_message(M, msg), true).await;
     }
+}
+
+/// Transactions and their `inv`, though our `version` said relay = false:
+/// ignored, the peer kept (light clients broadcast to any peer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsolicited_transactions_are_ignored_not_punished() {
+    let a = Node::start(MockBackend::genesis_only(), test_config()).await;
+    let mut p = TestPeer::handshake(a.addr).await;
+    let tx = bitcoin::constants::genesis_block(bitcoin::Network::Regtest).txdata[0].clone();
+    let wtxid = tx.compute_wtxid();
+    p.send(NetworkMessage::Inv(vec![Inventory::WTx(wtxid)])).await;
+    p.send(NetworkMessage::Tx(tx)).await;
+    p.send(NetworkMessage::Ping(5)).await;
+    let first = p
+        .recv_until(|m| match m {
+            NetworkMessage::GetData(_) => Some(false),
+            NetworkMessage::Pong(5) => Some(true),
+            _ => None,
+        })
+        .await;
+    assert!(first, "the tx inv was fetched");
+    assert_eq!(a.handle.peer_count(), 1);
+    a.stop().await;
 }
 
 fn version_with_agent(addr: SocketAddr, user_agent: String) -> NetworkMessage {

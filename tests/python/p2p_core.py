@@ -500,9 +500,17 @@ def check_messages(port, data):
     # Messages Core answers by a disconnect, without discouragement.
     expect_refused(port, msg_mempool(), "mempool (no NODE_BLOOM)")
     expect_refused(port, msg_filterclear(), "filterclear (no NODE_BLOOM)")
-    expect_refused(port, msg_tx(confirmed), "tx after version relay=0 (Core -blocksonly)")
-    expect_refused(port, msg_inv([CInv(MSG_WTX, random.getrandbits(256))]),
-                   "tx inv after version relay=0")
+    # Transactions although our version said relay = 0: Core -blocksonly
+    # disconnects, kakehi ignores them (light clients such as kyoto send to
+    # a random peer whatever the flag); nothing is fetched.
+    t = connect(port)
+    t.send_and_ping(msg_inv([CInv(MSG_WTX, random.getrandbits(256))]))
+    t.send_and_ping(msg_tx(confirmed))
+    with p2p_lock:
+        fetched = t.message_count["getdata"]
+    assert t.is_connected and fetched == 0
+    t.peer_disconnect()
+    log("  ok: tx inv and tx after version relay=0 ignored, the peer kept, nothing fetched")
     check_v2(port)
     p.sync_with_ping()
     log("  ok: the first peer is still served")
