@@ -57,6 +57,12 @@ pub trait NodeBackend: Send + Sync + 'static {
     /// order. Core's `getheaders` semantics. Blocking.
     fn headers_after(&self, locator: &[BlockHash], stop: BlockHash, max: usize) -> Vec<Header>;
 
+    /// The header of `hash` when it may be served alone (a `getheaders`
+    /// with an empty locator): a block of the active chain, or a validated
+    /// block of another branch (Core's `BlockRequestAllowed`, without its
+    /// one-month window for stale blocks). `None` otherwise. Cheap.
+    fn header(&self, hash: &BlockHash) -> Option<Header>;
+
     /// The serialized block (with witness data) of any stored block, stale
     /// branches included; `None` when the node does not have it. Blocking.
     fn block_bytes(&self, hash: &BlockHash) -> Option<Vec<u8>>;

@@ -326,6 +326,13 @@ impl NodeBackend for MockBackend {
         out
     }
 
+    fn header(&self, hash: &BlockHash) -> Option<Header> {
+        let s = self.state.lock().unwrap();
+        let e = s.headers.get(hash)?;
+        let active = s.active.get(e.height as usize) == Some(hash);
+        (active || s.blocks.contains_key(hash)).then_some(e.header)
+    }
+
     fn block_bytes(&self, hash: &BlockHash) -> Option<Vec<u8>> {
         self.state.lock().unwrap().blocks.get(hash).cloned()
     }

@@ -457,6 +457,15 @@ impl NodeBackend for NodeP2p {
         out
     }
 
+    fn header(&self, hash: &BlockHash) -> Option<Header> {
+        let cs = self.snapshots.load();
+        let index = cs.index();
+        let id = index.id_of(hash)?;
+        let e = index.get(id)?;
+        (index.is_active(id) || e.status == crate::chain::index::BlockStatus::Valid)
+            .then_some(e.header)
+    }
+
     fn block_bytes(&self, hash: &BlockHash) -> Option<Vec<u8>> {
         let cs = self.snapshots.load();
         let id = cs.index().id_of(hash)?;

@@ -856,9 +856,13 @@ impl Peer {
 
     async fn on_getheaders(&mut self, req: GetHeadersMessage) -> Result<(), Disconnect> {
         if req.locator_hashes.is_empty() {
-            // Core answers with the stop block's header alone; we have no
-            // lookup of an arbitrary header here, so the request is ignored.
-            return Ok(());
+            // The stop block's header alone, if it may be served (Core: a
+            // way to fetch one header, used after an unconnecting
+            // announcement); else nothing.
+            let Some(header) = self.net.backend.header(&req.stop_hash) else {
+                return Ok(());
+            };
+            return self.send(NetworkMessage::Headers(vec![header])).await;
         }
         let b = self.backend();
         let headers = blocking(move || {

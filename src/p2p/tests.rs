@@ -1394,3 +1394,38 @@ async fn getaddr_answered_once_with_addr_gossip() {
     a.stop().await;
 }
 
+
+/// `getheaders` with an empty locator: the stop block's header alone (a
+/// stale validated block too), nothing for an unknown one (Core).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn getheaders_with_empty_locator_answers_the_stop_header() {
+    let data = dataset();
+    let a = Node::start(MockBackend::regtest_a(), test_config()).await;
+    let mut p = TestPeer::handshake(a.addr).await;
+    let (stale, _) = data.stale[0];
+    for want in [data.best_chain[700], stale] {
+        p.send(NetworkMessage::GetHeaders(GetHeadersMessage::new(vec![], want)))
+            .await;
+        let got = p
+            .recv_until(|m| match m {
+                NetworkMessage::Headers(h) => Some(h),
+                _ => None,
+            })
+            .await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].block_hash(), want);
+    }
+    let unknown = BlockHash::from_byte_array([7; 32]);
+    p.send(NetworkMessage::GetHeaders(GetHeadersMessage::new(vec![], unknown)))
+        .await;
+    p.send(NetworkMessage::Ping(9)).await;
+    let answered = p
+        .recv_until(|m| match m {
+            NetworkMessage::Headers(_) => Some(true),
+            NetworkMessage::Pong(9) => Some(false),
+            _ => None,
+        })
+        .await;
+    assert!(!answered, "an unknown stop hash was answered");
+    a.stop().await;
+}

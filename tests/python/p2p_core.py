@@ -445,6 +445,19 @@ def check_messages(port, data):
     p.send_and_ping(msg_notfound(vec=[CInv(MSG_BLOCK, random.getrandbits(256)),
                                       CInv(MSG_TX, random.getrandbits(256))]))
     log("  ok: unsolicited notfound ignored")
+    # getheaders with an empty locator: the stop block's header alone (Core).
+    stop = best[700]
+    gh = msg_getheaders()
+    gh.locator = CBlockLocator()
+    gh.hashstop = h2i(stop["hash"])
+    with p2p_lock:
+        p.last_message.pop("headers", None)
+    p.send_message(gh)
+    p.wait_until(lambda: "headers" in p.last_message, timeout=WAIT)
+    with p2p_lock:
+        hs = p.last_message["headers"].headers
+    assert len(hs) == 1 and i2h(hs[0].rehash() or hs[0].sha256) == stop["hash"], len(hs)
+    log("  ok: getheaders with an empty locator -> the stop block's header alone")
     # getdata for transactions: no mempool, so notfound, as Core for a tx it
     # does not relay; a confirmed transaction too (Core serves no txindex).
     b = best[-2]
