@@ -220,7 +220,11 @@ pub type BlockDelta = MuHash3072;
 /// pipeline records them, same-block spends included, so those cancel).
 pub fn block_delta(block: &Block, height: u32, spent: &[SpentOutput]) -> BlockDelta {
     let mut delta = MuHash3072::new();
+    let skip_coinbase = bip30_unspendable(height, &block.block_hash());
     for (i, tx) in block.txdata.iter().enumerate() {
+        if i == 0 && skip_coinbase {
+            continue;
+        }
         let txid = tx.compute_txid();
         for (vout, out) in tx.output.iter().enumerate() {
             if is_unspendable(out.script_pubkey.as_bytes()) {
@@ -243,6 +247,28 @@ pub fn block_delta(block: &Block, height: u32, spent: &[SpentOutput]) -> BlockDe
         delta.remove(&coin_bytes(&s.outpoint, &s.coin));
     }
     delta
+}
+
+/// Mainnet blocks whose coinbase outputs never entered the UTXO set: a
+/// later block (91,842 and 91,880) repeated the same coinbase transaction
+/// and overwrote them (BIP30). Core's `IsBIP30Unspendable`
+/// (`src/validation.cpp`), which its coin statistics index skips likewise.
+const BIP30_UNSPENDABLE: [(u32, &str); 2] = [
+    (
+        91_722,
+        "00000000000271a2dc26e7667f8419f2e15416dc6955e5a6c6cdf3f2574dd08e",
+    ),
+    (
+        91_812,
+        "00000000000af0aed4792b1acee3d966af36cf5def14935db8de83d6f9306f2f",
+    ),
+];
+
+/// Whether the block `hash` at `height` is one of [`BIP30_UNSPENDABLE`].
+fn bip30_unspendable(height: u32, hash: &bitcoin::BlockHash) -> bool {
+    BIP30_UNSPENDABLE
+        .iter()
+        .any(|(h, hex)| *h == height && hash.to_string() == *hex)
 }
 
 #[cfg(test)]
@@ -328,6 +354,15 @@ mod tests {
         assert_eq!(a.finalize(), b.finalize());
         assert_eq!(a.to_bytes(), b.to_bytes());
         assert!(MuHash3072::from_bytes(&[0u8; 10]).is_none());
+    }
+
+    /// Only the two mainnet blocks, at their heights, are skipped.
+    #[test]
+    fn bip30_unspendable_blocks() {
+        let h: bitcoin::BlockHash = BIP30_UNSPENDABLE[0].1.parse().unwrap();
+        assert!(bip30_unspendable(91_722, &h));
+        assert!(!bip30_unspendable(91_723, &h));
+        assert!(!bip30_unspendable(91_722, &bitcoin::BlockHash::all_zeros()));
     }
 
     /// Core's `TxOutSer` layout, byte by byte.
