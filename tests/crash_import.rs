@@ -1,7 +1,8 @@
 //! Crash safety of the block pipeline: `kill -9` of `kakehi import` at
 //! random moments (at least 20 times; `KAKEHI_LONG=1` for 200), each
 //! followed by a restart that resumes; the end state (tip, UTXO dump,
-//! filters) equals the reference chain's, exactly as an uninterrupted import.
+//! MuHash, filters) equals the reference chain's, exactly as an
+//! uninterrupted import.
 
 mod common;
 
@@ -132,6 +133,13 @@ fn kill_9_during_import_then_resume_reaches_the_reference_state() {
     assert_eq!(
         cs.utxo_stats().txouts,
         reference["txouts"].as_u64().unwrap()
+    );
+    // MuHash kept through every kill and restart = Core's Python MuHash of
+    // utxos.txt (tests/python/muhash_utxos.py; tests/muhash.rs checks it live).
+    assert_eq!(
+        cs.utxo_stats().muhash,
+        "7621cdc59b72640b7aa9d97d201aacf13027922448df03c13471c64abafe26d0",
+        "MuHash after {killed_mid_import} kills (seed {seed})"
     );
     for f in json("regtest-a/filters.json").as_array().unwrap() {
         let hash: BlockHash = f["hash"].as_str().unwrap().parse().unwrap();
