@@ -11,7 +11,9 @@
 //! - `getblocks`: a peer that syncs the whole chain by `getblocks` / `inv` /
 //!   `getdata` only (as bcoin and btcd do), relying on the continuation
 //!   `inv` of the tip after each batch of 500, ends at `chain.json`'s tip;
-//!   a locator starting on a stale branch is answered from the fork point;
+//!   a locator starting on a stale branch is answered from the fork point,
+//!   and a peer that holds the 12-block stale branch reorganises onto the
+//!   active chain and syncs to the tip the same way;
 //! - `filters`: getcfcheckpt / getcfheaders / getcfilters checked as Core's
 //!   `p2p_blockfilters.py` does, against bcoin's `filters.json` and
 //!   `stale_filters.json`; then 500 coinbase-only blocks mined by the script

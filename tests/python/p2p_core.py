@@ -253,6 +253,7 @@ class GetBlocksSyncer(P2PInterface):
         self.requested = set()
         self.continuations = 0
         self.getblocks_sent = 0
+        self.reorgs = 0
         self.errors = []
 
     def locator(self):
@@ -293,7 +294,12 @@ class GetBlocksSyncer(P2PInterface):
             self.errors.append(f"unrequested block {i2h(b.sha256)}")
         self.requested.discard(b.sha256)
         if b.hashPrevBlock != self.chain[-1]:
-            self.errors.append(f"block {i2h(b.sha256)} does not extend {i2h(self.chain[-1])}")
+            if b.hashPrevBlock not in self.chain:
+                self.errors.append(f"block {i2h(b.sha256)} does not connect")
+                return
+            # A branch with more work from the node: reorganise onto it.
+            del self.chain[self.chain.index(b.hashPrevBlock) + 1:]
+            self.reorgs += 1
         self.chain.append(b.sha256)
         self.have.add(b.sha256)
 
@@ -347,6 +353,28 @@ def check_getblocks(port, data):
         f"{reorg['fork_height'] + 1}..{stop_height - 1}, stop block excluded")
     p.peer_disconnect()
     q.peer_disconnect()
+    # A peer that synced the stale branch of that reorg (up to its old tip)
+    # and then syncs by getblocks: it is served the active chain from the
+    # fork point, reorganises once, and ends at the tip.
+    by_hash = {h2i(b["hash"]): b for b in data["blocks"]}
+    stale = []
+    cur = h2i(reorg["old_tip"])
+    while cur != h2i(reorg["fork_hash"]):
+        stale.append(cur)
+        cur = h2i(by_hash[cur]["prev_hash"])
+    r = connect(port, GetBlocksSyncer, genesis=genesis)
+    with p2p_lock:
+        r.chain = [genesis] + best[:reorg["fork_height"]] + stale[::-1]
+        r.have = set(r.chain)
+        r.send_getblocks()
+    r.wait_until(lambda: r.chain[-1] == tip or r.errors, timeout=240)
+    with p2p_lock:
+        chain, errors, reorgs = list(r.chain), list(r.errors), r.reorgs
+    assert not errors, errors[:5]
+    assert chain[1:] == best and reorgs == 1, (len(chain), reorgs)
+    r.peer_disconnect()
+    log(f"  ok: a peer on the stale branch ({len(stale)} blocks above the fork at "
+        f"{reorg['fork_height']}) reorganised once and synced to the tip by getblocks")
 
 
 # --------------------------------------------------------------------------
