@@ -198,7 +198,10 @@ pub fn coin_bytes(outpoint: &OutPoint, coin: &Coin) -> Vec<u8> {
     let mut v = Vec::with_capacity(32 + 4 + 4 + 8 + 3 + coin.script_pubkey.len());
     v.extend_from_slice(outpoint.txid.as_byte_array());
     v.extend_from_slice(&outpoint.vout.to_le_bytes());
-    let code = coin.height.wrapping_mul(2).wrapping_add(u32::from(coin.coinbase));
+    let code = coin
+        .height
+        .wrapping_mul(2)
+        .wrapping_add(u32::from(coin.coinbase));
     v.extend_from_slice(&code.to_le_bytes());
     let out = TxOut {
         value: bitcoin::Amount::from_sat(coin.value),

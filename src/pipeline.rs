@@ -56,6 +56,7 @@ use arc_swap::ArcSwap;
 use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
 use crate::chain::ChainParams;
 use crate::filters;
+use crate::muhash::MuHash3072;
 use crate::snapshot::{BlockMeta, ChainSnapshot, Snapshots};
 use crate::sozu::{
     BlockId, BlockWrite, Coin, CommitTag, Consumption, NewOutput, SozuError, UtxoReader, UtxoTable,
@@ -65,7 +66,6 @@ use crate::store::{
     sync_concurrently, BlockRecord, FlatFiles, FlatPos, Store, StoreError, WriteBatch,
     META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_SPENT, META_SOZU_LAST, META_TIP,
 };
-use crate::muhash::MuHash3072;
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
 
 pub mod spent;

@@ -93,11 +93,18 @@ fn utxo_set_muhash_matches_core_and_survives_reorgs_and_restarts() {
     );
     let started = Instant::now();
     let again = node.chain.lock().unwrap().snapshot().utxo_stats();
-    eprintln!("utxo_stats (one modular inversion): {:?}", started.elapsed());
+    eprintln!(
+        "utxo_stats (one modular inversion): {:?}",
+        started.elapsed()
+    );
     assert_eq!(again.muhash, core);
 
     // Restart: the stored state is loaded, not rebuilt.
-    let TestNode { dir, datadir, chain } = node;
+    let TestNode {
+        dir,
+        datadir,
+        chain,
+    } = node;
     drop(chain);
     let params = kakehi::chain::ChainParams::new(Network::Regtest);
     let cs = open_chainstate(params.clone(), &datadir).expect("reopen");

@@ -184,7 +184,9 @@ pub enum Disconnect {
     /// or a node of another network. Closed without an answer, so a v2
     /// peer retries in v1 (Core's `V2Transport` fallback); not discouraged
     /// (Core never penalises a wrong message start).
-    #[error("not a v1 message for this network (first bytes {got:02x?}); a v2 (BIP324) handshake?")]
+    #[error(
+        "not a v1 message for this network (first bytes {got:02x?}); a v2 (BIP324) handshake?"
+    )]
     NotV1 {
         /// The four bytes where the magic should be.
         got: [u8; 4],
@@ -982,10 +984,7 @@ impl Peer {
         pick: impl Fn(&Transaction) -> bool,
         witness: bool,
     ) -> Result<bool, Disconnect> {
-        let tx = lock(&self.net.recent_txs)
-            .iter()
-            .find(|t| pick(t))
-            .cloned();
+        let tx = lock(&self.net.recent_txs).iter().find(|t| pick(t)).cloned();
         let Some(tx) = tx else { return Ok(false) };
         let mut tx = (*tx).clone();
         if !witness {

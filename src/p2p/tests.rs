@@ -727,7 +727,8 @@ async fn unsolicited_transactions_are_ignored_not_punished() {
     let mut p = TestPeer::handshake(a.addr).await;
     let tx = bitcoin::constants::genesis_block(bitcoin::Network::Regtest).txdata[0].clone();
     let wtxid = tx.compute_wtxid();
-    p.send(NetworkMessage::Inv(vec![Inventory::WTx(wtxid)])).await;
+    p.send(NetworkMessage::Inv(vec![Inventory::WTx(wtxid)]))
+        .await;
     p.send(NetworkMessage::Tx(tx)).await;
     p.send(NetworkMessage::Ping(5)).await;
     let first = p
@@ -1367,7 +1368,10 @@ async fn getaddr_answered_once_with_addr_gossip() {
     let list: Vec<(u32, Address)> = (1..=5u8)
         .map(|i| {
             let sa: SocketAddr = format!("11.22.33.{i}:18444").parse().unwrap();
-            (now, Address::new(&sa, ServiceFlags::NETWORK | ServiceFlags::WITNESS))
+            (
+                now,
+                Address::new(&sa, ServiceFlags::NETWORK | ServiceFlags::WITNESS),
+            )
         })
         .collect();
     p.send(NetworkMessage::Addr(list)).await;
@@ -1394,7 +1398,6 @@ async fn getaddr_answered_once_with_addr_gossip() {
     a.stop().await;
 }
 
-
 /// `getheaders` with an empty locator: the stop block's header alone (a
 /// stale validated block too), nothing for an unknown one (Core).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1404,8 +1407,11 @@ async fn getheaders_with_empty_locator_answers_the_stop_header() {
     let mut p = TestPeer::handshake(a.addr).await;
     let (stale, _) = data.stale[0];
     for want in [data.best_chain[700], stale] {
-        p.send(NetworkMessage::GetHeaders(GetHeadersMessage::new(vec![], want)))
-            .await;
+        p.send(NetworkMessage::GetHeaders(GetHeadersMessage::new(
+            vec![],
+            want,
+        )))
+        .await;
         let got = p
             .recv_until(|m| match m {
                 NetworkMessage::Headers(h) => Some(h),
@@ -1416,8 +1422,11 @@ async fn getheaders_with_empty_locator_answers_the_stop_header() {
         assert_eq!(got[0].block_hash(), want);
     }
     let unknown = BlockHash::from_byte_array([7; 32]);
-    p.send(NetworkMessage::GetHeaders(GetHeadersMessage::new(vec![], unknown)))
-        .await;
+    p.send(NetworkMessage::GetHeaders(GetHeadersMessage::new(
+        vec![],
+        unknown,
+    )))
+    .await;
     p.send(NetworkMessage::Ping(9)).await;
     let answered = p
         .recv_until(|m| match m {

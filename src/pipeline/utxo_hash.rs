@@ -19,9 +19,9 @@ use std::time::Instant;
 use bitcoin::Block;
 
 use crate::muhash::{block_delta, BlockDelta, MuHash3072, STATE_BYTES};
-use crate::validation::SpentOutput;
 use crate::sozu::BlockId;
 use crate::store::{WriteBatch, META_MUHASH};
+use crate::validation::SpentOutput;
 
 use super::{Chainstate, PipelineError};
 
@@ -60,7 +60,10 @@ impl Chainstate {
             }
         }
         let height = self.index.tip_height();
-        tracing::info!(height, "building the UTXO set's MuHash (once for this datadir)");
+        tracing::info!(
+            height,
+            "building the UTXO set's MuHash (once for this datadir)"
+        );
         let started = std::time::Instant::now();
         let mut state = MuHash3072::new();
         let mut coins = 0u64;
@@ -98,12 +101,12 @@ impl Chainstate {
         fresh: Option<(BlockId, &BlockDelta)>,
     ) -> Result<(), PipelineError> {
         let old = self.index.tip().id;
-        let fork = self
-            .index
-            .fork_point(old, target)
-            .ok_or_else(|| PipelineError::Inconsistent {
-                reason: format!("no fork point between blocks {} and {}", old.0, target.0),
-            })?;
+        let fork =
+            self.index
+                .fork_point(old, target)
+                .ok_or_else(|| PipelineError::Inconsistent {
+                    reason: format!("no fork point between blocks {} and {}", old.0, target.0),
+                })?;
         let mut state = (*self.muhash).clone();
         let mut cur = old;
         while cur != fork {
@@ -145,10 +148,16 @@ impl Chainstate {
         let missing = |what: &str| PipelineError::Inconsistent {
             reason: format!("block {} has no stored {what}", id.0),
         };
-        let height = self.index.get(id).map(|e| e.height).ok_or_else(|| missing("entry"))?;
+        let height = self
+            .index
+            .get(id)
+            .map(|e| e.height)
+            .ok_or_else(|| missing("entry"))?;
         let current = self.current();
         let block = current.read_block(id)?.ok_or_else(|| missing("data"))?;
-        let spent = current.spent_outputs(id)?.ok_or_else(|| missing("spent outputs"))?;
+        let spent = current
+            .spent_outputs(id)?
+            .ok_or_else(|| missing("spent outputs"))?;
         Ok(self.timed_delta(&block, height, &spent))
     }
 }

@@ -261,16 +261,44 @@ struct Shard {
     summaries: FxHashMap<Addr, PageSummary>,
 }
 
-/// 16-bit key signature of an outpoint: its txid's first two bytes XOR
-/// the vout's low 16 bits (issue item 7's "16-bit key signatures", as in
-/// Lokad's implementation of seed 000). Txids are uniform and independent
-/// of the keyed-SipHash bucket index, so two keys of one page share a
-/// signature with probability 2^-16; a crafted collision costs one more
-/// page read, never a wrong answer.
-fn signature(outpoint: &OutPoint) -> u16 {
-    use bitcoin::hashes::Hash as _;
-    let t = outpoint.txid.as_byte_array();
-    u16::from_le_bytes([t[0], t[1]]) ^ (outpoint.vout as u16)
+/// The key of the 16-bit key signatures of the page summaries: two words
+/// drawn from the table's secret SipHash key, so nobody can choose
+/// outpoints whose signatures collide.
+///
+/// The signatures were the txid's first two bytes xor the vout: unkeyed.
+/// Outputs whose txids share those 16 bits (trivial to grind) defeated the
+/// summaries, and a lookup read every page on its descent: 1.575 pages per
+/// cold lookup instead of 1.000 at 1M entries (`benches/hash_flood.rs`,
+/// BENCHMARKS.md "Hash flooding"). Summaries live in RAM only, so the key
+/// changes no byte on disk.
+#[derive(Clone, Copy, Debug)]
+struct SignatureKey {
+    k0: u64,
+    /// Odd, for the multiply-shift step.
+    k1: u64,
+}
+
+impl SignatureKey {
+    fn new(hasher: &SipHasher24) -> Self {
+        Self {
+            k0: hasher.hash(b"kakehi sozu page signature k0"),
+            k1: hasher.hash(b"kakehi sozu page signature k1") | 1,
+        }
+    }
+
+    /// 16-bit key signature of an outpoint (as in Lokad's implementation of
+    /// the Sozu table): keyed multiply-shift hashing of 8 bytes of the txid
+    /// mixed with the vout. Forcing two signatures to collide needs the key,
+    /// or two txids equal in those 8 bytes (2^32 work for one pair, 2^64 to
+    /// hit a given txid); a collision costs one page read, never a wrong
+    /// answer.
+    fn signature(&self, outpoint: &OutPoint) -> u16 {
+        use bitcoin::hashes::Hash as _;
+        let t = outpoint.txid.as_byte_array();
+        let word = u64::from_le_bytes([t[8], t[9], t[10], t[11], t[12], t[13], t[14], t[15]]);
+        let vout = u64::from(outpoint.vout).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((word ^ vout ^ self.k0).wrapping_mul(self.k1) >> 48) as u16
+    }
 }
 
 /// A page header's descent fields: where below it a key it does not hold
@@ -301,11 +329,11 @@ struct PageSummary {
 }
 
 impl PageSummary {
-    fn of(b: &Bucket) -> Self {
+    fn of(b: &Bucket, key: &SignatureKey) -> Self {
         let mut signatures: Box<[u16]> = b
             .slots
             .iter()
-            .map(|s| signature(&s.entry.outpoint))
+            .map(|s| key.signature(&s.entry.outpoint))
             .collect();
         signatures.sort_unstable();
         Self {
@@ -341,6 +369,7 @@ struct Geo {
     cache_pages: usize,
     spill_fewest_children: bool,
     hasher: SipHasher24,
+    signature_key: SignatureKey,
 }
 
 impl Geo {
@@ -689,6 +718,7 @@ impl SozuTable {
             cache_pages: config.cache_pages,
             spill_fewest_children: config.spill_fewest_children,
             hasher: SipHasher24::new_with_key(&header.key),
+            signature_key: SignatureKey::new(&SipHasher24::new_with_key(&header.key)),
         };
         let mut shards: Vec<Shard> = (0..header.shards)
             .map(|id| Shard {
@@ -779,7 +809,7 @@ impl SozuTable {
                     if addr.0 < geo.ram_layers {
                         ram.insert(addr, b);
                     } else {
-                        summaries.insert(addr, PageSummary::of(&b));
+                        summaries.insert(addr, PageSummary::of(&b, &geo.signature_key));
                     }
                     Ok(())
                 },
@@ -1378,7 +1408,8 @@ impl Worker {
                 let reads = group
                     .iter()
                     .filter(|&&(_, _, qi)| {
-                        summary.is_none_or(|s| s.may_hold(signature(&outpoints[qi])))
+                        summary
+                            .is_none_or(|s| s.may_hold(geo.signature_key.signature(&outpoints[qi])))
                     })
                     .count();
                 self.counters.deep_lookup_pages += reads as u64;
@@ -1445,7 +1476,9 @@ impl Worker {
             }
             let b = read_committed(self.storage.as_mut(), geo, (shard.id, &shard.overlay), addr)?;
             // Not dirty, so the committed content is the latest.
-            shard.summaries.insert(addr, PageSummary::of(&b));
+            shard
+                .summaries
+                .insert(addr, PageSummary::of(&b, &geo.signature_key));
             if shard.cache.len() >= geo.cache_pages.max(1) {
                 // Evict an arbitrary eighth (hash order), keeping the rest warm.
                 let n = (shard.cache.len() / 8).max(1);
@@ -1484,7 +1517,9 @@ impl Worker {
             shard.dirty_ram.insert(addr);
         } else {
             shard.cache.remove(&addr);
-            shard.summaries.insert(addr, PageSummary::of(&b));
+            shard
+                .summaries
+                .insert(addr, PageSummary::of(&b, &geo.signature_key));
             shard.dirty.insert(addr, b);
         }
     }
