@@ -13,6 +13,9 @@
 //!
 //! Run: `cargo bench --bench headers`.
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::time::Instant;
 
 use bitcoin::block::{Header, Version};
@@ -82,7 +85,7 @@ fn main() {
     assert!(chain.index().id_of(&last).is_some(), "last header kept");
     println!(
         "datadir: {:.0} MiB",
-        dir_bytes(dir.path()) as f64 / (1024.0 * 1024.0)
+        common::dir_bytes(dir.path()) as f64 / (1024.0 * 1024.0)
     );
 }
 
@@ -111,29 +114,11 @@ fn mine(genesis: Header, n: usize) -> Vec<Header> {
     out
 }
 
-/// "VmRSS x MiB, VmHWM y MiB" from `/proc/self/status` (Linux).
+/// "RSS x MiB, peak y MiB" from `/proc/self/status` (Linux).
 fn memory() -> String {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map_or(0, |kb| kb / 1024)
-    };
-    format!("RSS {} MiB, peak {} MiB", field("VmRSS:"), field("VmHWM:"))
-}
-
-fn dir_bytes(dir: &std::path::Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    rd.flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
+    format!(
+        "RSS {} MiB, peak {} MiB",
+        common::status_mib("VmRSS:"),
+        common::status_mib("VmHWM:")
+    )
 }

@@ -14,6 +14,8 @@
 //! raw block bytes, and Core's time (`pbk` `ChainstateManager.import_blocks`,
 //! default caches, scripts checked) with the ratio.
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "../tests/common/python.rs"]
 #[allow(dead_code)]
 mod python;
@@ -179,8 +181,8 @@ fn print_tenth(index: u64, t: &mut Tenth, datadir: &Path) {
         t.inputs as f64 / t.seconds,
         pct(0.5),
         pct(0.99),
-        rss_mib(),
-        mib(dir_bytes(datadir))
+        common::status_mib("VmRSS:"),
+        mib(common::dir_bytes(datadir))
     );
     *t = Tenth::default();
 }
@@ -201,7 +203,7 @@ fn print_components(datadir: &Path, raw_bytes: u64) {
         .unwrap_or_default();
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
-        let bytes = dir_bytes(&e.path()).max(file_len(&e.path()));
+        let bytes = common::dir_bytes(&e.path()).max(file_len(&e.path()));
         println!(
             "  {:<10} {:>10.1} MiB  {:.2}x raw",
             e.file_name().to_string_lossy(),
@@ -250,30 +252,4 @@ fn mib(bytes: u64) -> f64 {
 
 fn file_len(p: &Path) -> u64 {
     std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
-}
-
-fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    rd.flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
-}
-
-/// Resident memory of this process, MiB (`/proc/self/status` VmRSS).
-fn rss_mib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb / 1024)
 }

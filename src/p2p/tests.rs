@@ -594,14 +594,19 @@ async fn serves_headers_and_blocks() {
     a.stop().await;
 }
 
-/// One malformed message: the sender is disconnected and discouraged, a
-/// second peer's pings are answered within 2 s throughout.
-async fn malformed_case(name: &str, bytes: Vec<u8>, handshake_first: bool) {
-    // Two inbound slots: a discouraged address may not take the last one.
+/// A node with two inbound slots (so that a discouraged address may not
+/// take the last one) and a well-behaved peer; a second peer (handshaken
+/// first or not) sends `bytes` and must be disconnected within 2 s.
+/// Returns the node and the well-behaved peer.
+async fn sender_disconnected(
+    name: &str,
+    bytes: Vec<u8>,
+    handshake_first: bool,
+) -> (Node, TestPeer) {
     let mut config = test_config();
     config.max_inbound = 2;
     let a = Node::start(MockBackend::genesis_only(), config).await;
-    let mut good = TestPeer::handshake(a.addr).await;
+    let good = TestPeer::handshake(a.addr).await;
     let mut bad = if handshake_first {
         TestPeer::handshake(a.addr).await
     } else {
@@ -612,6 +617,13 @@ async fn malformed_case(name: &str, bytes: Vec<u8>, handshake_first: bool) {
         bad.closed_within(Duration::from_secs(2)).await,
         "{name}: sender not disconnected"
     );
+    (a, good)
+}
+
+/// One malformed message: the sender is disconnected and discouraged, a
+/// second peer's pings are answered within 2 s throughout.
+async fn malformed_case(name: &str, bytes: Vec<u8>, handshake_first: bool) {
+    let (a, mut good) = sender_disconnected(name, bytes, handshake_first).await;
     let rtt = good.ping(1).await;
     assert!(rtt < Duration::from_secs(2), "{name}: ping took {rtt:?}");
     // Discouraged: a new connection from the same IP may not take the
@@ -669,20 +681,7 @@ async fn malformed_traffic_disconnects_sender_only() {
 /// first bytes that are not a v1 message): the sender is disconnected, and
 /// a new connection from its IP may still take the last inbound slot.
 async fn refused_case(name: &str, bytes: Vec<u8>, handshake_first: bool) {
-    let mut config = test_config();
-    config.max_inbound = 2;
-    let a = Node::start(MockBackend::genesis_only(), config).await;
-    let mut good = TestPeer::handshake(a.addr).await;
-    let mut bad = if handshake_first {
-        TestPeer::handshake(a.addr).await
-    } else {
-        TestPeer::connect(a.addr).await
-    };
-    let _ = bad.send_raw(&bytes).await;
-    assert!(
-        bad.closed_within(Duration::from_secs(2)).await,
-        "{name}: sender not disconnected"
-    );
+    let (a, mut good) = sender_disconnected(name, bytes, handshake_first).await;
     assert!(good.ping(1).await < Duration::from_secs(2), "{name}");
     // Not discouraged: the same IP takes the last inbound slot.
     let mut again = TestPeer::handshake(a.addr).await;

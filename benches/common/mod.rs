@@ -1,0 +1,32 @@
+//! Helpers shared by the benchmarks (included with `#[path]`): sizes on
+//! disk and the process's resident memory.
+
+use std::path::Path;
+
+/// Bytes of every file under `dir`, recursively (0 if it cannot be read).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// A field of `/proc/self/status` in MiB (`VmRSS:` now, `VmHWM:` the peak);
+/// 0 where it cannot be read (not Linux).
+pub fn status_mib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb / 1024)
+}
