@@ -167,7 +167,7 @@ fn write_block(table: &mut SozuTable, height: u32, chunk: &[OutPoint]) -> Durati
             .map(|o| NewOutput {
                 outpoint: *o,
                 coin: Coin {
-                    value: 1_000,
+                    value: bitcoin::Amount::from_sat(1_000),
                     script_pubkey: vec![0x51],
                     height,
                     coinbase: false,

@@ -139,7 +139,7 @@ impl Gen {
             created.push((
                 op,
                 Coin {
-                    value: self.rng.below(1 << 30),
+                    value: bitcoin::Amount::from_sat(self.rng.below(1 << 30)),
                     script_pubkey: script(&mut self.rng),
                     height: h,
                     coinbase: j == 0,
@@ -249,7 +249,7 @@ fn cpu_secs() -> f64 {
 
 fn coin_bytes(c: &Coin) -> Vec<u8> {
     let mut v = Vec::with_capacity(13 + c.script_pubkey.len());
-    v.extend_from_slice(&c.value.to_le_bytes());
+    v.extend_from_slice(&c.value.to_sat().to_le_bytes());
     v.extend_from_slice(&c.height.to_le_bytes());
     v.push(c.coinbase as u8);
     v.extend_from_slice(&c.script_pubkey);

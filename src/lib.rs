@@ -14,6 +14,7 @@ pub mod filters;
 pub mod http;
 pub mod import;
 pub mod muhash;
+pub mod primitives;
 pub mod node;
 pub mod p2p;
 pub mod pipeline;

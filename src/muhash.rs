@@ -44,7 +44,7 @@ use chacha20::ChaCha20;
 use crypto_bigint::modular::{FixedMontyForm, FixedMontyParams};
 use crypto_bigint::{Limb, Odd, U3072};
 
-use crate::sozu::Coin;
+use crate::primitives::Coin;
 use crate::validation::{is_unspendable, SpentOutput};
 
 /// Bytes of one 3072-bit number (Core's `Num3072::BYTE_SIZE`).
@@ -204,7 +204,7 @@ pub fn coin_bytes(outpoint: &OutPoint, coin: &Coin) -> Vec<u8> {
         .wrapping_add(u32::from(coin.coinbase));
     v.extend_from_slice(&code.to_le_bytes());
     let out = TxOut {
-        value: bitcoin::Amount::from_sat(coin.value),
+        value: coin.value,
         script_pubkey: bitcoin::ScriptBuf::from_bytes(coin.script_pubkey.clone()),
     };
     // Writing to a Vec cannot fail.
@@ -238,7 +238,7 @@ pub fn block_delta(block: &Block, height: u32, spent: &[SpentOutput]) -> BlockDe
                 vout: vout as u32,
             };
             let coin = Coin {
-                value: out.value.to_sat(),
+                value: out.value,
                 script_pubkey: out.script_pubkey.to_bytes(),
                 height,
                 coinbase: i == 0,
@@ -376,7 +376,7 @@ mod tests {
             vout: 2,
         };
         let coin = Coin {
-            value: 5_000_000_000,
+            value: bitcoin::Amount::from_sat(5_000_000_000),
             script_pubkey: vec![0x51],
             height: 7,
             coinbase: true,

@@ -58,8 +58,9 @@ use crate::chain::ChainParams;
 use crate::filters;
 use crate::muhash::MuHash3072;
 use crate::snapshot::{BlockMeta, ChainSnapshot, Snapshots};
+use crate::primitives::{BlockId, Coin};
 use crate::sozu::{
-    BlockId, BlockWrite, Coin, CommitTag, Consumption, NewOutput, SozuError, UtxoReader, UtxoTable,
+    BlockWrite, CommitTag, Consumption, NewOutput, SozuError, UtxoReader, UtxoTable,
     ViewStatus, PURGE_DEPTH,
 };
 use crate::store::{
@@ -681,7 +682,7 @@ impl Chainstate {
             rows.push((
                 op.txid.to_string(),
                 op.vout,
-                coin.value,
+                coin.value.to_sat(),
                 coin.script_pubkey.clone(),
                 height,
                 coin.coinbase,
@@ -1105,8 +1106,8 @@ impl Chainstate {
 
         // Index batch.
         let pm = &self.meta[parent.0 as usize];
-        let created_value: u64 = created.iter().map(|(_, c)| c.value).sum();
-        let spent_value: u64 = spent.iter().map(|s| s.coin.value).sum();
+        let created_value: u64 = created.iter().map(|(_, c)| c.value.to_sat()).sum();
+        let spent_value: u64 = spent.iter().map(|s| s.coin.value.to_sat()).sum();
         let txouts = (pm.txouts + created.len() as u64).saturating_sub(spent.len() as u64);
         let total = (pm.total_sats + created_value).saturating_sub(spent_value);
         {

@@ -18,7 +18,8 @@ use crate::chain::ChainParams;
 use crate::filters;
 use crate::pipeline::spent::decode_spent;
 use crate::pipeline::{PipelineError, PipelineStats};
-use crate::sozu::{BlockId, ChainView, UtxoReader, ViewStatus, PURGE_DEPTH};
+use crate::primitives::BlockId;
+use crate::sozu::{ChainView, UtxoReader, ViewStatus, PURGE_DEPTH};
 use crate::store::{FileLoc, FlatReader, Store};
 use crate::validation::SpentOutput;
 

@@ -19,7 +19,7 @@ use bitcoin::{Network, OutPoint, Txid};
 use common::{data, TestNode};
 use kakehi::muhash::{coin_bytes, MuHash3072};
 use kakehi::node::open_chainstate;
-use kakehi::sozu::Coin;
+use kakehi::primitives::Coin;
 use kakehi::store::{Store, WriteBatch};
 
 /// MuHash of `utxos.txt` by Core's Python implementation (display hex).
@@ -58,7 +58,7 @@ fn muhash_by_kakehi() -> String {
             .map(|i| u8::from_str_radix(&f[2][i..i + 2], 16).expect("hex"))
             .collect();
         let coin = Coin {
-            value: f[1].parse().expect("value"),
+            value: bitcoin::Amount::from_sat(f[1].parse().expect("value")),
             script_pubkey: script,
             height: f[3].parse().expect("height"),
             coinbase: f[4] == "1",

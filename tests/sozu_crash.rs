@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bitcoin::hashes::Hash;
-use bitcoin::{OutPoint, Txid};
+use bitcoin::{Amount, OutPoint, Txid};
 use kakehi::sozu::model::ModelTable;
 use kakehi::sozu::*;
 use sozu_common::{gen_block, small_config, unspent_summary, Chain, Rng};
@@ -307,7 +307,7 @@ fn kill_block(seed: u64, h: u32) -> BlockWrite {
         w.created.push(NewOutput {
             outpoint: op,
             coin: Coin {
-                value: u64::from(h) * 1000 + u64::from(j),
+                value: Amount::from_sat(u64::from(h) * 1000 + u64::from(j)),
                 script_pubkey: sozu_common::script(&mut rng),
                 height: h,
                 coinbase: j == 0,
@@ -478,7 +478,7 @@ fn reader_during_writes_and_checkpoints() {
         .iter()
         .flat_map(|w| w.spent.iter().map(|(o, _)| *o))
         .collect();
-    let watched: Vec<(OutPoint, u64)> = blocks[..20]
+    let watched: Vec<(OutPoint, Amount)> = blocks[..20]
         .iter()
         .flat_map(|w| w.created.iter())
         .filter(|n| !spent.contains(&n.outpoint))

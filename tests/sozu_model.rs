@@ -355,7 +355,7 @@ fn typed_write_errors() {
         .expect("entries")
         .clone();
     let mut coin = e.coin.clone();
-    coin.value += 1;
+    coin.value += bitcoin::Amount::from_sat(1);
     let again = BlockWrite {
         block,
         height: 105,

@@ -20,7 +20,7 @@ use bitcoin::hex::{DisplayHex, FromHex};
 use bitcoin::{Amount, Block, BlockHash, Network, OutPoint, Sequence, Txid};
 use kakehi::chain::params::ChainParams;
 use kakehi::filters::{basic_filter, filter_header, genesis_previous_header};
-use kakehi::sozu::Coin;
+use kakehi::primitives::Coin;
 use kakehi::validation::{
     check_block, connect_block, spent_outpoints, BlockContext, BlockEffects, BlockError,
 };
@@ -98,7 +98,7 @@ fn read_utxos() -> Vec<(OutPoint, Coin)> {
             (
                 OutPoint::from_str(f[0]).expect("outpoint"),
                 Coin {
-                    value: f[1].parse().expect("value"),
+                    value: bitcoin::Amount::from_sat(f[1].parse().expect("value")),
                     script_pubkey: Vec::from_hex(f[2]).expect("script hex"),
                     height: f[3].parse().expect("height"),
                     coinbase: f[4] == "1",
@@ -791,7 +791,7 @@ fn random_edits_of_real_blocks_never_panic_and_conserve_value() {
         match tip.validate_effects(&block) {
             Ok(effects) => {
                 accepted += 1;
-                let spent: u64 = effects.spent.iter().map(|s| s.coin.value).sum();
+                let spent: u64 = effects.spent.iter().map(|s| s.coin.value.to_sat()).sum();
                 let out: u64 = block
                     .txdata
                     .iter()

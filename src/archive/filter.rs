@@ -11,7 +11,7 @@
 use bitcoin::hashes::{sha256, Hash};
 use xorf::{BinaryFuse16, Filter};
 
-use crate::sozu::types::OutPointKey;
+use crate::primitives::OutPointKey;
 
 /// The 64-bit filter key of an outpoint: the first 8 bytes, little-endian,
 /// of `SHA256(outpoint key)` (36-byte key: txid internal order, vout BE).

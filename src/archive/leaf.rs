@@ -8,7 +8,7 @@ use bitcoin::hashes::Hash;
 use bitcoin::{BlockHash, OutPoint, ScriptBuf, Txid};
 use serde::{Deserialize, Serialize};
 
-use crate::sozu::types::{outpoint_key, OutPointKey};
+use crate::primitives::{outpoint_key, OutPointKey};
 
 /// Largest scriptPubKey a leaf may carry, in bytes (Core's
 /// `MAX_SCRIPT_SIZE`; larger outputs are unspendable and never archived).
@@ -92,10 +92,10 @@ pub enum LeafDecodeError {
 impl Leaf {
     /// The leaf of `outpoint`, whose output is `coin` (a Sozu table entry's
     /// coin: value, script, creation height), spent by `spend`.
-    pub fn from_coin(outpoint: OutPoint, coin: &crate::sozu::types::Coin, spend: Spend) -> Leaf {
+    pub fn from_coin(outpoint: OutPoint, coin: &crate::primitives::Coin, spend: Spend) -> Leaf {
         Leaf {
             outpoint,
-            value: coin.value,
+            value: coin.value.to_sat(),
             script_pubkey: ScriptBuf::from_bytes(coin.script_pubkey.clone()),
             creation_height: coin.height,
             spend,

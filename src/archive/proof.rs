@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::header::{hex32, EpochHeader, HEADER_LEN};
 use super::leaf::{Leaf, LeafDecodeError, TreeEntry, MAX_ENTRY_LEN};
 use super::merkle::{leaf_hash, multiproof_root, MultiproofError, NodeHash};
-use crate::sozu::types::outpoint_key;
+use crate::primitives::outpoint_key;
 
 /// Magic of the binary proof encoding.
 pub const PROOF_MAGIC: [u8; 4] = *b"KKAP";

@@ -17,7 +17,7 @@ use super::leaf::{Leaf, TreeEntry, MAX_ENTRY_LEN, MAX_SCRIPT_LEN};
 use super::merkle::{build_levels, leaf_hash, level_sizes, needed_nodes, NodeHash};
 use super::proof::{verify, Anchor, EpochProof, Gap, ProofBatch, ProofItem, ProofNode, MAX_ITEMS};
 use super::{ArchiveError, OutpointStatus};
-use crate::sozu::types::outpoint_key;
+use crate::primitives::outpoint_key;
 
 /// Magic of an epoch file.
 pub const EPOCH_FILE_MAGIC: [u8; 8] = *b"KKHAEPOC";

@@ -16,7 +16,8 @@ use bitcoin::pow::{CompactTarget, Target, Work};
 use bitcoin::BlockHash;
 
 use super::params::{ChainParams, MAX_FUTURE_BLOCK_TIME};
-use crate::sozu::{BlockId, BlockOracle, ChainView};
+use crate::primitives::BlockId;
+use crate::sozu::{BlockOracle, ChainView};
 
 /// Validation status of a block in the index.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -143,7 +143,7 @@ async fn block_common(s: AppState, file: String, tx_details: bool) -> ApiResult<
             };
             if let Some(spent) = &spent {
                 for so in spent {
-                    *input_totals.entry(so.txid).or_default() += so.coin.value;
+                    *input_totals.entry(so.txid).or_default() += so.coin.value.to_sat();
                 }
             }
             let network = cs.params().network;

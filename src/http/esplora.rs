@@ -277,10 +277,10 @@ fn tx_value(cs: &ChainSnapshot, e: &IndexEntry, tx: &Transaction) -> ApiResult<T
             })?;
         for s in spent.iter().filter(|s| s.txid == txid) {
             if let Some(slot) = prevouts.get_mut(s.vin as usize) {
-                in_sum = in_sum.saturating_add(s.coin.value);
+                in_sum = in_sum.saturating_add(s.coin.value.to_sat());
                 *slot = Some(txout_value(
                     Script::from_bytes(&s.coin.script_pubkey),
-                    s.coin.value,
+                    s.coin.value.to_sat(),
                     network,
                 ));
             }

@@ -36,7 +36,7 @@ use crate::chain::index::{BlockStatus, ChainIndex, IndexEntry};
 use crate::chain::ChainParams;
 use crate::pipeline::{self, Chainstate};
 use crate::snapshot::{ChainSnapshot, Snapshots};
-use crate::sozu::BlockId;
+use crate::primitives::BlockId;
 
 /// Most headers held in memory below the minimum chainwork (all presync
 /// chains together): 500,000 headers, 40 MB. A chain that outgrows it is

@@ -30,7 +30,7 @@ use std::io::Cursor;
 use bitcoin::consensus::{Decodable, Encodable};
 use bitcoin::{OutPoint, Txid};
 
-use crate::sozu::Coin;
+use crate::primitives::Coin;
 use crate::validation::SpentOutput;
 
 /// Fixed bytes of one output in a record, before its scriptPubKey.
@@ -114,7 +114,7 @@ pub fn decode_spent(record: &[u8]) -> Result<Vec<SpentOutput>, SpentRecordError>
         out.push(SpentOutput {
             outpoint,
             coin: Coin {
-                value,
+                value: bitcoin::Amount::from_sat(value),
                 script_pubkey,
                 height,
                 coinbase,
@@ -142,7 +142,7 @@ mod tests {
                 vout: u32::from(seed) * 3,
             },
             coin: Coin {
-                value: 5_000_000_000 + u64::from(seed),
+                value: bitcoin::Amount::from_sat(5_000_000_000 + u64::from(seed)),
                 script_pubkey: vec![seed; script_len],
                 height: 1_000 + u32::from(seed),
                 coinbase: seed.is_multiple_of(2),

@@ -19,7 +19,7 @@ use std::time::Instant;
 use bitcoin::Block;
 
 use crate::muhash::{block_delta, BlockDelta, MuHash3072, STATE_BYTES};
-use crate::sozu::BlockId;
+use crate::primitives::BlockId;
 use crate::store::{WriteBatch, META_MUHASH};
 use crate::validation::SpentOutput;
 

@@ -34,7 +34,7 @@
 //! ```
 
 use bitcoin::hashes::Hash;
-use bitcoin::Txid;
+use bitcoin::{Amount, Txid};
 
 use super::types::{key_outpoint, outpoint_key, Coin, Consumption, Entry, OutPointKey, Production};
 
@@ -208,7 +208,7 @@ pub fn encode_bucket(bucket: &Bucket, page_size: usize) -> Result<Vec<u8>, Encod
             return Err(EncodeError::EntryBounds);
         }
         w.put(&outpoint_key(&e.outpoint));
-        w.put(&e.coin.value.to_le_bytes());
+        w.put(&e.coin.value.to_sat().to_le_bytes());
         w.put(&e.coin.height.to_le_bytes());
         let flags = u8::from(e.coin.coinbase) | if slot.external.is_some() { 2 } else { 0 };
         w.put(&[flags, e.produced.len() as u8, e.consumed.len() as u8]);
@@ -497,7 +497,7 @@ fn decode_slot(r: &mut Reader<'_>) -> Result<Slot, PageError> {
     let entry = Entry {
         outpoint: key_outpoint(&key),
         coin: Coin {
-            value,
+            value: Amount::from_sat(value),
             script_pubkey: script,
             height,
             coinbase: flags & 1 != 0,
@@ -672,7 +672,7 @@ mod tests {
                     vout: i as u32,
                 },
                 coin: Coin {
-                    value: 5000,
+                    value: bitcoin::Amount::from_sat(5000),
                     script_pubkey: vec![0x51; script_len],
                     height: 7,
                     coinbase: i.is_multiple_of(2),

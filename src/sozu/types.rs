@@ -4,57 +4,9 @@
 //! Source: seed 000 (payload with production and consumption lists) and
 //! seed 004 (Teranode's spending data: spending txid + input index).
 
-use bitcoin::hashes::Hash;
 use bitcoin::{OutPoint, Txid};
 
-/// A 4-byte identifier given once to every block the node connects, stale
-/// blocks included (seed 000: "4-bytes integers are sufficient to uniquely
-/// identify all blocks in existence"). Allocated by the chain index in
-/// arrival order; `BlockId(0)` is the genesis block.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
-pub struct BlockId(pub u32);
-
-/// The serialized key of an entry: 32-byte txid (internal byte order)
-/// followed by the output index `vout` as 4 bytes big-endian, so byte order
-/// equals (txid, vout) order. 36 bytes.
-pub type OutPointKey = [u8; 36];
-
-/// Encodes an outpoint as its 36-byte key (txid internal order, vout BE).
-pub fn outpoint_key(outpoint: &OutPoint) -> OutPointKey {
-    let mut key = [0u8; 36];
-    key[..32].copy_from_slice(outpoint.txid.as_byte_array());
-    key[32..].copy_from_slice(&outpoint.vout.to_be_bytes());
-    key
-}
-
-/// Decodes a 36-byte key back into an outpoint (inverse of [`outpoint_key`]).
-pub fn key_outpoint(key: &OutPointKey) -> OutPoint {
-    let mut txid = [0u8; 32];
-    txid.copy_from_slice(&key[..32]);
-    let mut vout = [0u8; 4];
-    vout.copy_from_slice(&key[32..]);
-    OutPoint {
-        txid: Txid::from_byte_array(txid),
-        vout: u32::from_be_bytes(vout),
-    }
-}
-
-/// The immutable part of a transaction output as the table stores it.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Coin {
-    /// Amount in satoshis (0..=21e14).
-    pub value: u64,
-    /// The output's scriptPubKey, 0..=10,000 bytes (larger outputs are
-    /// unspendable and never enter the table).
-    pub script_pubkey: Vec<u8>,
-    /// Height of the block that created the output (the first production
-    /// block; a transaction re-included on a competing branch at another
-    /// height keeps the height of the branch asked about, see
-    /// [`Entry::creation_height_in`]).
-    pub height: u32,
-    /// Whether the output belongs to a coinbase transaction (maturity 100).
-    pub coinbase: bool,
-}
+pub use crate::primitives::{key_outpoint, outpoint_key, BlockId, Coin, OutPointKey};
 
 /// One spend of an entry: which block consumed it, by which transaction and
 /// input (Teranode's spending data, seed 004).

@@ -25,7 +25,7 @@ use bitcoin::{BlockHash, OutPoint, Txid};
 pub use flatfile::{sync_concurrently, FileLoc, FlatFileError, FlatFiles, FlatPos, FlatReader};
 
 use crate::chain::index::BlockStatus;
-use crate::sozu::BlockId;
+use crate::primitives::BlockId;
 
 /// Format version of the index database: (major, minor). A major mismatch
 /// refuses to open; a minor upgrade runs in place.

@@ -57,7 +57,7 @@ use bitcoin::hashes::Hash;
 use bitcoin::{Block, BlockHash, Network, OutPoint, Script, Transaction, TxMerkleNode, Txid};
 
 use crate::chain::params::{ChainParams, MAX_BLOCK_SIGOPS_COST, MAX_BLOCK_WEIGHT, MAX_MONEY};
-use crate::sozu::Coin;
+use crate::primitives::Coin;
 use sigops::WITNESS_SCALE_FACTOR;
 
 /// Largest scriptPubKey that can be spent, in bytes (Core's
@@ -899,8 +899,9 @@ pub fn connect_block(
                         spend_height: height,
                     });
                 }
-                value_in = match value_in.checked_add(coin.value) {
-                    Some(v) if coin.value <= MAX_MONEY && v <= MAX_MONEY => v,
+                let coin_value = coin.value.to_sat();
+                value_in = match value_in.checked_add(coin_value) {
+                    Some(v) if coin_value <= MAX_MONEY && v <= MAX_MONEY => v,
                     _ => return Err(BlockError::InputValuesOutOfRange { txid }),
                 };
             }
@@ -971,7 +972,7 @@ pub fn connect_block(
             view.created.push((
                 outpoint,
                 Coin {
-                    value: output.value.to_sat(),
+                    value: output.value,
                     script_pubkey: output.script_pubkey.to_bytes(),
                     height,
                     coinbase: is_coinbase,

@@ -28,7 +28,7 @@ fn p2wpkh() -> ScriptBuf {
 
 fn coin(value: u64, script: ScriptBuf, height: u32, coinbase: bool) -> Coin {
     Coin {
-        value,
+        value: bitcoin::Amount::from_sat(value),
         script_pubkey: script.to_bytes(),
         height,
         coinbase,
@@ -237,7 +237,7 @@ fn valid_block_effects() {
             )
         ]
     );
-    assert_eq!(effects.spent[1].coin.value, 30_000);
+    assert_eq!(effects.spent[1].coin.value.to_sat(), 30_000);
     // Coinbase: legacy 0 (OP_TRUE, push-only scriptSig); two P2WPKH spends: 1 each.
     assert_eq!(effects.sigop_cost, 2);
     // Claiming one more sat is bad-cb-amount.

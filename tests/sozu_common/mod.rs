@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use bitcoin::hashes::Hash;
-use bitcoin::{OutPoint, Txid};
+use bitcoin::{Amount, OutPoint, Txid};
 use kakehi::sozu::model::ModelTable;
 use kakehi::sozu::*;
 
@@ -186,7 +186,7 @@ pub fn gen_block(
     w.created.push(NewOutput {
         outpoint: OutPoint { txid: cb, vout: 0 },
         coin: Coin {
-            value: 50_000,
+            value: Amount::from_sat(50_000),
             script_pubkey: script(rng),
             height,
             coinbase: true,
@@ -232,7 +232,7 @@ pub fn gen_block(
             w.created.push(NewOutput {
                 outpoint: op,
                 coin: Coin {
-                    value: rng.below(1_000_000),
+                    value: Amount::from_sat(rng.below(1_000_000)),
                     script_pubkey: script(rng),
                     height,
                     coinbase: false,
@@ -280,7 +280,7 @@ pub fn small_config() -> SozuConfig {
 pub fn unspent_summary(
     t: &mut dyn UtxoTable,
     view: &dyn ChainView,
-) -> Vec<(OutPoint, u64, Vec<u8>, Option<u32>)> {
+) -> Vec<(OutPoint, Amount, Vec<u8>, Option<u32>)> {
     let mut v = Vec::new();
     t.for_each(&mut |e| {
         if e.is_unspent_in(view) {
