@@ -758,7 +758,7 @@ impl ProofBatch {
             let tag = r.u8("item tag")?;
             let mut k = [0u8; 36];
             k.copy_from_slice(r.take(36, "outpoint")?);
-            let outpoint = crate::sozu::types::key_outpoint(&k);
+            let outpoint = crate::primitives::key_outpoint(&k);
             match tag {
                 0 => {
                     let epoch = r.u32("item epoch")?;
