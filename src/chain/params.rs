@@ -50,6 +50,12 @@ pub struct ChainParams {
     /// Blocks whose coinbase duplicates an earlier one and is allowed to
     /// (BIP30's two historical mainnet exceptions): (height, hash hex).
     pub bip30_exceptions: &'static [(u32, &'static str)],
+    /// Blocks whose scripts are verified under other flags than every
+    /// other block's (Core's `script_flag_exceptions`: the one block before
+    /// BIP16 that breaks P2SH, on mainnet and testnet3, and mainnet's one
+    /// block that breaks taproot): (hash hex, Core's `SCRIPT_VERIFY_*` bits,
+    /// see [`crate::validation::script::ScriptFlags`]).
+    pub script_flag_exceptions: &'static [(&'static str, u32)],
 }
 
 /// Coinbase outputs can be spent only this many blocks later (Core's
@@ -64,6 +70,11 @@ pub const MAX_BLOCK_WEIGHT: u64 = 4_000_000;
 
 /// Maximum block sigop cost (BIP141).
 pub const MAX_BLOCK_SIGOPS_COST: u64 = 80_000;
+
+/// Core's `SCRIPT_VERIFY_P2SH` bit (for the script-flag exceptions).
+const SCRIPT_VERIFY_P2SH: u32 = 1 << 0;
+/// Core's `SCRIPT_VERIFY_WITNESS` bit (for the script-flag exceptions).
+const SCRIPT_VERIFY_WITNESS: u32 = 1 << 11;
 
 /// Blocks may be at most this many seconds ahead of adjusted time (Core's
 /// `MAX_FUTURE_BLOCK_TIME`).
@@ -120,6 +131,18 @@ impl ChainParams {
                         "00000000000743f190a18c5577a3c2d2a1f610ae9601ac046a38084ccb7cd721",
                     ),
                 ],
+                script_flag_exceptions: &[
+                    // BIP16 exception (height 170,060): SCRIPT_VERIFY_NONE.
+                    (
+                        "00000000000002dc756eebf4f49723ed8d30cc28a5f108eb94b1ba88ac4f9c22",
+                        0,
+                    ),
+                    // Taproot exception (height 692,261): P2SH | WITNESS.
+                    (
+                        "0000000000000000000f14c35b2d841e986ab5441de8c585d5ffe55ea1e395ad",
+                        SCRIPT_VERIFY_P2SH | SCRIPT_VERIFY_WITNESS,
+                    ),
+                ],
             },
             Network::Testnet => ChainParams {
                 network,
@@ -145,6 +168,13 @@ impl ChainParams {
                 ),
                 archive_epoch_length: 2016,
                 bip30_exceptions: &[],
+                script_flag_exceptions: &[
+                    // BIP16 exception: SCRIPT_VERIFY_NONE.
+                    (
+                        "00000000dd30457c001f4095d208cc1296b0eed002427aa599874af7a432b105",
+                        0,
+                    ),
+                ],
             },
             Network::Testnet4 => ChainParams {
                 network,
@@ -168,6 +198,7 @@ impl ChainParams {
                 ),
                 archive_epoch_length: 2016,
                 bip30_exceptions: &[],
+                script_flag_exceptions: &[],
             },
             Network::Signet => ChainParams {
                 network,
@@ -191,6 +222,7 @@ impl ChainParams {
                 ),
                 archive_epoch_length: 2016,
                 bip30_exceptions: &[],
+                script_flag_exceptions: &[],
             },
             // Regtest (and any future network rust-bitcoin adds, which we
             // treat as regtest-like until given real parameters).
@@ -211,6 +243,7 @@ impl ChainParams {
                 minimum_chain_work: [0u8; 32],
                 archive_epoch_length: 144,
                 bip30_exceptions: &[],
+                script_flag_exceptions: &[],
             },
         }
     }
@@ -243,6 +276,17 @@ impl ChainParams {
             return 0;
         }
         (50 * 100_000_000u64) >> halvings
+    }
+
+    /// The script flags (Core's `SCRIPT_VERIFY_*` bits) block `hash` is
+    /// verified under instead of the usual ones, if it is one of
+    /// [`ChainParams::script_flag_exceptions`].
+    pub fn script_flag_exception(&self, hash: &BlockHash) -> Option<u32> {
+        let shown = hash.to_string();
+        self.script_flag_exceptions
+            .iter()
+            .find(|(h, _)| *h == shown)
+            .map(|(_, bits)| *bits)
     }
 
     /// Whether `hash` at `height` is one of BIP30's two exceptions.

@@ -47,6 +47,7 @@
 //! `src/consensus/tx_verify.cpp`; BIPs 30, 34, 68, 113, 141.
 
 pub mod merkle;
+pub mod script;
 pub mod sigops;
 
 use std::collections::{HashMap, HashSet};
@@ -80,13 +81,6 @@ const SEQUENCE_LOCKTIME_GRANULARITY: u32 = 9;
 /// The first 6 bytes of a witness commitment output: `OP_RETURN`, push 36,
 /// then the tag `aa21a9ed` (BIP141).
 const WITNESS_COMMITMENT_HEADER: [u8; 6] = [0x6a, 0x24, 0xaa, 0x21, 0xa9, 0xed];
-
-/// Mainnet's BIP16 exception: the one block validated without P2SH
-/// (Core's `BIP16Exception`), at height 170,060.
-const BIP16_EXCEPTION: (u32, &str) = (
-    170_060,
-    "00000000000002dc756eebf4f49723ed8d30cc28a5f108eb94b1ba88ac4f9c22",
-);
 
 /// What the checks need to know about the block's place in its chain.
 pub struct BlockContext<'a> {
@@ -546,9 +540,20 @@ fn stripped_size(block: &Block) -> usize {
             .sum::<usize>()
 }
 
-/// Core's `CheckTransaction`: structure, values, duplicate inputs,
-/// coinbase scriptSig length, null prevouts.
-fn check_transaction(tx: &Transaction, txid: Txid) -> Result<(), BlockError> {
+/// Core's `CheckTransaction` (`src/consensus/tx_check.cpp`): at least one
+/// input and one output, size without witness within the block limit,
+/// output values and their sum within 0..=MAX_MONEY, no outpoint spent
+/// twice, a coinbase scriptSig of 2..=100 bytes, no null prevout outside
+/// the coinbase.
+///
+/// # Errors
+/// The first failed rule as a [`BlockError`] (`bad-txns-*`, `bad-cb-length`).
+pub fn check_transaction(tx: &Transaction) -> Result<(), BlockError> {
+    check_tx_structure(tx, tx.compute_txid())
+}
+
+/// [`check_transaction`] with the txid already computed.
+fn check_tx_structure(tx: &Transaction, txid: Txid) -> Result<(), BlockError> {
     if tx.input.is_empty() {
         return Err(BlockError::NoInputs { txid });
     }
@@ -689,7 +694,7 @@ pub fn check_block(block: &Block, ctx: &BlockContext) -> Result<(), BlockError> 
 
     // 4. Transaction structure.
     for (tx, txid) in block.txdata.iter().zip(&txids) {
-        check_transaction(tx, *txid)?;
+        check_tx_structure(tx, *txid)?;
     }
 
     // 5. Legacy sigops.
@@ -849,10 +854,12 @@ pub fn connect_block(
     }
 
     let csv_active = height >= params.csv_height;
-    let segwit_active = height >= params.segwit_height;
-    let p2sh_active = !(params.network == Network::Bitcoin
-        && height == BIP16_EXCEPTION.0
-        && ctx.block_hash.to_string() == BIP16_EXCEPTION.1);
+    // Core's GetTransactionSigOpCost counts P2SH and witness sigops under
+    // the block's script flags (WITNESS is on for every block but the
+    // script-flag exceptions, as in Core).
+    let flags = script::block_script_flags(params, height, &ctx.block_hash);
+    let p2sh_active = flags.contains(script::ScriptFlags::P2SH);
+    let segwit_active = flags.contains(script::ScriptFlags::WITNESS);
 
     let output_count: usize = block.txdata.iter().map(|t| t.output.len()).sum();
     let input_count: usize = block.txdata.iter().skip(1).map(|t| t.input.len()).sum();

@@ -933,12 +933,17 @@ fn mainnet_bip16_exception_block_counts_no_p2sh_sigops() {
     let mut push = vec![0x4c, 200];
     push.extend_from_slice(redeem.as_bytes());
     spend.input[0].script_sig = ScriptBuf::from_bytes(push);
-    let blk = block(params.block_subsidy(BIP16_EXCEPTION.0), vec![spend]);
+    // Core's BIP16 exception block (mainnet, height 170,060).
+    let (height, hash) = (
+        170_060,
+        "00000000000002dc756eebf4f49723ed8d30cc28a5f108eb94b1ba88ac4f9c22",
+    );
+    let blk = block(params.block_subsidy(height), vec![spend]);
     let mtp = |_h: u32| Some(PREV_MTP);
     let mut c = BlockContext {
         params: &params,
-        height: BIP16_EXCEPTION.0,
-        block_hash: BIP16_EXCEPTION.1.parse().expect("hash"),
+        height,
+        block_hash: hash.parse().expect("hash"),
         prev_median_time_past: PREV_MTP,
         median_time_past_at: &mtp,
     };

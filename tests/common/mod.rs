@@ -2,6 +2,7 @@
 //! a node imported from it.
 #![allow(dead_code)]
 
+pub mod core_asm;
 pub mod feed;
 pub mod python;
 
