@@ -119,7 +119,7 @@ fn format_utxos(set: &HashMap<OutPoint, Coin>) -> String {
     for (txid, vout, c) in rows {
         out.push_str(&format!(
             "{txid}:{vout} {} {} {} {}\n",
-            c.value,
+            c.value.to_sat(),
             c.script_pubkey.to_lower_hex_string(),
             c.height,
             u8::from(c.coinbase)
