@@ -426,7 +426,7 @@ fn run_node(
     let (p2p_stop_tx, p2p_stop_rx) = tokio::sync::watch::channel(false);
     let (p2p, p2p_task) = {
         let _guard = runtime.enter();
-        kakehi::p2p::start_p2p(chain.clone(), p2p_config, p2p_stop_rx)
+        kakehi::node::start_p2p(chain.clone(), p2p_config, p2p_stop_rx)
     };
 
     let addr = config.http.address;

@@ -12,6 +12,12 @@
 //! | `spent/spNNNNN.dat` | spent outputs (prevouts) per connected block |
 //! | `utxo/` | the Sozu table |
 
+mod p2p_archive;
+pub mod p2p_backend;
+mod p2p_view;
+
+pub use p2p_backend::{start_p2p, NodeP2p};
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1242,7 +1242,7 @@ impl Chainstate {
     }
 }
 
-/// Header storage for the P2P layer (`src/p2p/node_backend.rs`): headers
+/// Header storage for the P2P layer (`src/node/p2p_backend.rs`): headers
 /// accepted without block data.
 impl Chainstate {
     /// Checks `headers` (PoW, difficulty, timestamps, version, linkage; see

@@ -43,7 +43,8 @@ use kakehi::p2p::archive::{
     ARCHEPOCHS, ARCHPROOF, GETARCHEPOCH, GETARCHPROOF, MAX_ARCHPROOF_PROOF_BYTES,
 };
 use kakehi::p2p::codec::{self, encode_message, encode_raw, CodecError};
-use kakehi::p2p::{start_p2p, P2pConfig, P2pError, P2pHandle};
+use kakehi::node::start_p2p;
+use kakehi::p2p::{P2pConfig, P2pError, P2pHandle};
 use kakehi::pipeline::Chainstate;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};

@@ -54,7 +54,7 @@ fn node() -> &'static Node {
                 cfg.addr_file = None;
                 cfg.timeouts.handshake = Duration::from_secs(600);
                 let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-                let (p2p, _task) = kakehi::p2p::start_p2p(chain.clone(), cfg, stop_rx);
+                let (p2p, _task) = kakehi::node::start_p2p(chain.clone(), cfg, stop_rx);
                 let p2p_addr = p2p.local_addr().await.expect("p2p listening");
                 p2p_addr_tx.send(p2p_addr).expect("send p2p addr");
                 let config = HttpConfig::default();

@@ -43,7 +43,7 @@ struct AddrFile {
 
 /// The address book. Not thread-safe on its own; the network keeps it in a
 /// mutex.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct AddrBook {
     entries: HashMap<SocketAddr, AddrEntry>,
     rng: u64,
@@ -57,22 +57,23 @@ fn now_unix() -> u32 {
 }
 
 impl AddrBook {
-    /// An empty book with a random selection seed.
-    pub fn new() -> Self {
-        let mut seed = [0u8; 8];
-        let _ = getrandom::getrandom(&mut seed);
+    /// An empty book whose selection draws from `seed` (the P2P layer
+    /// passes a value drawn from the OS, so peers cannot predict which
+    /// addresses are dialed).
+    pub fn new(seed: u64) -> Self {
         AddrBook {
             entries: HashMap::new(),
-            rng: u64::from_le_bytes(seed) | 1,
+            rng: seed | 1,
         }
     }
 
     /// Loads the book from `path`; an absent file gives an empty book.
+    /// `seed` as in [`AddrBook::new`].
     ///
     /// # Errors
     /// The file exists but cannot be read or parsed.
-    pub fn load(path: &Path) -> Result<Self, std::io::Error> {
-        let mut book = Self::new();
+    pub fn load(path: &Path, seed: u64) -> Result<Self, std::io::Error> {
+        let mut book = Self::new(seed);
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(book),
@@ -259,7 +260,7 @@ mod tests {
     fn save_load_round_trip_and_select() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("peers.json");
-        let mut book = AddrBook::new();
+        let mut book = AddrBook::new(0x5eed);
         let a: SocketAddr = "192.0.2.1:18444".parse().unwrap();
         let b: SocketAddr = "[2001:db8::1]:18444".parse().unwrap();
         book.add(a, 9, Some(1_700_000_000));
@@ -267,7 +268,7 @@ mod tests {
         book.add("192.0.2.2:0".parse().unwrap(), 1, None); // port 0: ignored
         book.save(&path).unwrap();
         assert!(!path.with_extension("tmp").exists());
-        let mut loaded = AddrBook::load(&path).unwrap();
+        let mut loaded = AddrBook::load(&path, 1).unwrap();
         assert_eq!(loaded.len(), 2);
         let mut seen = HashSet::new();
         while let Some(x) = loaded.select(&HashSet::new(), |_| false) {
@@ -275,16 +276,16 @@ mod tests {
         }
         // Both picked once, then both are in their retry back-off.
         assert_eq!(seen, [a, b].into_iter().collect());
-        assert!(AddrBook::load(&dir.path().join("absent.json"))
+        assert!(AddrBook::load(&dir.path().join("absent.json"), 1)
             .unwrap()
             .is_empty());
         std::fs::write(&path, b"{not json").unwrap();
-        assert!(AddrBook::load(&path).is_err());
+        assert!(AddrBook::load(&path, 1).is_err());
     }
 
     #[test]
     fn failures_drop_entries_and_bans_expire() {
-        let mut book = AddrBook::new();
+        let mut book = AddrBook::new(0x5eed);
         let a: SocketAddr = "192.0.2.1:18444".parse().unwrap();
         book.add(a, 1, None);
         for _ in 0..MAX_FAILURES {

@@ -23,7 +23,9 @@ use bitcoin::bip158::{FilterHash, FilterHeader};
 use bitcoin::block::Header;
 use bitcoin::{Block, BlockHash};
 
-use super::archive::{ArchEpochs, ArchiveQueryError};
+use tracing::warn;
+
+use super::archive::ArchEpochs;
 use crate::archive::ProofBatch;
 use crate::chain::ChainParams;
 
@@ -314,4 +316,47 @@ pub enum FilterQueryError {
         #[source]
         source: BoxError,
     },
+}
+
+/// Why the node could not answer an archive query (the answer is then an
+/// `archproof` with status [`ArchProofStatus::Unavailable`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArchiveQueryError {
+    /// This backend has no archive.
+    #[error("no archive")]
+    NoArchive,
+    /// No epoch is sealed yet: nothing can be proven.
+    #[error("no archive epoch is sealed yet")]
+    NothingSealed,
+    /// The single epoch asked for is not sealed.
+    #[error("epoch {epoch} is not sealed ({sealed} sealed)")]
+    NotSealed {
+        /// The epoch asked for.
+        epoch: u32,
+        /// Epochs sealed.
+        sealed: u32,
+    },
+    /// The node failed to read its archive or blocks. Not the peer's fault.
+    #[error("archive storage error: {source}")]
+    Storage {
+        /// The cause.
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// Runs a blocking backend call off the executor (tokio's blocking pool),
+/// inside the caller's tracing span. `None` if the call panicked (logged).
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let span = tracing::Span::current();
+    match tokio::task::spawn_blocking(move || span.in_scope(f)).await {
+        Ok(v) => Some(v),
+        Err(e) => {
+            warn!(error = %e, "backend call failed");
+            None
+        }
+    }
 }

@@ -3,7 +3,11 @@
 //! blocks and BIP-157 filters, address book and ban list.
 //!
 //! The node plugs in through [`NodeBackend`] (see [`backend`] for which
-//! calls may block). Wiring:
+//! calls may block); the node's own implementation is
+//! `crate::node::p2p_backend`, so this module imports nothing of the
+//! pipeline or its snapshots. Inside, the connection manager (`net`) and
+//! the peer tasks (`peer`) share `state` and never import each other.
+//! Wiring:
 //!
 //! ```ignore
 //! let (handle, task) = kakehi::p2p::spawn(node.clone(), config, shutdown_rx);
@@ -22,11 +26,13 @@
 
 pub mod addrman;
 pub mod archive;
+mod archive_serve;
 pub mod backend;
 pub mod codec;
+mod misbehaviour;
 mod net;
-pub mod node_backend;
 mod peer;
+mod state;
 pub mod sync;
 
 #[cfg(test)]
@@ -37,22 +43,23 @@ mod tests;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bitcoin::Transaction;
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
 pub use backend::{
-    BoxError, FilterQueryError, HeadersError, HeadersOutcome, NodeBackend, SubmitError,
-    SubmitOutcome,
+    ArchiveQueryError, BoxError, FilterQueryError, HeadersError, HeadersOutcome, NodeBackend,
+    SubmitError, SubmitOutcome,
 };
 pub use codec::CodecError;
+pub use misbehaviour::{Disconnect, Misbehaviour};
 pub use net::run;
-pub use node_backend::{start_p2p, NodeP2p};
 pub use peer::{
-    Disconnect, Misbehaviour, MAX_BLOCKS_TO_ANNOUNCE, MAX_GETBLOCKS, MAX_GETCFHEADERS,
-    MAX_GETCFILTERS, MAX_SUBVERSION_LENGTH, MAX_UNCONNECTING_HEADERS,
+    MAX_BLOCKS_TO_ANNOUNCE, MAX_GETBLOCKS, MAX_GETCFHEADERS, MAX_GETCFILTERS,
+    MAX_SUBVERSION_LENGTH, MAX_UNCONNECTING_HEADERS,
 };
 pub use sync::{PeerId, DOWNLOAD_WINDOW, MAX_IN_FLIGHT_PER_PEER};
 
@@ -190,6 +197,14 @@ pub enum P2pError {
     /// The command queue to the network task is full; try again later.
     #[error("the p2p command queue is full")]
     Busy,
+    /// The OS gave no randomness for the nonces (`version`, `ping`) and
+    /// the address book's selection seed, at start.
+    #[error("no randomness from the OS for p2p nonces: {source}")]
+    Entropy {
+        /// The OS error.
+        #[source]
+        source: getrandom::Error,
+    },
 }
 
 /// A connected peer, as shown by [`P2pHandle::peers`].
@@ -289,19 +304,14 @@ impl P2pHandle {
 
     /// Connected peers (handshake completed or in progress).
     pub fn peers(&self) -> Vec<PeerInfo> {
-        let mut v: Vec<PeerInfo> = self
-            .shared
-            .peers
-            .lock()
-            .map(|p| p.values().cloned().collect())
-            .unwrap_or_default();
+        let mut v: Vec<PeerInfo> = self.shared.peers.lock().values().cloned().collect();
         v.sort_by_key(|p| p.id);
         v
     }
 
     /// Number of connected peers.
     pub fn peer_count(&self) -> usize {
-        self.shared.peers.lock().map(|p| p.len()).unwrap_or(0)
+        self.shared.peers.lock().len()
     }
 
     /// The bound listen address (useful with port 0), waiting until the

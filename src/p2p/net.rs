@@ -1,23 +1,22 @@
-//! The connection manager: listener with caps, outbound dialing (connect,
-//! addnode, address book), DNS seeding, shared state of all peers.
+//! The connection manager: listener with caps and eviction, outbound
+//! dialing (connect, addnode, address book), DNS seeding. The state it
+//! shares with the peer tasks is `super::state`.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bitcoin::p2p::Magic;
-use bitcoin::Transaction;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, info_span, warn, Instrument};
 
-use super::addrman::{AddrBook, BanList};
-use super::peer::{self, PeerCmd};
-use super::sync::{PeerId, Scheduler};
-use super::{HandleShared, NetCommand, NodeBackend, P2pConfig, P2pControl, P2pError, PeerInfo};
+use super::misbehaviour::Disconnect;
+use super::peer;
+use super::state::{Net, PeerCmd};
+use super::sync::PeerId;
+use super::{NetCommand, NodeBackend, P2pConfig, P2pControl, P2pError};
 
 /// Minimum time between two rounds of DNS seeding.
 const SEED_INTERVAL: Duration = Duration::from_secs(300);
@@ -35,223 +34,6 @@ enum DialEvent {
 
 /// Transactions kept for `getdata` after a relay.
 const RECENT_TXS: usize = 100;
-
-/// Locks a mutex, recovering the data if a thread panicked while holding it
-/// (the state is plain bookkeeping that stays consistent per operation).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-pub(crate) struct PeerEntry {
-    pub addr: SocketAddr,
-    pub inbound: bool,
-    pub manual: bool,
-    pub tx: mpsc::Sender<PeerCmd>,
-    /// When the connection was registered (eviction: uptime).
-    pub connected_at: Instant,
-    /// Best ping round trip seen (eviction: lowest pings are protected).
-    pub min_ping: Option<Duration>,
-    /// When the peer last gave us a block that moved our tip (eviction:
-    /// protected).
-    pub last_block: Option<Instant>,
-}
-
-/// State shared by the connection manager and every peer task.
-pub(crate) struct Net {
-    pub backend: Arc<dyn NodeBackend>,
-    pub config: P2pConfig,
-    pub magic: Magic,
-    pub peers: Mutex<HashMap<PeerId, PeerEntry>>,
-    pub bans: Mutex<BanList>,
-    pub addrs: Mutex<AddrBook>,
-    pub sched: Mutex<Scheduler>,
-    /// The peer doing the initial header sync, with the time of its last
-    /// progress.
-    pub header_sync: Mutex<Option<(PeerId, Instant)>>,
-    pub recent_txs: Mutex<VecDeque<Arc<Transaction>>>,
-    /// Nonces of our outbound `version` messages (self-connection check).
-    pub our_nonces: Mutex<HashSet<u64>>,
-    pub shared: Arc<HandleShared>,
-    /// Set once the tip has reached the best header (end of the initial
-    /// download); latches.
-    pub caught_up: AtomicBool,
-    next_id: AtomicU64,
-}
-
-impl Net {
-    fn new(backend: Arc<dyn NodeBackend>, config: P2pConfig, shared: Arc<HandleShared>) -> Self {
-        let magic = Magic::from_bytes(backend.params().magic());
-        let book = match &config.addr_file {
-            Some(path) => AddrBook::load(path).unwrap_or_else(|e| {
-                warn!(path = %path.display(), error = %e, "address book unreadable; starting empty");
-                AddrBook::new()
-            }),
-            None => AddrBook::new(),
-        };
-        let sched = Scheduler::new(config.timeouts.stall_base, config.timeouts.stall_max);
-        Net {
-            backend,
-            magic,
-            peers: Mutex::new(HashMap::new()),
-            bans: Mutex::new(BanList::default()),
-            addrs: Mutex::new(book),
-            sched: Mutex::new(sched),
-            header_sync: Mutex::new(None),
-            recent_txs: Mutex::new(VecDeque::new()),
-            our_nonces: Mutex::new(HashSet::new()),
-            shared,
-            caught_up: AtomicBool::new(false),
-            next_id: AtomicU64::new(1),
-            config,
-        }
-    }
-
-    pub fn is_banned(&self, ip: IpAddr) -> bool {
-        lock(&self.bans).is_banned(ip)
-    }
-
-    pub fn ban(&self, ip: IpAddr) {
-        lock(&self.bans).ban(ip, self.config.ban_duration);
-    }
-
-    fn register(
-        &self,
-        addr: SocketAddr,
-        inbound: bool,
-        manual: bool,
-    ) -> (PeerId, mpsc::Receiver<PeerCmd>) {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(64);
-        lock(&self.peers).insert(
-            id,
-            PeerEntry {
-                addr,
-                inbound,
-                manual,
-                tx,
-                connected_at: Instant::now(),
-                min_ping: None,
-                last_block: None,
-            },
-        );
-        lock(&self.shared.peers).insert(
-            id,
-            PeerInfo {
-                id,
-                addr,
-                inbound,
-                services: 0,
-                user_agent: String::new(),
-                start_height: 0,
-            },
-        );
-        (id, rx)
-    }
-
-    pub fn unregister(&self, id: PeerId) {
-        lock(&self.peers).remove(&id);
-        lock(&self.shared.peers).remove(&id);
-        lock(&self.sched).release_peer(id);
-        let mut hs = lock(&self.header_sync);
-        if matches!(*hs, Some((p, _)) if p == id) {
-            *hs = None;
-        }
-    }
-
-    /// Sends `cmd` to every peer (dropped for a peer whose queue is full).
-    pub fn broadcast(&self, cmd: impl Fn() -> PeerCmd) {
-        for e in lock(&self.peers).values() {
-            let _ = e.tx.try_send(cmd());
-        }
-    }
-
-    /// Records a ping round trip of peer `id`.
-    pub fn note_ping(&self, id: PeerId, rtt: Duration) {
-        if let Some(e) = lock(&self.peers).get_mut(&id) {
-            e.min_ping = Some(e.min_ping.map_or(rtt, |m| m.min(rtt)));
-        }
-    }
-
-    /// Records that peer `id` gave us a block that moved our tip.
-    pub fn note_block(&self, id: PeerId) {
-        if let Some(e) = lock(&self.peers).get_mut(&id) {
-            e.last_block = Some(Instant::now());
-        }
-    }
-
-    /// Picks an inbound peer to evict for a new inbound connection, or
-    /// `None` when every candidate is protected. Core's
-    /// `SelectNodeToEvict` (net.cpp), simplified: protect the 8 lowest
-    /// pings, the 4 most recent block providers, then the older half by
-    /// uptime; prefer discouraged peers; evict the youngest peer of the
-    /// network group (IPv4 /16, IPv6 /32) with the most connections.
-    pub fn select_eviction(&self) -> Option<PeerId> {
-        struct Cand {
-            id: PeerId,
-            group: Vec<u8>,
-            connected_at: Instant,
-            min_ping: Option<Duration>,
-            last_block: Option<Instant>,
-            discouraged: bool,
-        }
-        let mut c: Vec<Cand> = {
-            let bans = lock(&self.bans);
-            lock(&self.peers)
-                .iter()
-                .filter(|(_, e)| e.inbound && !e.manual)
-                .map(|(id, e)| Cand {
-                    id: *id,
-                    group: netgroup(e.addr.ip()),
-                    connected_at: e.connected_at,
-                    min_ping: e.min_ping,
-                    last_block: e.last_block,
-                    discouraged: bans.is_banned(e.addr.ip()),
-                })
-                .collect()
-        };
-        // 8 lowest pings (peers never measured sort last and are not
-        // protected by this rule).
-        c.sort_by_key(|x| x.min_ping.unwrap_or(Duration::MAX));
-        let protect = c.iter().take(8).filter(|x| x.min_ping.is_some()).count();
-        c.drain(..protect);
-        // 4 most recent block providers.
-        c.sort_by_key(|x| std::cmp::Reverse(x.last_block));
-        let protect = c.iter().take(4).filter(|x| x.last_block.is_some()).count();
-        c.drain(..protect);
-        // The older half by uptime.
-        c.sort_by_key(|x| x.connected_at);
-        let protect = c.len() / 2;
-        c.drain(..protect);
-        if c.is_empty() {
-            return None;
-        }
-        if c.iter().any(|x| x.discouraged) {
-            c.retain(|x| x.discouraged);
-        }
-        let mut groups: HashMap<Vec<u8>, Vec<&Cand>> = HashMap::new();
-        for x in &c {
-            groups.entry(x.group.clone()).or_default().push(x);
-        }
-        // Largest group; ties go to the group with the youngest member.
-        let youngest = |g: &Vec<&Cand>| g.iter().map(|x| x.connected_at).max();
-        let group = groups
-            .values()
-            .max_by(|a, b| a.len().cmp(&b.len()).then(youngest(a).cmp(&youngest(b))))?;
-        group.iter().max_by_key(|x| x.connected_at).map(|x| x.id)
-    }
-
-    pub fn send_to(&self, id: PeerId, cmd: PeerCmd) {
-        if let Some(e) = lock(&self.peers).get(&id) {
-            let _ = e.tx.try_send(cmd);
-        }
-    }
-
-    fn counts(&self) -> (usize, usize) {
-        let peers = lock(&self.peers);
-        let inbound = peers.values().filter(|e| e.inbound).count();
-        (inbound, peers.len() - inbound)
-    }
-}
 
 /// Runs the P2P layer until `shutdown` becomes `true` (or its sender is
 /// dropped): listener, dialing, one task per peer. Peer tasks end with it;
@@ -281,7 +63,7 @@ pub async fn run(
         }
         None => None,
     };
-    let net = Arc::new(Net::new(backend, config, shared));
+    let net = Arc::new(Net::new(backend, config, shared)?);
     let mut tasks = JoinSet::new();
     let mut connecting: HashSet<SocketAddr> = HashSet::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(SocketAddr, DialEvent)>();
@@ -333,7 +115,7 @@ pub async fn run(
                 Some(NetCommand::AnnounceTip) => net.broadcast(|| PeerCmd::AnnounceTip),
                 Some(NetCommand::RelayTx(tx)) => {
                     {
-                        let mut recent = lock(&net.recent_txs);
+                        let mut recent = net.recent_txs.lock();
                         recent.push_back(tx.clone());
                         while recent.len() > RECENT_TXS {
                             recent.pop_front();
@@ -351,7 +133,7 @@ pub async fn run(
                     && net.config.dns_seeds
                     && !net.backend.params().dns_seeds.is_empty()
                     && last_seed.is_none_or(|t: Instant| t.elapsed() > SEED_INTERVAL)
-                    && lock(&net.addrs).len() < 100
+                    && net.addrs.lock().len() < 100
                 {
                     last_seed = Some(Instant::now());
                     let n = net.clone();
@@ -396,7 +178,7 @@ async fn save_book(net: &Arc<Net>) {
         return;
     };
     let n = net.clone();
-    let res = tokio::task::spawn_blocking(move || lock(&n.addrs).save(&path)).await;
+    let res = tokio::task::spawn_blocking(move || n.addrs.lock().save(&path)).await;
     match res {
         Ok(Ok(())) => {}
         Ok(Err(e)) => warn!(error = %e, "saving the address book failed"),
@@ -420,7 +202,7 @@ fn on_inbound(
         debug!(peer = %addr, "refusing discouraged address");
         return;
     }
-    let same_ip = lock(&net.peers)
+    let same_ip = net.peers.lock()
         .values()
         .filter(|e| e.addr.ip() == ip)
         .count();
@@ -429,10 +211,10 @@ fn on_inbound(
         return;
     }
     if inbound >= net.config.max_inbound || inbound + outbound >= net.config.max_total {
-        match net.select_eviction() {
+        match select_eviction(net) {
             Some(victim) => {
                 debug!(peer = %addr, victim, "inbound slots full: evicting a peer");
-                net.send_to(victim, PeerCmd::Disconnect(peer::Disconnect::Evicted));
+                net.send_to(victim, PeerCmd::Disconnect(Disconnect::Evicted));
             }
             None => {
                 debug!(peer = %addr, inbound, "refusing inbound: slots full, all protected");
@@ -458,7 +240,7 @@ fn maintain_outbound(
     retry: &mut HashMap<SocketAddr, (Instant, Duration)>,
     done_tx: &mpsc::UnboundedSender<(SocketAddr, DialEvent)>,
 ) {
-    let connected: HashSet<SocketAddr> = lock(&net.peers).values().map(|e| e.addr).collect();
+    let connected: HashSet<SocketAddr> = net.peers.lock().values().map(|e| e.addr).collect();
     let now = Instant::now();
     let manual: Vec<SocketAddr> = net
         .config
@@ -480,7 +262,7 @@ fn maintain_outbound(
         return;
     }
     let (inbound, _) = net.counts();
-    let auto_out = lock(&net.peers)
+    let auto_out = net.peers.lock()
         .values()
         .filter(|e| !e.inbound && !e.manual)
         .count();
@@ -493,9 +275,9 @@ fn maintain_outbound(
     let mut exclude = connected;
     exclude.extend(connecting.iter().copied());
     let pick = {
-        let mut bans = lock(&net.bans);
+        let mut bans = net.bans.lock();
         bans.purge_expired();
-        lock(&net.addrs).select(&exclude, |ip| bans.is_banned(ip))
+        net.addrs.lock().select(&exclude, |ip| bans.is_banned(ip))
     };
     if let Some(addr) = pick {
         dial(net, tasks, shutdown, connecting, done_tx, addr, false);
@@ -529,7 +311,7 @@ fn dial(
             }
             _ => {
                 debug!(peer = %addr, "connect failed");
-                lock(&n.addrs).mark_failed(addr);
+                n.addrs.lock().mark_failed(addr);
                 let _ = done.send((addr, DialEvent::Failed));
             }
         }
@@ -542,7 +324,7 @@ async fn seed_from_dns(net: Arc<Net>) {
         let lookup = tokio::net::lookup_host((*seed, port));
         match tokio::time::timeout(Duration::from_secs(10), lookup).await {
             Ok(Ok(addrs)) => {
-                let mut book = lock(&net.addrs);
+                let mut book = net.addrs.lock();
                 let mut n = 0;
                 for a in addrs.take(256) {
                     // NODE_NETWORK | NODE_WITNESS: what seeds filter for.
@@ -574,4 +356,65 @@ fn netgroup(ip: IpAddr) -> Vec<u8> {
             vec![6, o[0], o[1], o[2], o[3]]
         }
     }
+}
+
+/// Picks an inbound peer to evict for a new inbound connection, or
+/// `None` when every candidate is protected. Core's
+/// `SelectNodeToEvict` (net.cpp), simplified: protect the 8 lowest
+/// pings, the 4 most recent block providers, then the older half by
+/// uptime; prefer discouraged peers; evict the youngest peer of the
+/// network group (IPv4 /16, IPv6 /32) with the most connections.
+fn select_eviction(net: &Net) -> Option<PeerId> {
+    struct Cand {
+        id: PeerId,
+        group: Vec<u8>,
+        connected_at: Instant,
+        min_ping: Option<Duration>,
+        last_block: Option<Instant>,
+        discouraged: bool,
+    }
+    let mut c: Vec<Cand> = {
+        let bans = net.bans.lock();
+        net.peers.lock()
+            .iter()
+            .filter(|(_, e)| e.inbound && !e.manual)
+            .map(|(id, e)| Cand {
+                id: *id,
+                group: netgroup(e.addr.ip()),
+                connected_at: e.connected_at,
+                min_ping: e.min_ping,
+                last_block: e.last_block,
+                discouraged: bans.is_banned(e.addr.ip()),
+            })
+            .collect()
+    };
+    // 8 lowest pings (peers never measured sort last and are not
+    // protected by this rule).
+    c.sort_by_key(|x| x.min_ping.unwrap_or(Duration::MAX));
+    let protect = c.iter().take(8).filter(|x| x.min_ping.is_some()).count();
+    c.drain(..protect);
+    // 4 most recent block providers.
+    c.sort_by_key(|x| std::cmp::Reverse(x.last_block));
+    let protect = c.iter().take(4).filter(|x| x.last_block.is_some()).count();
+    c.drain(..protect);
+    // The older half by uptime.
+    c.sort_by_key(|x| x.connected_at);
+    let protect = c.len() / 2;
+    c.drain(..protect);
+    if c.is_empty() {
+        return None;
+    }
+    if c.iter().any(|x| x.discouraged) {
+        c.retain(|x| x.discouraged);
+    }
+    let mut groups: HashMap<Vec<u8>, Vec<&Cand>> = HashMap::new();
+    for x in &c {
+        groups.entry(x.group.clone()).or_default().push(x);
+    }
+    // Largest group; ties go to the group with the youngest member.
+    let youngest = |g: &Vec<&Cand>| g.iter().map(|x| x.connected_at).max();
+    let group = groups
+        .values()
+        .max_by(|a, b| a.len().cmp(&b.len()).then(youngest(a).cmp(&youngest(b))))?;
+    group.iter().max_by_key(|x| x.connected_at).map(|x| x.id)
 }

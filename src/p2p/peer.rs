@@ -27,9 +27,12 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
+use super::archive::{archive_service, ArchiveMessageError};
+use super::archive_serve;
 use super::backend::*;
 use super::codec::{self, CodecError, MAX_HEADERS};
-use super::net::{lock, Net};
+use super::misbehaviour::{codec_disconnect, misbehaving, refused, Disconnect, Misbehaviour};
+use super::state::{Net, PeerCmd};
 use super::sync::{PeerId, DOWNLOAD_WINDOW, MAX_IN_FLIGHT_PER_PEER};
 use super::{PROTOCOL_VERSION, SENDHEADERS_VERSION, WTXID_RELAY_VERSION};
 
@@ -57,162 +60,6 @@ pub const MAX_GETBLOCKS: usize = 500;
 /// `MAX_SUBVERSION_LENGTH`, read with `LIMITED_STRING` in
 /// net_processing.cpp). A longer one disconnects and discourages the peer.
 pub const MAX_SUBVERSION_LENGTH: usize = 256;
-
-/// Commands from the network to a peer task.
-pub(crate) enum PeerCmd {
-    AnnounceTip,
-    RelayTx(Arc<Transaction>),
-    Disconnect(Disconnect),
-    Shutdown,
-}
-
-/// A rule the peer broke. The peer is disconnected and its IP discouraged.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Misbehaviour {
-    /// A message the codec refused.
-    #[error("bad message: {0}")]
-    Codec(#[source] CodecError),
-    /// A message other than version before the handshake.
-    #[error("{command} before version")]
-    BeforeVersion {
-        /// The command.
-        command: &'static str,
-    },
-    /// A `version` whose user agent is longer than
-    /// [`MAX_SUBVERSION_LENGTH`] bytes.
-    #[error("user agent of {len} bytes, limit {max}")]
-    UserAgentTooLong {
-        /// Its length in bytes.
-        len: usize,
-        /// The limit in bytes.
-        max: usize,
-    },
-    /// A second `version`.
-    #[error("duplicate version")]
-    DuplicateVersion,
-    /// Headers refused by the node.
-    #[error("headers refused: {0}")]
-    Headers(#[source] HeadersError),
-    /// Too many unconnecting `headers` messages in a row.
-    #[error("{count} unconnecting headers messages in a row")]
-    Unconnecting {
-        /// Messages in a row.
-        count: u32,
-    },
-    /// A block refused as invalid.
-    #[error("invalid block: {0}")]
-    Block(#[source] SubmitError),
-    /// A filter request for a type other than basic (0).
-    #[error("{command}: unsupported filter type {filter_type}")]
-    FilterType {
-        /// The command.
-        command: &'static str,
-        /// The type asked.
-        filter_type: u8,
-    },
-    /// A malformed or over-limit archive request (`docs/archive.md` §8).
-    #[error("archive message: {0}")]
-    Archive(#[source] super::archive::ArchiveMessageError),
-    /// A filter request spanning too many blocks, or start above stop.
-    #[error("{command}: start {start_height}, stop height {stop_height}, limit {max}")]
-    FilterRange {
-        /// The command.
-        command: &'static str,
-        /// Requested start height.
-        start_height: u32,
-        /// Height of the stop block.
-        stop_height: u32,
-        /// The limit in blocks.
-        max: u32,
-    },
-}
-
-/// Why a peer connection ended.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Disconnect {
-    /// The peer broke a rule: disconnected and discouraged.
-    #[error("misbehaviour: {0}")]
-    Misbehaving(#[source] Misbehaviour),
-    /// The socket closed or failed.
-    #[error("connection closed: {0}")]
-    Io(#[source] std::io::Error),
-    /// version/verack not done in time.
-    #[error("handshake timeout")]
-    HandshakeTimeout,
-    /// The peer speaks a protocol older than we accept.
-    #[error("obsolete protocol version {0}")]
-    ObsoleteVersion(u32),
-    /// We connected to ourselves.
-    #[error("connected to self")]
-    SelfConnection,
-    /// Ping not answered in time.
-    #[error("ping timeout")]
-    PingTimeout,
-    /// Our writes did not drain in time (slow reader).
-    #[error("write timeout (slow reader)")]
-    WriteTimeout,
-    /// The header-sync peer did not answer in time.
-    #[error("headers sync timeout")]
-    HeadersTimeout,
-    /// The peer held the block download window past the stall timeout.
-    #[error("stalling block download")]
-    Stalling,
-    /// A block request went unanswered too long.
-    #[error("block request timeout")]
-    BlockTimeout,
-    /// Evicted to make room for a new inbound peer (inbound slots full).
-    #[error("evicted for a new inbound peer")]
-    Evicted,
-    /// The node is shutting down.
-    #[error("shutdown")]
-    Shutdown,
-    /// A message Core answers by disconnecting, without discouraging: a
-    /// feature we do not offer (`mempool`, BIP37 `filterload`/`filteradd`/
-    /// `filterclear` without NODE_BLOOM), negotiation after `verack`
-    /// (BIP339 `wtxidrelay`, BIP155 `sendaddrv2`).
-    #[error("{command}: {reason}")]
-    Refused {
-        /// The command.
-        command: &'static str,
-        /// Why (Core's log wording).
-        reason: &'static str,
-    },
-    /// The first bytes of an inbound connection are not a v1 message for
-    /// our network: a BIP324 v2 initiator (64 bytes of ElligatorSwift key),
-    /// or a node of another network. Closed without an answer, so a v2
-    /// peer retries in v1 (Core's `V2Transport` fallback); not discouraged
-    /// (Core never penalises a wrong message start).
-    #[error(
-        "not a v1 message for this network (first bytes {got:02x?}); a v2 (BIP324) handshake?"
-    )]
-    NotV1 {
-        /// The four bytes where the magic should be.
-        got: [u8; 4],
-    },
-    /// A request for a service we did not advertise to this peer (an
-    /// archive request without `NODE_ARCHIVE_PROOFS`). Not discouraged.
-    #[error("{command} without the service advertised")]
-    NotAdvertised {
-        /// The command.
-        command: &'static str,
-    },
-}
-
-impl Disconnect {
-    fn discourage(&self) -> bool {
-        matches!(self, Disconnect::Misbehaving(_))
-    }
-}
-
-fn misbehaving(m: Misbehaviour) -> Disconnect {
-    Disconnect::Misbehaving(m)
-}
-
-fn refused(command: &'static str, reason: &'static str) -> Disconnect {
-    Disconnect::Refused { command, reason }
-}
 
 /// Core's reason for refusing BIP37 messages when it does not offer
 /// NODE_BLOOM.
@@ -260,7 +107,7 @@ pub(crate) async fn run_peer(
     let reason = peer.run(msg_rx, cmd_rx, shutdown).await;
     reader.abort();
     if let Some(n) = peer.our_nonce {
-        lock(&net.our_nonces).remove(&n);
+        net.our_nonces.lock().remove(&n);
     }
     if reason.discourage() {
         warn!(peer = %addr, id, %reason, "disconnecting and discouraging peer");
@@ -415,14 +262,12 @@ impl Peer {
             services |= ServiceFlags::COMPACT_FILTERS;
         }
         if self.net.backend.archive_ready() {
-            services |= super::archive::archive_service();
+            services |= archive_service();
         }
         self.our_services = services;
-        let mut nonce = [0u8; 8];
-        let _ = getrandom::getrandom(&mut nonce);
-        let nonce = u64::from_le_bytes(nonce);
+        let nonce = self.net.nonces.next();
         self.our_nonce = Some(nonce);
-        lock(&self.net.our_nonces).insert(nonce);
+        self.net.our_nonces.lock().insert(nonce);
         let (height, _) = self.net.backend.tip();
         let timestamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -486,11 +331,11 @@ impl Peer {
                     if v.version < super::MIN_PEER_PROTOCOL_VERSION {
                         return Err(Disconnect::ObsoleteVersion(v.version));
                     }
-                    if self.inbound && lock(&self.net.our_nonces).contains(&v.nonce) {
+                    if self.inbound && self.net.our_nonces.lock().contains(&v.nonce) {
                         return Err(Disconnect::SelfConnection);
                     }
                     self.best_height = v.start_height.max(0) as u32;
-                    if let Some(info) = lock(&self.net.shared.peers).get_mut(&self.id) {
+                    if let Some(info) = self.net.shared.peers.lock().get_mut(&self.id) {
                         info.services = v.services.to_u64();
                         info.user_agent.clone_from(&v.user_agent);
                         info.start_height = v.start_height;
@@ -542,7 +387,7 @@ impl Peer {
             .as_ref()
             .map(|v| v.services.to_u64())
             .unwrap_or(0);
-        lock(&self.net.addrs).mark_good(self.addr, services);
+        self.net.addrs.lock().mark_good(self.addr, services);
         let mut msgs = Vec::new();
         if their_version >= SENDHEADERS_VERSION {
             msgs.push(NetworkMessage::SendHeaders);
@@ -557,9 +402,7 @@ impl Peer {
     }
 
     fn new_ping_nonce(&mut self) -> u64 {
-        let mut nonce = [0u8; 8];
-        let _ = getrandom::getrandom(&mut nonce);
-        let n = u64::from_le_bytes(nonce);
+        let n = self.net.nonces.next();
         self.ping = Some((n, Instant::now()));
         self.last_ping = Instant::now();
         n
@@ -585,7 +428,7 @@ impl Peer {
             return Ok(());
         }
         {
-            let mut hs = lock(&self.net.header_sync);
+            let mut hs = self.net.header_sync.lock();
             if hs.is_some() {
                 return Ok(());
             }
@@ -674,13 +517,13 @@ impl Peer {
             _ => {}
         }
         let sync_stalled = {
-            let hs = lock(&self.net.header_sync);
+            let hs = self.net.header_sync.lock();
             matches!(*hs, Some((p, since)) if p == self.id && now.duration_since(since) > t.headers_response)
         };
         if sync_stalled {
             return Err(Disconnect::HeadersTimeout);
         }
-        if lock(&self.net.sched)
+        if self.net.sched.lock()
             .oldest_wait(self.id, now)
             .is_some_and(|w| w > t.block_request)
         {
@@ -702,7 +545,7 @@ impl Peer {
         }
         let now = Instant::now();
         let (assigned, staller) = {
-            let mut sched = lock(&self.net.sched);
+            let mut sched = self.net.sched.lock();
             // Only blocks the peer can have: at or below the height it is
             // known to have (Core's `pindexBestKnownBlock`, by height), and
             // not ones it said it does not have. Core sends no `notfound`
@@ -801,7 +644,7 @@ impl Peer {
             NetworkMessage::Inv(inv) => self.on_inv(inv).await,
             NetworkMessage::Block(block) => self.on_block(block).await,
             NetworkMessage::NotFound(inv) => {
-                let mut sched = lock(&self.net.sched);
+                let mut sched = self.net.sched.lock();
                 for i in inv {
                     if let Inventory::Block(h) | Inventory::WitnessBlock(h) = i {
                         sched.release(self.id, &h);
@@ -817,7 +660,7 @@ impl Peer {
             NetworkMessage::GetCFCheckpt(req) => self.on_getcfcheckpt(req).await,
             NetworkMessage::GetAddr => self.on_getaddr().await,
             NetworkMessage::Addr(list) => {
-                let mut book = lock(&self.net.addrs);
+                let mut book = self.net.addrs.lock();
                 for (time, a) in list {
                     if let Ok(sa) = a.socket_addr() {
                         book.add(sa, a.services.to_u64(), Some(time));
@@ -826,7 +669,7 @@ impl Peer {
                 Ok(())
             }
             NetworkMessage::AddrV2(list) => {
-                let mut book = lock(&self.net.addrs);
+                let mut book = self.net.addrs.lock();
                 for m in list {
                     if let Ok(sa) = m.socket_addr() {
                         book.add(sa, m.services.to_u64(), Some(m.time));
@@ -835,14 +678,14 @@ impl Peer {
                 Ok(())
             }
             NetworkMessage::Unknown { command, payload } => {
-                let advertised = self.our_services.has(super::archive::archive_service());
+                let advertised = self.our_services.has(archive_service());
                 let command = command.to_string();
-                match super::archive::on_message(self.backend(), advertised, &command, &payload)
+                match archive_serve::on_message(self.backend(), advertised, &command, &payload)
                     .await
                 {
                     Ok(Some(reply)) => self.send(reply).await,
                     Ok(None) => Ok(()),
-                    Err(super::archive::ArchiveMessageError::NotAdvertised { command }) => {
+                    Err(ArchiveMessageError::NotAdvertised { command }) => {
                         Err(Disconnect::NotAdvertised { command })
                     }
                     Err(e) => Err(misbehaving(Misbehaviour::Archive(e))),
@@ -984,7 +827,7 @@ impl Peer {
         pick: impl Fn(&Transaction) -> bool,
         witness: bool,
     ) -> Result<bool, Disconnect> {
-        let tx = lock(&self.net.recent_txs).iter().find(|t| pick(t)).cloned();
+        let tx = self.net.recent_txs.lock().iter().find(|t| pick(t)).cloned();
         let Some(tx) = tx else { return Ok(false) };
         let mut tx = (*tx).clone();
         if !witness {
@@ -1056,7 +899,7 @@ impl Peer {
                 // these, so it has them.
                 if !direct.is_empty() && self.is_full_node() {
                     let assigned =
-                        lock(&self.net.sched).assign(self.id, &direct, |_| false, Instant::now());
+                        self.net.sched.lock().assign(self.id, &direct, |_| false, Instant::now());
                     if !assigned.is_empty() {
                         let inv = assigned.into_iter().map(Inventory::WitnessBlock).collect();
                         self.send(NetworkMessage::GetData(inv)).await?;
@@ -1070,7 +913,7 @@ impl Peer {
                     self.best_hash = Some(last);
                 }
                 if n as u64 == MAX_HEADERS {
-                    if let Some((_, since)) = lock(&self.net.header_sync).as_mut() {
+                    if let Some((_, since)) = self.net.header_sync.lock().as_mut() {
                         *since = Instant::now();
                     }
                     let mut loc = vec![last];
@@ -1114,7 +957,7 @@ impl Peer {
                 // Presync: the node keeps bounded state for this chain and
                 // stores nothing yet; keep asking while the peer has more.
                 if n as u64 == MAX_HEADERS {
-                    if let Some((_, since)) = lock(&self.net.header_sync).as_mut() {
+                    if let Some((_, since)) = self.net.header_sync.lock().as_mut() {
                         *since = Instant::now();
                     }
                     self.send_getheaders(vec![below]).await
@@ -1133,7 +976,7 @@ impl Peer {
     }
 
     fn end_header_sync(&self) {
-        let mut hs = lock(&self.net.header_sync);
+        let mut hs = self.net.header_sync.lock();
         if matches!(*hs, Some((p, _)) if p == self.id) {
             *hs = None;
         }
@@ -1141,7 +984,7 @@ impl Peer {
 
     async fn on_block(&mut self, block: Block) -> Result<(), Disconnect> {
         let hash = block.block_hash();
-        let requested = lock(&self.net.sched).received(self.id, &hash);
+        let requested = self.net.sched.lock().received(self.id, &hash);
         if !requested && self.net.backend.block_height(&hash).is_none() {
             // Unsolicited block with an unknown header: its header must link.
             let b = self.backend();
@@ -1348,7 +1191,7 @@ impl Peer {
             return Ok(());
         }
         self.sent_getaddr_answer = true;
-        let entries = lock(&self.net.addrs).sample(codec::MAX_ADDR as usize);
+        let entries = self.net.addrs.lock().sample(codec::MAX_ADDR as usize);
         if entries.is_empty() {
             return Ok(());
         }
@@ -1381,13 +1224,6 @@ impl Peer {
     }
 }
 
-fn codec_disconnect(e: CodecError) -> Disconnect {
-    match e {
-        CodecError::Io { source } => Disconnect::Io(source),
-        other => misbehaving(Misbehaviour::Codec(other)),
-    }
-}
-
 /// Serialization of a block without witness data (for `MSG_BLOCK`
 /// requests). `None` when the stored bytes do not parse.
 fn strip_witness(bytes: &[u8]) -> Option<Vec<u8>> {
@@ -1398,17 +1234,4 @@ fn strip_witness(bytes: &[u8]) -> Option<Vec<u8>> {
         }
     }
     Some(serialize(&block))
-}
-
-/// Runs a blocking backend call off the executor. `None` if the call
-/// panicked (logged).
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    let span = tracing::Span::current();
-    match tokio::task::spawn_blocking(move || span.in_scope(f)).await {
-        Ok(v) => Some(v),
-        Err(e) => {
-            warn!(error = %e, "backend call failed");
-            None
-        }
-    }
 }

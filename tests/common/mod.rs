@@ -82,7 +82,7 @@ impl ListeningP2p {
         config.dns_seeds = false;
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let (handle, task) =
-            runtime.block_on(async { kakehi::p2p::start_p2p(chain, config, stop_rx) });
+            runtime.block_on(async { kakehi::node::start_p2p(chain, config, stop_rx) });
         let addr = runtime
             .block_on(async {
                 tokio::time::timeout(std::time::Duration::from_secs(10), handle.local_addr()).await

@@ -16,7 +16,7 @@
 //! headers presync, simplified: see [`PRESYNC_MAX_HEADERS`]) and stored only
 //! once their chain passes it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -27,16 +27,18 @@ use bitcoin::pow::{Target, Work};
 use bitcoin::{Block, BlockHash};
 use tokio::sync::watch;
 
-use super::archive::{ArchEpochs, ArchiveQueryError};
-use super::backend::{
-    FilterQueryError, HeadersError, HeadersOutcome, NodeBackend, SubmitError, SubmitOutcome,
-};
-use super::{P2pConfig, P2pError, P2pHandle};
-use crate::chain::index::{BlockStatus, ChainIndex, IndexEntry};
+use super::p2p_archive;
+use super::p2p_view::{branch_ids, View};
+use crate::chain::index::BlockStatus;
 use crate::chain::ChainParams;
+use crate::p2p::archive::ArchEpochs;
+use crate::p2p::{
+    ArchiveQueryError, FilterQueryError, HeadersError, HeadersOutcome, NodeBackend, P2pConfig,
+    P2pError, P2pHandle, SubmitError, SubmitOutcome,
+};
 use crate::pipeline::{self, Chainstate};
-use crate::snapshot::{ChainSnapshot, Snapshots};
 use crate::primitives::BlockId;
+use crate::snapshot::{ChainSnapshot, Snapshots};
 
 /// Most headers held in memory below the minimum chainwork (all presync
 /// chains together): 500,000 headers, 40 MB. A chain that outgrows it is
@@ -50,9 +52,6 @@ pub const PRESYNC_MAX_HEADERS: usize = 500_000;
 /// Most presync chains held at once (one per peer in practice); the oldest
 /// is dropped beyond this.
 pub const PRESYNC_MAX_CHAINS: usize = 8;
-/// Most hashes remembered as "body arrived mutated" (oldest forgotten
-/// first). Each one cost its sender a discouragement.
-pub const MUTATED_MEMORY: usize = 64;
 /// Period of the tip watcher started by [`start_p2p`], milliseconds.
 pub const TIP_WATCH_INTERVAL_MS: u64 = 500;
 
@@ -81,223 +80,6 @@ impl Presync {
     }
 }
 
-/// The summary the cheap backend methods read (see the module docs).
-struct View {
-    /// (index length, tip id, blocks connected, blocks rejected) at the
-    /// last refresh.
-    key: Option<(usize, u32, u64, u64)>,
-    /// Index entries already folded into `heights` and `best`.
-    scanned: usize,
-    rejected_seen: u64,
-    /// Height of every header of the index.
-    heights: HashMap<BlockHash, u32>,
-    /// The most-work non-invalid header; among equal work the first seen,
-    /// unless its body arrived mutated and another's did not (below).
-    best: Option<(BlockId, Work)>,
-    /// Headers whose body arrived mutated (bad merkle root, witness
-    /// commitment, CVE-2012-2459 duplicates) and that stayed headers-only,
-    /// as in Core: at most [`MUTATED_MEMORY`], oldest first. They lose ties
-    /// for `best`, so the download plan follows an equal-work competitor
-    /// instead of a block no honest peer may have.
-    mutated: VecDeque<BlockHash>,
-    /// The chain ending at `best`, by height: (id, hash).
-    header_chain: Vec<(BlockId, BlockHash)>,
-    tip: (u32, BlockHash),
-    locator: Vec<BlockHash>,
-    /// Missing blocks of the best header chain above the fork with the
-    /// active chain, ≤ 1,024 heights above the tip, in chain order.
-    fetch: Vec<BlockHash>,
-    synced: bool,
-    /// [`super::archive::node_ready`] at the last refresh.
-    archive_ready: bool,
-}
-
-impl Default for View {
-    fn default() -> Self {
-        View {
-            key: None,
-            scanned: 0,
-            rejected_seen: 0,
-            heights: HashMap::new(),
-            best: None,
-            mutated: VecDeque::new(),
-            header_chain: Vec::new(),
-            tip: (0, BlockHash::all_zeros()),
-            locator: Vec::new(),
-            fetch: Vec::new(),
-            synced: false,
-            archive_ready: false,
-        }
-    }
-}
-
-impl View {
-    fn refresh(&mut self, cs: &ChainSnapshot, force: bool) {
-        let index = cs.index();
-        let stats = cs.stats();
-        let key = (
-            index.len(),
-            index.tip().id.0,
-            stats.blocks_connected,
-            stats.blocks_rejected,
-        );
-        if !force && self.key == Some(key) {
-            return;
-        }
-        self.key = Some(key);
-        // A rejection may have invalidated the best header: rescan all.
-        if self.best.is_none() || stats.blocks_rejected != self.rejected_seen {
-            self.best = None;
-            for e in index.entries() {
-                self.consider(index, e);
-            }
-            self.rejected_seen = stats.blocks_rejected;
-        } else {
-            for e in index.entries_from(self.scanned) {
-                self.consider(index, e);
-            }
-        }
-        for e in index.entries_from(self.scanned) {
-            self.heights.insert(e.hash, e.height);
-        }
-        self.scanned = index.len();
-        let tip = index.tip();
-        self.tip = (tip.height, tip.hash);
-        let best = self.best.map(|b| b.0).unwrap_or(tip.id);
-        self.update_header_chain(index, best);
-        self.locator = locator(&self.header_chain);
-        // Fork of the best header chain with the active chain.
-        let best_height = self.header_chain.len().saturating_sub(1) as u32;
-        let mut fork = tip.height.min(best_height);
-        while fork > 0
-            && index.active_at(fork).map(|e| e.id) != Some(self.header_chain[fork as usize].0)
-        {
-            fork -= 1;
-        }
-        let end = best_height.min(tip.height.saturating_add(super::DOWNLOAD_WINDOW as u32));
-        self.fetch.clear();
-        for h in fork + 1..=end {
-            let (id, hash) = self.header_chain[h as usize];
-            if index
-                .get(id)
-                .is_some_and(|e| e.status == BlockStatus::HeadersOnly)
-            {
-                self.fetch.push(hash);
-            }
-        }
-        // The filter index is built at connect time, so it is complete up to
-        // the tip; it has "caught up" when no downloaded block of the best
-        // header chain waits to be connected (the tip is the best fully
-        // downloaded block).
-        self.synced = match self.header_chain.get(fork as usize + 1) {
-            None => true,
-            Some((id, _)) => !index.get(*id).is_some_and(|e| e.status.has_data()),
-        };
-        self.archive_ready = super::archive::node_ready(cs, best_height);
-    }
-
-    /// Makes `e` the best header if it has more work, or equal work and the
-    /// current best's body arrived mutated while `e`'s did not.
-    fn consider(&mut self, index: &ChainIndex, e: &IndexEntry) {
-        if e.status.is_invalid() {
-            return;
-        }
-        let better = match self.best {
-            None => true,
-            Some((_, w)) if e.chainwork > w => true,
-            Some((id, w)) if e.chainwork == w && !self.mutated.is_empty() => {
-                let best_mutated = index
-                    .get(id)
-                    .is_some_and(|b| self.mutated.contains(&b.hash));
-                best_mutated && !self.mutated.contains(&e.hash)
-            }
-            Some(_) => false,
-        };
-        if better {
-            self.best = Some((e.id, e.chainwork));
-        }
-    }
-
-    /// Remembers that `hash`'s body arrived mutated (or forgets it, when a
-    /// valid body was stored).
-    fn note_mutated(&mut self, hash: BlockHash, mutated: bool) {
-        self.mutated.retain(|h| *h != hash);
-        if mutated {
-            if self.mutated.len() == MUTATED_MEMORY {
-                self.mutated.pop_front();
-            }
-            self.mutated.push_back(hash);
-        }
-        // Re-choose the best header from scratch at the next refresh.
-        self.best = None;
-    }
-
-    /// Rewrites `header_chain` to end at `best` (O(reorg depth)).
-    fn update_header_chain(&mut self, index: &ChainIndex, best: BlockId) {
-        let mut branch = Vec::new();
-        let mut cur = index.get(best);
-        while let Some(e) = cur {
-            if self.header_chain.get(e.height as usize).map(|x| x.0) == Some(e.id) {
-                break;
-            }
-            branch.push((e.id, e.hash));
-            cur = e.prev.and_then(|p| index.get(p));
-        }
-        let keep = match cur {
-            Some(e) => e.height as usize + 1,
-            None => 0,
-        };
-        self.header_chain.truncate(keep);
-        self.header_chain.extend(branch.into_iter().rev());
-        let best_height = index.get(best).map(|e| e.height as usize).unwrap_or(0);
-        self.header_chain.truncate(best_height + 1);
-    }
-}
-
-/// Core's `LocatorEntries` over a chain given by height.
-fn locator(chain: &[(BlockId, BlockHash)]) -> Vec<BlockHash> {
-    let mut out = Vec::new();
-    let mut height = chain.len() as i64 - 1;
-    let mut step = 1i64;
-    while height >= 0 {
-        out.push(chain[height as usize].1);
-        if out.len() >= 10 {
-            step *= 2;
-        }
-        height -= step;
-    }
-    if let Some(g) = chain.first() {
-        if out.last() != Some(&g.1) {
-            out.push(g.1);
-        }
-    }
-    out
-}
-
-/// The ids from `start_height` to `stop` on `stop`'s branch, in height
-/// order (walks back to the active chain, then reads it).
-fn branch_ids(index: &ChainIndex, start_height: u32, stop: BlockId) -> Vec<BlockId> {
-    let mut rev = Vec::new();
-    let mut cur = index.get(stop);
-    while let Some(e) = cur {
-        if e.height < start_height {
-            break;
-        }
-        if index.is_active(e.id) {
-            for h in (start_height..=e.height).rev() {
-                if let Some(a) = index.active_at(h) {
-                    rev.push(a.id);
-                }
-            }
-            break;
-        }
-        rev.push(e.id);
-        cur = e.prev.and_then(|p| index.get(p));
-    }
-    rev.reverse();
-    rev
-}
-
 /// A [`NodeBackend`] over the node's chain state. Build with
 /// [`NodeP2p::new`]; see the module docs for locking.
 pub struct NodeP2p {
@@ -306,8 +88,8 @@ pub struct NodeP2p {
     /// Where every read comes from.
     snapshots: Snapshots,
     params: ChainParams,
-    view: Mutex<View>,
-    presync: Mutex<Presync>,
+    view: parking_lot::Mutex<View>,
+    presync: parking_lot::Mutex<Presync>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -334,15 +116,15 @@ impl NodeP2p {
             chain,
             snapshots,
             params,
-            view: Mutex::new(view),
-            presync: Mutex::new(Presync::default()),
+            view: parking_lot::Mutex::new(view),
+            presync: parking_lot::Mutex::new(Presync::default()),
         }
     }
 
     /// The view, refreshed from the latest snapshot if it changed.
-    fn view(&self) -> MutexGuard<'_, View> {
+    fn view(&self) -> parking_lot::MutexGuard<'_, View> {
         let snapshot = self.snapshots.load();
-        let mut v = lock(&self.view);
+        let mut v = self.view.lock();
         v.refresh(&snapshot, false);
         v
     }
@@ -350,7 +132,7 @@ impl NodeP2p {
     /// Refreshes the view after a write through this backend (the writer
     /// published its snapshot before returning).
     fn refresh_after_write(&self) {
-        lock(&self.view).refresh(&self.snapshots.load(), true);
+        self.view.lock().refresh(&self.snapshots.load(), true);
     }
 
     /// Stores headers through the chain state (full checks).
@@ -502,7 +284,7 @@ impl NodeBackend for NodeP2p {
                     .map(|e| (e.chainwork, e.height))
             }
         };
-        let mut presync = lock(&self.presync);
+        let mut presync = self.presync.lock();
         let (held, base_work, base_height) = match parent {
             None if !presync.chains.contains_key(&first.prev_blockhash) => {
                 drop(presync);
@@ -590,11 +372,11 @@ impl NodeBackend for NodeP2p {
                     .and_then(|id| cs.index().get(id))
                     .is_some_and(|e| e.status == BlockStatus::HeadersOnly);
                 if headers_only {
-                    lock(&self.view).note_mutated(hash, true);
+                    self.view.lock().note_mutated(hash, true);
                 }
             }
             Ok(pipeline::SubmitOutcome::Accepted { .. }) => {
-                let mut v = lock(&self.view);
+                let mut v = self.view.lock();
                 if v.mutated.contains(&hash) {
                     v.note_mutated(hash, false);
                 }
@@ -667,7 +449,7 @@ impl NodeBackend for NodeP2p {
         let ids = branch(&cs, 0, stop)?;
         let mut out = Vec::new();
         for (height, id) in ids.iter().enumerate() {
-            if height > 0 && (height as u32).is_multiple_of(super::CFCHECKPT_INTERVAL) {
+            if height > 0 && (height as u32).is_multiple_of(crate::p2p::CFCHECKPT_INTERVAL) {
                 out.push(filter_of(&cs, *id)?.1);
             }
         }
@@ -680,7 +462,7 @@ impl NodeBackend for NodeP2p {
 
     fn archive_epochs(&self, start: u32, count: u16) -> Result<ArchEpochs, ArchiveQueryError> {
         let cs = self.snapshots.load();
-        Ok(super::archive::node_epochs(&cs, start, count))
+        Ok(p2p_archive::epochs(&cs, start, count))
     }
 
     fn archive_proof(
@@ -690,7 +472,7 @@ impl NodeBackend for NodeP2p {
         txoutproofs: bool,
     ) -> Result<crate::archive::ProofBatch, ArchiveQueryError> {
         let cs = self.snapshots.load();
-        super::archive::node_proof(&cs, outpoints, epoch, txoutproofs)
+        p2p_archive::proof(&cs, outpoints, epoch, txoutproofs)
     }
 }
 
@@ -732,7 +514,7 @@ fn filter_of(cs: &ChainSnapshot, id: BlockId) -> Result<(Vec<u8>, FilterHeader),
 }
 
 /// Starts the P2P layer for the node on the current tokio runtime: wraps
-/// `chain` in a [`NodeP2p`], spawns [`super::run`], and spawns a tip
+/// `chain` in a [`NodeP2p`], spawns [`crate::p2p::run`], and spawns a tip
 /// watcher that calls [`P2pHandle::announce_tip`] whenever the active tip
 /// changes (every [`TIP_WATCH_INTERVAL_MS`]), so blocks connected by file
 /// import or HTTP are announced too (the P2P layer skips peers that already
@@ -749,7 +531,7 @@ pub fn start_p2p(
     shutdown: watch::Receiver<bool>,
 ) -> (P2pHandle, tokio::task::JoinHandle<Result<(), P2pError>>) {
     let backend = Arc::new(NodeP2p::new(chain));
-    let (handle, task) = super::spawn(backend.clone(), config, shutdown.clone());
+    let (handle, task) = crate::p2p::spawn(backend.clone(), config, shutdown.clone());
     let watcher = handle.clone();
     let mut shutdown = shutdown;
     tokio::spawn(async move {
