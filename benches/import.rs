@@ -6,13 +6,13 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
 use std::time::Instant;
 
 use bitcoin::Network;
 use kakehi::chain::ChainParams;
 use kakehi::import::{import_files, read_file};
 use kakehi::node::{open_chainstate, DataDir};
+use parking_lot::Mutex;
 
 fn main() {
     let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testnet-data/regtest-a/blocks.dat");

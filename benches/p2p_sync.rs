@@ -26,7 +26,9 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::p2p::address::Address;
@@ -37,9 +39,9 @@ use bitcoin::p2p::{Magic, ServiceFlags};
 use bitcoin::{BlockHash, Network};
 use kakehi::chain::ChainParams;
 use kakehi::import::import_files;
+use kakehi::node::start_p2p;
 use kakehi::node::{open_chainstate, DataDir};
 use kakehi::p2p::codec::{encode_message, read_message};
-use kakehi::node::start_p2p;
 use kakehi::p2p::{P2pConfig, P2pHandle};
 use kakehi::pipeline::Chainstate;
 use tokio::io::AsyncWriteExt;
@@ -66,7 +68,7 @@ impl Node {
     }
 
     fn tip(&self) -> (u32, BlockHash) {
-        let cs = self.chain.lock().expect("lock");
+        let cs = self.chain.lock();
         let t = cs.index().tip();
         (t.height, t.hash)
     }
@@ -122,7 +124,7 @@ async fn run(file: &Path) -> (f64, f64, Node, tempfile::TempDir) {
     let t = Instant::now();
     let (_hb, task_b, stop_b) = start(&b, config(false, vec![addr]));
     // Polled from B's published snapshots, which never wait for its writer.
-    let snapshots = b.chain.lock().expect("lock").snapshots();
+    let snapshots = b.chain.lock().snapshots();
     loop {
         let at = {
             let cs = snapshots.load();
@@ -137,7 +139,7 @@ async fn run(file: &Path) -> (f64, f64, Node, tempfile::TempDir) {
     }
     let sync_secs = t.elapsed().as_secs_f64();
     let (connected, submit_secs) = {
-        let cs = b.chain.lock().expect("lock");
+        let cs = b.chain.lock();
         (
             cs.stats().blocks_connected,
             cs.stats().submit_micros as f64 / 1e6,
@@ -153,8 +155,8 @@ async fn run(file: &Path) -> (f64, f64, Node, tempfile::TempDir) {
     let _ = tokio::time::timeout(Duration::from_secs(20), task_b).await;
     let _ = tokio::time::timeout(Duration::from_secs(20), task_a).await;
     assert_eq!(
-        a.chain.lock().expect("lock").snapshot().utxo_stats(),
-        b.chain.lock().expect("lock").snapshot().utxo_stats()
+        a.chain.lock().snapshot().utxo_stats(),
+        b.chain.lock().snapshot().utxo_stats()
     );
     drop(b);
     drop(dir_b);
@@ -224,7 +226,7 @@ impl Client {
 /// getcfilters batches of 1,000 from A for `secs` seconds.
 async fn bench_getcfilters(a: &Node, secs: f64) {
     let stops: Vec<(u32, BlockHash)> = {
-        let cs = a.chain.lock().expect("lock");
+        let cs = a.chain.lock();
         [1u32, 501]
             .iter()
             .map(|&start| {

@@ -220,7 +220,7 @@ pub struct ImportSummary {
 /// # Errors
 /// [`ImportError`]: a bad file (nothing of it imported) or a storage failure.
 pub fn import_files(
-    chain: &std::sync::Mutex<Chainstate>,
+    chain: &parking_lot::Mutex<Chainstate>,
     paths: &[PathBuf],
     stop: &AtomicBool,
     progress: bool,
@@ -228,10 +228,7 @@ pub fn import_files(
     let started = Instant::now();
     // Progress and the summary read published snapshots; the writer's
     // mutex is taken per block only.
-    let snapshots = chain
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .snapshots();
+    let snapshots = chain.lock().snapshots();
     let params = snapshots.load().params().clone();
     let reorgs_before = snapshots.load().stats().reorgs;
     let mut summary = ImportSummary::default();
@@ -259,12 +256,7 @@ pub fn import_files(
             }
             summary.blocks_read += 1;
             let hash = rec.block.block_hash();
-            let outcome = {
-                let mut cs = chain.lock().map_err(|_| PipelineError::Inconsistent {
-                    reason: "lock poisoned".into(),
-                })?;
-                cs.submit_block(&rec.block)?
-            };
+            let outcome = { chain.lock().submit_block(&rec.block)? };
             match outcome {
                 SubmitOutcome::Accepted { height, .. } => {
                     summary.accepted += 1;

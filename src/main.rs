@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use anyhow::Context;
 use bitcoin::Network;
@@ -368,9 +370,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         }
         Command::Run { import, .. } => run_node(&runtime, chain, import, &config, stop),
         Command::DumpUtxos { output } => {
-            let mut cs = chain
-                .lock()
-                .map_err(|_| anyhow::anyhow!("chain state lock poisoned"))?;
+            let mut cs = chain.lock();
             match output {
                 Some(p) => {
                     let mut f = std::fs::File::create(&p)
@@ -430,10 +430,7 @@ fn run_node(
     };
 
     let addr = config.http.address;
-    let snapshots = chain
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .snapshots();
+    let snapshots = chain.lock().snapshots();
     let state = kakehi::http::AppState {
         snapshots,
         p2p: Some(p2p),

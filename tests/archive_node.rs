@@ -12,7 +12,9 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::{Network, OutPoint};
@@ -107,7 +109,7 @@ fn reference_archive() -> (tempfile::TempDir, Archive) {
 #[test]
 fn sealed_epochs_and_commitment_equal_the_independent_feed() {
     let (_dir, reference) = reference_archive();
-    let cs = node().chain().lock().unwrap().snapshot();
+    let cs = node().chain().lock().snapshot();
     let tip = cs.index().tip().height;
     assert_eq!(tip, 1500);
     let a = cs.archive();
@@ -134,7 +136,7 @@ fn sealed_epochs_and_commitment_equal_the_independent_feed() {
 
 #[test]
 fn every_final_spend_has_a_node_proof_that_verifies_and_names_the_spender() {
-    let cs = node().chain().lock().unwrap().snapshot();
+    let cs = node().chain().lock().snapshot();
     let a = cs.archive();
     let sealed_through = a.epochs().last().expect("sealed").last_height;
     let anchor = Anchor::Commitment(a.commitment());
@@ -188,7 +190,7 @@ fn every_final_spend_has_a_node_proof_that_verifies_and_names_the_spender() {
 
 #[test]
 fn statuses_follow_spent_and_utxos_files() {
-    let cs = node().chain().lock().unwrap().snapshot();
+    let cs = node().chain().lock().snapshot();
     let a = cs.archive();
     let sealed_through = a.epochs().last().expect("sealed").last_height;
     let tip = cs.index().tip().height;
@@ -258,11 +260,11 @@ fn statuses_follow_spent_and_utxos_files() {
 fn two_nodes_agree_and_a_restart_or_lost_archive_changes_nothing() {
     let mut b = Node::imported();
     let (epochs, commitment) = {
-        let a = node().chain().lock().unwrap().snapshot();
+        let a = node().chain().lock().snapshot();
         (a.archive().epochs().to_vec(), a.archive().commitment())
     };
     let snapshot = |n: &Node| {
-        let cs = n.chain().lock().unwrap().snapshot();
+        let cs = n.chain().lock().snapshot();
         (cs.archive().epochs().to_vec(), cs.archive().commitment())
     };
     assert_eq!(snapshot(&b), (epochs.clone(), commitment));
@@ -332,7 +334,7 @@ async fn serve(chain: Arc<Mutex<Chainstate>>) -> std::net::SocketAddr {
     let app = axum::Router::new()
         .merge(archive_http::routes())
         .with_state(AppState {
-            snapshots: chain.lock().unwrap().snapshots(),
+            snapshots: chain.lock().snapshots(),
             p2p: None,
         });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -350,7 +352,7 @@ fn http_routes_serve_epochs_statuses_and_proofs_that_verify() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let (commitment, epochs) = {
-            let cs = node().chain().lock().unwrap().snapshot();
+            let cs = node().chain().lock().snapshot();
             (
                 hex(&cs.archive().commitment()),
                 cs.archive().epochs().to_vec(),

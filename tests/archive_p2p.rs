@@ -22,7 +22,9 @@ mod common;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::hashes::Hash;
@@ -37,13 +39,13 @@ use common::feed::{self, Chain};
 use kakehi::archive::{verify_bytes, Anchor, Archive, EpochHeader, VerifiedStatus};
 use kakehi::chain::ChainParams;
 use kakehi::import::import_files;
+use kakehi::node::start_p2p;
 use kakehi::node::{open_chainstate, DataDir};
 use kakehi::p2p::archive::{
     archive_service, ArchEpochs, ArchProof, ArchProofStatus, GetArchEpochs, GetArchProof,
     ARCHEPOCHS, ARCHPROOF, GETARCHEPOCH, GETARCHPROOF, MAX_ARCHPROOF_PROOF_BYTES,
 };
 use kakehi::p2p::codec::{self, encode_message, encode_raw, CodecError};
-use kakehi::node::start_p2p;
 use kakehi::p2p::{P2pConfig, P2pError, P2pHandle};
 use kakehi::pipeline::Chainstate;
 use tokio::io::AsyncWriteExt;
@@ -89,7 +91,7 @@ impl Node {
     }
 
     fn epochs_and_commitment(&self) -> (Vec<EpochHeader>, [u8; 32]) {
-        let cs = self.chain.lock().unwrap().snapshot();
+        let cs = self.chain.lock().snapshot();
         (cs.archive().epochs().to_vec(), cs.archive().commitment())
     }
 }
@@ -607,12 +609,12 @@ async fn two_nodes_synced_over_p2p_report_the_same_commitment() {
     let b = Node::empty();
     let pb = P2p::start(&b, vec![pa.addr]).await;
     let want = {
-        let cs = a.chain.lock().unwrap();
+        let cs = a.chain.lock();
         let t = cs.index().tip();
         (t.height, t.hash)
     };
     // B's published snapshots: polling them never waits for B's writer.
-    let b_snapshots = b.chain.lock().unwrap().snapshots();
+    let b_snapshots = b.chain.lock().snapshots();
     let started = Instant::now();
     loop {
         let tip = {
@@ -754,7 +756,7 @@ fn hex(b: &[u8]) -> String {
 async fn serve_http(chain: Arc<Mutex<Chainstate>>, p2p: Option<P2pHandle>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let snapshots = chain.lock().unwrap().snapshots();
+    let snapshots = chain.lock().snapshots();
     let state = kakehi::http::AppState { snapshots, p2p };
     tokio::spawn(kakehi::http::serve_listener(
         listener,

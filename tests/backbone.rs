@@ -12,18 +12,17 @@ use kakehi::import::{read_file, ImportError};
 use kakehi::pipeline::SubmitOutcome;
 
 fn tip(node: &TestNode) -> (u32, BlockHash) {
-    let cs = node.chain.lock().unwrap();
+    let cs = node.chain.lock();
     let t = cs.index().tip();
     (t.height, t.hash)
 }
 
 fn submit_file(node: &TestNode, path: &std::path::Path) -> SubmitOutcome {
-    let params = node.chain.lock().unwrap().params().clone();
+    let params = node.chain.lock().params().clone();
     let records = read_file(path, &params).expect("invalid case file frames");
     assert_eq!(records.len(), 1);
     node.chain
         .lock()
-        .unwrap()
         .submit_block(&records[0].block)
         .expect("storage")
 }
@@ -33,7 +32,7 @@ fn invalid_blocks_are_rejected_with_the_reference_reason_and_the_tip_stays() {
     let node = TestNode::new(Network::Regtest);
     node.import(&[data("regtest-a/blocks.dat")]);
     let before = tip(&node);
-    let utxos_before = node.chain.lock().unwrap().snapshot().utxo_stats();
+    let utxos_before = node.chain.lock().snapshot().utxo_stats();
     let cases = json("regtest-a/invalid/cases.json");
     let mut deferred = None;
     for case in cases.as_array().unwrap() {
@@ -59,7 +58,7 @@ fn invalid_blocks_are_rejected_with_the_reference_reason_and_the_tip_stays() {
         }
         assert_eq!(tip(&node), before, "{file} moved the tip");
         assert_eq!(
-            node.chain.lock().unwrap().snapshot().utxo_stats(),
+            node.chain.lock().snapshot().utxo_stats(),
             utxos_before,
             "{file} changed the UTXO set"
         );
@@ -124,7 +123,7 @@ fn mainnet_samples_reorg_to_the_a_branch() {
     )
     .unwrap();
     assert_eq!(hash, five_a[0].block.block_hash());
-    let cs = node.chain.lock().unwrap();
+    let cs = node.chain.lock();
     let tips = cs.index().tips();
     assert!(
         tips.iter().any(|t| t.hash == main4 && t.branch_len == 2),
@@ -142,7 +141,6 @@ fn mainnet_blocks_1_to_255_import_with_real_rules() {
     assert_eq!(
         node.chain
             .lock()
-            .unwrap()
             .index()
             .active_at(170)
             .unwrap()

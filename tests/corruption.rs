@@ -281,7 +281,7 @@ fn every_datadir_file_flipped_or_truncated_is_refused_or_served_right() {
     let template = tempfile::tempdir().expect("tempdir");
     {
         let datadir = DataDir::open(template.path()).expect("datadir");
-        let chain = std::sync::Mutex::new(
+        let chain = parking_lot::Mutex::new(
             open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open"),
         );
         let files = [common::data("regtest-a/blocks.dat")];

@@ -32,7 +32,7 @@ fn server() -> &'static Server {
         assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
         let TestNode { dir, chain, .. } = node;
         let state = AppState {
-            snapshots: chain.lock().expect("chain").snapshots(),
+            snapshots: chain.lock().snapshots(),
             p2p: None,
         };
         let addr = spawn_server(state.clone(), config());

@@ -58,7 +58,7 @@ fn node() -> &'static Node {
                 let p2p_addr = p2p.local_addr().await.expect("p2p listening");
                 p2p_addr_tx.send(p2p_addr).expect("send p2p addr");
                 let config = HttpConfig::default();
-                let snapshots = chain.lock().expect("chain").snapshots();
+                let snapshots = chain.lock().snapshots();
                 let state = AppState {
                     snapshots,
                     p2p: Some(p2p),

@@ -77,7 +77,7 @@ fn utxo_set_muhash_matches_core_and_survives_reorgs_and_restarts() {
     let summary = node.import(&[data("regtest-a/blocks.dat")]);
     assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
     let (stats, pipeline) = {
-        let cs = node.chain.lock().unwrap();
+        let cs = node.chain.lock();
         (cs.snapshot().utxo_stats(), cs.stats().clone())
     };
     assert_eq!(stats.height, 1500);
@@ -92,7 +92,7 @@ fn utxo_set_muhash_matches_core_and_survives_reorgs_and_restarts() {
         pipeline.submit_micros as f64 / 1e6,
     );
     let started = Instant::now();
-    let again = node.chain.lock().unwrap().snapshot().utxo_stats();
+    let again = node.chain.lock().snapshot().utxo_stats();
     eprintln!(
         "utxo_stats (one modular inversion): {:?}",
         started.elapsed()
@@ -143,10 +143,10 @@ fn muhash_of_table(cs: &mut kakehi::pipeline::Chainstate) -> String {
 #[test]
 fn kept_muhash_equals_a_table_walk_after_every_reorg() {
     let node = TestNode::new(Network::Regtest);
-    let params = node.chain.lock().unwrap().params().clone();
+    let params = node.chain.lock().params().clone();
     let records =
         kakehi::import::read_file(&data("regtest-a/blocks.dat"), &params).expect("blocks.dat");
-    let mut cs = node.chain.lock().unwrap();
+    let mut cs = node.chain.lock();
     let mut reorgs = 0;
     let mut checked = 0;
     for (i, r) in records.iter().enumerate() {

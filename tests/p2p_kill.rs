@@ -23,7 +23,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::{BlockHash, Network};
@@ -135,7 +137,7 @@ struct State {
 }
 
 fn state(chain: &Mutex<Chainstate>) -> State {
-    let mut cs = chain.lock().expect("lock");
+    let mut cs = chain.lock();
     let tip = cs.index().tip();
     let tip = (tip.height, tip.hash);
     let stats = format!("{:?}", cs.snapshot().utxo_stats());
@@ -258,13 +260,10 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
         open_chainstate(params, &datadir_a).expect("chainstate"),
     ));
     for r in &records[..at] {
-        a.lock()
-            .expect("lock")
-            .submit_block(&r.block)
-            .expect("submit");
+        a.lock().submit_block(&r.block).expect("submit");
     }
     let first_tip = {
-        let cs = a.lock().expect("lock");
+        let cs = a.lock();
         let t = cs.index().tip();
         (u64::from(t.height), t.hash.to_string())
     };
@@ -301,7 +300,7 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
         let rest: Vec<_> = records[at..].iter().map(|r| r.block.clone()).collect();
         std::thread::spawn(move || {
             for block in &rest {
-                a.lock().expect("lock").submit_block(block).expect("submit");
+                a.lock().submit_block(block).expect("submit");
             }
         })
     };
@@ -403,7 +402,7 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
     );
     let got = state(&b_chain);
     {
-        let cs = b_chain.lock().expect("lock");
+        let cs = b_chain.lock();
         let id = cs.index().id_of(&old_tip).expect("B knows A's old tip");
         assert!(!cs.index().is_active(id), "A's old tip is stale in B");
     }

@@ -9,7 +9,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::{BlockHash, Network};
@@ -17,8 +19,8 @@ use common::{data, json};
 use kakehi::chain::ChainParams;
 use kakehi::import::{import_files, read_file};
 use kakehi::node::{open_chainstate, DataDir};
-use kakehi::p2p::backend::{HeadersError, NodeBackend};
 use kakehi::node::{start_p2p, NodeP2p};
+use kakehi::p2p::backend::{HeadersError, NodeBackend};
 use kakehi::p2p::{P2pConfig, P2pError, P2pHandle};
 use kakehi::pipeline::Chainstate;
 use kakehi::snapshot::Snapshots;
@@ -127,7 +129,7 @@ async fn wait_for_tip_does_not_wait_for_a_writer_holding_the_chain_state() {
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let chain = node.chain.clone();
     let holder = std::thread::spawn(move || {
-        let guard = chain.lock().unwrap();
+        let guard = chain.lock();
         locked_tx.send(()).unwrap();
         // Released below once the tip was read, or after 10 s.
         let released = release_rx.recv_timeout(Duration::from_secs(10)).is_ok();
@@ -179,18 +181,15 @@ fn imported_node(dir: &Path) -> (Node, f64) {
 fn assert_same_state(a: &Node, b: &Node) {
     assert_eq!(b.tip(), reference_tip());
     assert_eq!(
-        a.chain.lock().unwrap().snapshot().utxo_stats(),
-        b.chain.lock().unwrap().snapshot().utxo_stats()
+        a.chain.lock().snapshot().utxo_stats(),
+        b.chain.lock().snapshot().utxo_stats()
     );
     let mut dump = Vec::new();
-    b.chain.lock().unwrap().dump_utxos(&mut dump).unwrap();
+    b.chain.lock().dump_utxos(&mut dump).unwrap();
     let expected = std::fs::read(data("regtest-a/utxos.txt")).unwrap();
     assert!(dump == expected, "B's UTXO dump differs from utxos.txt");
     let filters = json("regtest-a/filters.json");
-    let (ca, cb) = (
-        a.chain.lock().unwrap().snapshot(),
-        b.chain.lock().unwrap().snapshot(),
-    );
+    let (ca, cb) = (a.chain.lock().snapshot(), b.chain.lock().snapshot());
     for f in filters.as_array().unwrap() {
         let height = f["height"].as_u64().unwrap() as u32;
         let eb = cb.index().active_at(height).expect("B has the height");
@@ -226,7 +225,7 @@ async fn empty_node_syncs_regtest_a_from_an_importing_node() {
     let b = Node::open(db.path(), ChainParams::new(Network::Regtest));
     let pb = start(&b, config(false, vec![addr]));
     let took = wait_for_tip(&b, reference_tip()).await;
-    let blocks = b.chain.lock().unwrap().stats().blocks_connected;
+    let blocks = b.chain.lock().stats().blocks_connected;
     eprintln!(
         "p2p sync: {blocks} blocks connected in {:.2} s = {:.0} blocks/s; file import: {import_rate:.0} blocks/s",
         took.as_secs_f64(),
@@ -254,17 +253,17 @@ async fn follower_takes_the_twelve_deep_reorg() {
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = Node::open(da.path(), params.clone());
     for r in &records[..at] {
-        a.chain.lock().unwrap().submit_block(&r.block).unwrap();
+        a.chain.lock().submit_block(&r.block).unwrap();
     }
     assert_eq!(a.tip().1, old_tip, "A before the reorg is at its old tip");
     let (pa, addr) = serve(&a).await;
     let b = Node::open(db.path(), params);
     let pb = start(&b, config(false, vec![addr]));
     wait_for_tip(&b, a.tip()).await;
-    assert_eq!(b.chain.lock().unwrap().stats().reorgs, 0);
+    assert_eq!(b.chain.lock().stats().reorgs, 0);
     // The rest, into A only: A reorganises at `at`; its tip watcher announces.
     for r in &records[at..] {
-        a.chain.lock().unwrap().submit_block(&r.block).unwrap();
+        a.chain.lock().submit_block(&r.block).unwrap();
     }
     assert_eq!(a.tip(), reference_tip());
     wait_for_tip(&b, reference_tip()).await;
@@ -354,16 +353,12 @@ fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
             }
             other => panic!("expected BelowMinimumWork, got {other:?}"),
         }
-        assert_eq!(
-            node.chain.lock().unwrap().index().len(),
-            1,
-            "nothing stored"
-        );
+        assert_eq!(node.chain.lock().index().len(), 1, "nothing stored");
     }
     let out = backend
         .accept_headers(&best[999..1200])
         .expect("passes the minimum");
-    assert_eq!(node.chain.lock().unwrap().index().len(), 1201);
+    assert_eq!(node.chain.lock().index().len(), 1201);
     assert_eq!(out.best_header, (1200, best[1199].block_hash()));
     assert_eq!(backend.best_header_tip(), (1200, best[1199].block_hash()));
     assert_eq!(backend.blocks_to_fetch(10_000).len(), 1024);
@@ -374,11 +369,11 @@ fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
         Err(HeadersError::Unconnected { .. })
     ));
     // Reopened: the stored headers are there, as headers only.
-    let params = node.chain.lock().unwrap().params().clone();
+    let params = node.chain.lock().params().clone();
     drop(backend);
     drop(node);
     let node = Node::open(dir.path(), params);
-    assert_eq!(node.chain.lock().unwrap().index().len(), 1201);
+    assert_eq!(node.chain.lock().index().len(), 1201);
     assert_eq!(node.tip().0, 0);
     let backend = NodeP2p::new(node.chain.clone());
     assert_eq!(backend.best_header_tip(), (1200, best[1199].block_hash()));
@@ -452,7 +447,7 @@ fn plan_follows_the_equal_work_competitor_of_a_mutated_block() {
         Err(SubmitError::Invalid { .. })
     ));
     {
-        let cs = node.chain.lock().unwrap();
+        let cs = node.chain.lock();
         let id = cs.index().id_of(&stale.block_hash()).expect("stored");
         assert_eq!(
             cs.index().get(id).map(|e| e.status),

@@ -34,7 +34,7 @@ fn hex(bytes: &[u8]) -> String {
 #[test]
 fn import_ends_at_the_reference_tip_after_the_reference_reorgs() {
     let chain = json("regtest-a/chain.json");
-    let cs = node().chain.lock().unwrap().snapshot();
+    let cs = node().chain.lock().snapshot();
     let tip = cs.index().tip();
     assert_eq!(tip.hash.to_string(), chain["tip_hash"].as_str().unwrap());
     assert_eq!(u64::from(tip.height), chain["tip_height"].as_u64().unwrap());
@@ -54,7 +54,7 @@ fn import_ends_at_the_reference_tip_after_the_reference_reorgs() {
 
 #[test]
 fn filters_and_filter_headers_match_the_reference_for_active_and_stale_blocks() {
-    let cs = node().chain.lock().unwrap().snapshot();
+    let cs = node().chain.lock().snapshot();
     let filters = json("regtest-a/filters.json");
     let filters = filters.as_array().unwrap();
     assert_eq!(filters.len(), 1501);
@@ -99,7 +99,7 @@ fn filters_and_filter_headers_match_the_reference_for_active_and_stale_blocks() 
 #[test]
 fn utxo_dump_equals_the_reference_byte_for_byte() {
     let mut out = Vec::new();
-    node().chain.lock().unwrap().dump_utxos(&mut out).unwrap();
+    node().chain.lock().dump_utxos(&mut out).unwrap();
     let expected = std::fs::read(data("regtest-a/utxos.txt")).unwrap();
     if out != expected {
         let ours = String::from_utf8_lossy(&out);
@@ -119,7 +119,7 @@ fn utxo_dump_equals_the_reference_byte_for_byte() {
 #[test]
 fn utxo_stats_match_the_reference() {
     let reference = json("regtest-a/utxo.json");
-    let stats = node().chain.lock().unwrap().snapshot().utxo_stats();
+    let stats = node().chain.lock().snapshot().utxo_stats();
     assert_eq!(stats.txouts, reference["txouts"].as_u64().unwrap());
     assert_eq!(
         stats.total_amount_sats,
@@ -139,7 +139,7 @@ fn utxo_stats_match_the_reference() {
 fn spent_outputs_are_recorded_with_their_spenders() {
     // spent.txt: `txid:vout spent_by_txid:vin spent_at_height` for every
     // output created and spent on the best chain.
-    let cs = node().chain.lock().unwrap().snapshot();
+    let cs = node().chain.lock().snapshot();
     let mut by_height: HashMap<u32, Vec<(String, String)>> = HashMap::new();
     let text = std::fs::read_to_string(data("regtest-a/spent.txt")).unwrap();
     for line in text.lines() {

@@ -16,7 +16,9 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::consensus::deserialize;
@@ -45,11 +47,7 @@ fn records(cs: &Chainstate) -> Vec<Record> {
 }
 
 fn submit(chain: &Mutex<Chainstate>, block: &Block) {
-    let outcome = chain
-        .lock()
-        .expect("chain state")
-        .submit_block(block)
-        .expect("storage");
+    let outcome = chain.lock().submit_block(block).expect("storage");
     assert!(
         matches!(outcome, SubmitOutcome::Accepted { .. }),
         "{outcome:?}"
@@ -97,12 +95,12 @@ fn assert_committed(s: &ChainSnapshot) {
 fn the_writer_is_never_held_up_by_readers() {
     let node = TestNode::new(Network::Regtest);
     let TestNode { chain, dir, .. } = node;
-    let records = records(&chain.lock().expect("chain state"));
+    let records = records(&chain.lock());
     let (first, rest) = records.split_at(300);
     for r in first {
         submit(&chain, &r.block);
     }
-    let snapshots = chain.lock().expect("chain state").snapshots();
+    let snapshots = chain.lock().snapshots();
     let chain = Arc::new(chain);
 
     // The reader: takes a snapshot and keeps it for the whole run, reading
@@ -188,8 +186,8 @@ fn the_writer_is_never_held_up_by_readers() {
 fn a_snapshot_keeps_answering_for_its_boundary_after_the_writer_moved_on() {
     let node = TestNode::new(Network::Regtest);
     let reference = reference();
-    let records = records(&node.chain.lock().expect("chain state"));
-    let snapshots = node.chain.lock().expect("chain state").snapshots();
+    let records = records(&node.chain.lock());
+    let snapshots = node.chain.lock().snapshots();
     let mut records = records.into_iter();
     // Feeds blocks until the tip is on the reference chain at `min` or above.
     let mut feed_until = |min: u32| loop {

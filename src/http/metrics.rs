@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
@@ -14,6 +14,7 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use parking_lot::Mutex;
 
 use super::{read, ApiError, ApiResult, AppState};
 use crate::p2p::P2pHandle;
@@ -50,10 +51,7 @@ pub struct HttpMetrics {
 
 impl HttpMetrics {
     fn record(&self, route: &str, status: u16, secs: f64) {
-        let mut routes = self
-            .routes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut routes = self.routes.lock();
         let r = match routes.get_mut(route) {
             Some(r) => r,
             None => routes.entry(route.to_string()).or_default(),
@@ -69,10 +67,7 @@ impl HttpMetrics {
     }
 
     fn render(&self, out: &mut String) {
-        let routes = self
-            .routes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let routes = self.routes.lock();
         out.push_str("# HELP kakehi_http_requests_total HTTP requests by route and status.\n");
         out.push_str("# TYPE kakehi_http_requests_total counter\n");
         for (route, r) in routes.iter() {
@@ -312,10 +307,7 @@ pub(super) async fn metrics(
             "Value of the unspent outputs, sats.",
             u.total_amount_sats,
         );
-        let mut cache = m2
-            .sozu
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cache = m2.sozu.lock();
         let fresh = matches!(&*cache, Some((at, _)) if at.elapsed() < SOZU_STATS_MAX_AGE);
         if !fresh {
             let st = cs.table_stats().map_err(ApiError::internal)?;

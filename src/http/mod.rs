@@ -227,7 +227,7 @@ pub const FILTER_CACHE_BYTES: usize = 32 << 20;
 /// a snapshot read or a blocking thread.
 #[derive(Default)]
 pub(crate) struct FilterCache {
-    inner: std::sync::Mutex<FilterCacheInner>,
+    inner: parking_lot::Mutex<FilterCacheInner>,
 }
 
 #[derive(Default)]
@@ -239,10 +239,7 @@ struct FilterCacheInner {
 
 impl FilterCache {
     fn get(&self, hash: &BlockHash) -> Option<Arc<Vec<u8>>> {
-        let c = self
-            .inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let c = self.inner.lock();
         c.map.get(hash).cloned()
     }
 
@@ -250,10 +247,7 @@ impl FilterCache {
         if filter.len() > FILTER_CACHE_BYTES {
             return;
         }
-        let mut c = self
-            .inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut c = self.inner.lock();
         if c.map.contains_key(&hash) {
             return;
         }

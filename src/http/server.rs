@@ -62,17 +62,14 @@ const MAX_TRACKED_IPS: usize = 65_536;
 /// Per-IP token buckets: tokens and the time they were counted.
 #[derive(Default)]
 pub(super) struct Buckets {
-    map: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (f64, std::time::Instant)>>,
+    map: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, (f64, std::time::Instant)>>,
 }
 
 impl Buckets {
     /// Takes a token for `ip`; false when its bucket is empty.
     fn take(&self, ip: std::net::IpAddr, limit: RateLimit) -> bool {
         let now = std::time::Instant::now();
-        let mut map = self
-            .map
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut map = self.map.lock();
         let burst = f64::from(limit.burst.max(1));
         let refill = |(tokens, at): (f64, std::time::Instant)| {
             (tokens + now.duration_since(at).as_secs_f64() * limit.per_second).min(burst)

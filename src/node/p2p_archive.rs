@@ -84,4 +84,3 @@ pub(super) fn ready(cs: &ChainSnapshot, best_header_height: u32) -> bool {
         && (tip < crate::sozu::PURGE_DEPTH || a.next_sealable(final_height).is_none())
         && tip >= best_header_height
 }
-

@@ -17,7 +17,7 @@
 //! once their chain passes it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bitcoin::bip158::{FilterHash, FilterHeader};
@@ -25,6 +25,7 @@ use bitcoin::block::Header;
 use bitcoin::hashes::Hash;
 use bitcoin::pow::{Target, Work};
 use bitcoin::{Block, BlockHash};
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::watch;
 
 use super::p2p_archive;
@@ -88,12 +89,8 @@ pub struct NodeP2p {
     /// Where every read comes from.
     snapshots: Snapshots,
     params: ChainParams,
-    view: parking_lot::Mutex<View>,
-    presync: parking_lot::Mutex<Presync>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    view: Mutex<View>,
+    presync: Mutex<Presync>,
 }
 
 impl NodeP2p {
@@ -103,7 +100,7 @@ impl NodeP2p {
     /// free once.
     pub fn new(chain: Arc<Mutex<Chainstate>>) -> Self {
         let (params, snapshots) = {
-            let mut cs = lock(&chain);
+            let mut cs = chain.lock();
             if let Err(e) = cs.activate_stored_blocks() {
                 tracing::error!(error = %e, "connecting stored blocks at start-up");
             }
@@ -116,13 +113,13 @@ impl NodeP2p {
             chain,
             snapshots,
             params,
-            view: parking_lot::Mutex::new(view),
-            presync: parking_lot::Mutex::new(Presync::default()),
+            view: Mutex::new(view),
+            presync: Mutex::new(Presync::default()),
         }
     }
 
     /// The view, refreshed from the latest snapshot if it changed.
-    fn view(&self) -> parking_lot::MutexGuard<'_, View> {
+    fn view(&self) -> MutexGuard<'_, View> {
         let snapshot = self.snapshots.load();
         let mut v = self.view.lock();
         v.refresh(&snapshot, false);
@@ -137,7 +134,7 @@ impl NodeP2p {
 
     /// Stores headers through the chain state (full checks).
     fn store_headers(&self, headers: &[Header]) -> Result<HeadersOutcome, HeadersError> {
-        let mut cs = lock(&self.chain);
+        let mut cs = self.chain.lock();
         let result = cs
             .accept_headers(headers)
             .map_err(|e| HeadersError::Storage { source: e.into() });
@@ -354,7 +351,7 @@ impl NodeBackend for NodeP2p {
 
     fn submit_block(&self, block: Block) -> Result<SubmitOutcome, SubmitError> {
         let hash = block.block_hash();
-        let mut cs = lock(&self.chain);
+        let mut cs = self.chain.lock();
         if cs.index().id_of(&hash).is_none()
             && cs.index().id_of(&block.header.prev_blockhash).is_none()
         {

@@ -530,11 +530,12 @@ impl ArchProof {
         const C: &str = ARCHPROOF;
         let mut f = Fields::new(C, b, 12)?;
         let request_id = f.read::<u64>("request id")?;
-        let status =
-            ArchProofStatus::from_byte(f.read::<u8>("status")?).ok_or(ArchiveMessageError::Invalid {
+        let status = ArchProofStatus::from_byte(f.read::<u8>("status")?).ok_or(
+            ArchiveMessageError::Invalid {
                 command: C,
                 field: "status",
-            })?;
+            },
+        )?;
         let answered = f.read::<u16>("answered")?;
         let len = f.count("proof length", 0, MAX_ARCHPROOF_PROOF_BYTES as u64)? as usize;
         let proof = f.rest_exact(len, 1)?.to_vec();

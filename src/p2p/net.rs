@@ -202,7 +202,9 @@ fn on_inbound(
         debug!(peer = %addr, "refusing discouraged address");
         return;
     }
-    let same_ip = net.peers.lock()
+    let same_ip = net
+        .peers
+        .lock()
         .values()
         .filter(|e| e.addr.ip() == ip)
         .count();
@@ -262,7 +264,9 @@ fn maintain_outbound(
         return;
     }
     let (inbound, _) = net.counts();
-    let auto_out = net.peers.lock()
+    let auto_out = net
+        .peers
+        .lock()
         .values()
         .filter(|e| !e.inbound && !e.manual)
         .count();
@@ -375,7 +379,8 @@ fn select_eviction(net: &Net) -> Option<PeerId> {
     }
     let mut c: Vec<Cand> = {
         let bans = net.bans.lock();
-        net.peers.lock()
+        net.peers
+            .lock()
             .iter()
             .filter(|(_, e)| e.inbound && !e.manual)
             .map(|(id, e)| Cand {

@@ -523,7 +523,10 @@ impl Peer {
         if sync_stalled {
             return Err(Disconnect::HeadersTimeout);
         }
-        if self.net.sched.lock()
+        if self
+            .net
+            .sched
+            .lock()
             .oldest_wait(self.id, now)
             .is_some_and(|w| w > t.block_request)
         {
@@ -899,7 +902,10 @@ impl Peer {
                 // these, so it has them.
                 if !direct.is_empty() && self.is_full_node() {
                     let assigned =
-                        self.net.sched.lock().assign(self.id, &direct, |_| false, Instant::now());
+                        self.net
+                            .sched
+                            .lock()
+                            .assign(self.id, &direct, |_| false, Instant::now());
                     if !assigned.is_empty() {
                         let inv = assigned.into_iter().map(Inventory::WitnessBlock).collect();
                         self.send(NetworkMessage::GetData(inv)).await?;

@@ -248,8 +248,16 @@ mod tests {
         let xs: HashSet<u64> = (0..1000).map(|_| a.next()).collect();
         assert_eq!(xs.len(), 1000);
         assert_ne!(
-            Nonces { key: a.key, counter: AtomicU64::new(0) }.next(),
-            Nonces { key: b.key, counter: AtomicU64::new(0) }.next()
+            Nonces {
+                key: a.key,
+                counter: AtomicU64::new(0)
+            }
+            .next(),
+            Nonces {
+                key: b.key,
+                counter: AtomicU64::new(0)
+            }
+            .next()
         );
     }
 }

@@ -14,7 +14,9 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 /// Read handles kept open per directory (most recently used first); reads
 /// use positional I/O (`pread`), so one handle serves concurrent readers.
@@ -159,11 +161,7 @@ impl FlatFiles {
     /// [`FlatFileError::Io`].
     pub fn truncate_to(&mut self, pos: FlatPos) -> Result<(), FlatFileError> {
         self.writer = None;
-        self.reader
-            .handles
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clear();
+        self.reader.handles.lock().clear();
         let mut n = pos.file + 1;
         while self.path(n).exists() {
             std::fs::remove_file(self.path(n)).map_err(self.io(n))?;
@@ -326,10 +324,7 @@ impl FlatReader {
 
     /// A read handle of file `file` (opened once, then reused).
     fn handle(&self, file: u32) -> Result<Arc<File>, FlatFileError> {
-        let mut readers = self
-            .handles
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut readers = self.handles.lock();
         if let Some(i) = readers.iter().position(|(n, _)| *n == file) {
             let entry = readers.remove(i);
             let f = entry.1.clone();

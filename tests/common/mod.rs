@@ -6,9 +6,9 @@ pub mod core_asm;
 pub mod feed;
 pub mod python;
 
+use parking_lot::Mutex;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
 
 use bitcoin::Network;
 use kakehi::chain::ChainParams;
