@@ -27,8 +27,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::p2p::address::Address;
@@ -44,6 +42,7 @@ use kakehi::node::{open_chainstate, DataDir};
 use kakehi::p2p::codec::{encode_message, read_message};
 use kakehi::p2p::{P2pConfig, P2pHandle};
 use kakehi::pipeline::Chainstate;
+use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;

@@ -13,8 +13,6 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::{Network, OutPoint};
@@ -28,6 +26,7 @@ use kakehi::http::AppState;
 use kakehi::import::import_files;
 use kakehi::node::{open_chainstate, DataDir};
 use kakehi::pipeline::Chainstate;
+use parking_lot::Mutex;
 
 /// A node whose chain state can be shared with the HTTP server and reopened.
 struct Node {

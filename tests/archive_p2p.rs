@@ -23,8 +23,6 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
-
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::hashes::Hash;
@@ -48,6 +46,7 @@ use kakehi::p2p::archive::{
 use kakehi::p2p::codec::{self, encode_message, encode_raw, CodecError};
 use kakehi::p2p::{P2pConfig, P2pError, P2pHandle};
 use kakehi::pipeline::Chainstate;
+use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;

@@ -41,8 +41,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::Network;
@@ -50,6 +48,7 @@ use common::data;
 use kakehi::chain::ChainParams;
 use kakehi::import::import_files;
 use kakehi::node::{open_chainstate, DataDir};
+use parking_lot::Mutex;
 
 /// Upper bound of one script run (debug build, 2 shared cores).
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);

@@ -24,8 +24,6 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::{BlockHash, Network};
@@ -34,6 +32,7 @@ use kakehi::chain::ChainParams;
 use kakehi::import::read_file;
 use kakehi::node::{open_chainstate, DataDir};
 use kakehi::pipeline::Chainstate;
+use parking_lot::Mutex;
 
 /// Upper bound of the final sync after the last kill.
 const FINAL_SYNC_TIMEOUT: Duration = Duration::from_secs(120);

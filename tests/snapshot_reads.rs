@@ -17,8 +17,6 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::consensus::deserialize;
@@ -29,6 +27,7 @@ use kakehi::import::{read_file, Record};
 use kakehi::pipeline::{Chainstate, SubmitOutcome};
 use kakehi::snapshot::ChainSnapshot;
 use kakehi::sozu::ViewStatus;
+use parking_lot::Mutex;
 
 /// How long the writer may take to connect the rest of regtest-a (debug
 /// build, 2 shared cores; it takes a few seconds): generous, so that only a

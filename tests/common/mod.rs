@@ -6,7 +6,6 @@ pub mod core_asm;
 pub mod feed;
 pub mod python;
 
-use parking_lot::Mutex;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
@@ -15,6 +14,7 @@ use kakehi::chain::ChainParams;
 use kakehi::import::{import_files, ImportSummary};
 use kakehi::node::{open_chainstate, DataDir};
 use kakehi::pipeline::Chainstate;
+use parking_lot::Mutex;
 
 /// `testnet-data/<rel>` in the repository.
 pub fn data(rel: &str) -> PathBuf {
