@@ -12,11 +12,10 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use anyhow::Context;
 use bitcoin::Network;
 use clap::{Args, Parser, Subcommand};
+use parking_lot::Mutex;
 
 use kakehi::chain::index::IndexLoadError;
 use kakehi::chain::ChainParams;

@@ -15,6 +15,7 @@
 mod p2p_archive;
 pub mod p2p_backend;
 mod p2p_view;
+pub mod presync;
 
 pub use p2p_backend::{start_p2p, NodeP2p};
 

@@ -10,8 +10,6 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bitcoin::{BlockHash, Network};
@@ -24,6 +22,7 @@ use kakehi::p2p::backend::{HeadersError, NodeBackend};
 use kakehi::p2p::{P2pConfig, P2pError, P2pHandle};
 use kakehi::pipeline::Chainstate;
 use kakehi::snapshot::Snapshots;
+use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -314,8 +313,9 @@ async fn node_stopped_mid_sync_resumes_to_the_same_end_state() {
     assert_same_state(a, &b);
 }
 
-/// Headers below the minimum chainwork are held in memory, not stored, until
-/// their chain passes it (driven directly through the backend).
+/// Headers below the minimum chainwork are followed, not stored, until
+/// their chain passes it; then the same chain is sent again and stored as
+/// it comes (driven directly through the backend, as the P2P layer would).
 #[test]
 fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
     let mut params = ChainParams::new(Network::Regtest);
@@ -343,6 +343,7 @@ fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
         work = work + h.work();
     }
     params.minimum_chain_work = work.to_be_bytes();
+    let params_genesis = params.genesis_block().block_hash();
     let dir = tempfile::tempdir().unwrap();
     let node = Node::open(dir.path(), params);
     let backend = NodeP2p::new(node.chain.clone());
@@ -355,9 +356,17 @@ fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
         }
         assert_eq!(node.chain.lock().index().len(), 1, "nothing stored");
     }
-    let out = backend
-        .accept_headers(&best[999..1200])
-        .expect("passes the minimum");
+    match backend.accept_headers(&best[999..1200]) {
+        Err(HeadersError::PresyncPassed { from }) => assert_eq!(from, params_genesis),
+        other => panic!("expected PresyncPassed, got {other:?}"),
+    }
+    assert_eq!(node.chain.lock().index().len(), 1, "still nothing stored");
+    // Sent again from genesis, in other chunks: stored as it comes.
+    let mut out = None;
+    for chunk in best[..1200].chunks(500) {
+        out = Some(backend.accept_headers(chunk).expect("stored"));
+    }
+    let out = out.expect("three chunks");
     assert_eq!(node.chain.lock().index().len(), 1201);
     assert_eq!(out.best_header, (1200, best[1199].block_hash()));
     assert_eq!(backend.best_header_tip(), (1200, best[1199].block_hash()));

@@ -12,11 +12,11 @@
 //! `filter_index_synced`) read a summary ([`NodeP2p`]'s view) refreshed
 //! from the latest snapshot whenever it changed.
 //!
-//! Headers below the network's minimum chainwork are held in memory (Core's
-//! headers presync, simplified: see [`PRESYNC_MAX_HEADERS`]) and stored only
-//! once their chain passes it.
+//! Headers whose chain has less work than Core's anti-DoS threshold (the
+//! minimum chainwork, or 144 blocks below the tip's work) are followed
+//! without being stored and fetched again once their chain passes it
+//! (`super::presync`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +30,7 @@ use tokio::sync::watch;
 
 use super::p2p_archive;
 use super::p2p_view::{branch_ids, View};
+use super::presync::{anti_dos_threshold, Offer, Presync};
 use crate::chain::index::BlockStatus;
 use crate::chain::ChainParams;
 use crate::p2p::archive::ArchEpochs;
@@ -41,45 +42,8 @@ use crate::pipeline::{self, Chainstate};
 use crate::primitives::BlockId;
 use crate::snapshot::{ChainSnapshot, Snapshots};
 
-/// Most headers held in memory below the minimum chainwork (all presync
-/// chains together): 500,000 headers, 40 MB. A chain that outgrows it is
-/// stored anyway once its headers pass the full header checks: a
-/// simplification of Core's `HeadersSyncState` (which keeps 1-bit
-/// commitments and downloads the headers twice). It matters only on
-/// testnet3, whose minimum chainwork lies ~4.8 M headers up and whose
-/// minimum-difficulty headers cost nothing to forge anyway; testnet4 and
-/// signet fit under the cap.
-pub const PRESYNC_MAX_HEADERS: usize = 500_000;
-/// Most presync chains held at once (one per peer in practice); the oldest
-/// is dropped beyond this.
-pub const PRESYNC_MAX_CHAINS: usize = 8;
 /// Period of the tip watcher started by [`start_p2p`], milliseconds.
 pub const TIP_WATCH_INTERVAL_MS: u64 = 500;
-
-/// A header chain below the minimum chainwork, held until it passes it.
-struct PresyncChain {
-    /// Headers after a stored block, in chain order (non-empty).
-    headers: Vec<Header>,
-    /// Chainwork at the last header.
-    work: Work,
-    /// Height of the last header.
-    height: u32,
-    /// Insertion sequence number (for dropping the oldest).
-    seq: u64,
-}
-
-#[derive(Default)]
-struct Presync {
-    /// Keyed by the hash of the chain's last header.
-    chains: HashMap<BlockHash, PresyncChain>,
-    seq: u64,
-}
-
-impl Presync {
-    fn held(&self) -> usize {
-        self.chains.values().map(|c| c.headers.len()).sum()
-    }
-}
 
 /// A [`NodeBackend`] over the node's chain state. Build with
 /// [`NodeP2p::new`]; see the module docs for locking.
@@ -266,82 +230,53 @@ impl NodeBackend for NodeP2p {
                 return Err(HeadersError::NotContinuous { index: i });
             }
         }
-        let min_work = Work::from_be_bytes(self.params.minimum_chain_work);
         let last_hash = headers[headers.len() - 1].block_hash();
-        // Where the message attaches: a stored header, or a presync chain.
-        let parent = {
+        // Where the message attaches (a stored header, or nothing stored),
+        // and the work a chain needs to be stored.
+        let (parent, threshold) = {
             let cs = self.snapshots.load();
             let index = cs.index();
+            let tip = index.tip();
+            let threshold = anti_dos_threshold(
+                Work::from_be_bytes(self.params.minimum_chain_work),
+                tip.chainwork,
+                tip.header.work(),
+            );
             if index.id_of(&last_hash).is_some() {
                 // Nothing new beyond what is stored: no presync needed.
-                None
-            } else {
-                index
-                    .by_hash(&first.prev_blockhash)
-                    .map(|e| (e.chainwork, e.height))
-            }
-        };
-        let mut presync = self.presync.lock();
-        let (held, base_work, base_height) = match parent {
-            None if !presync.chains.contains_key(&first.prev_blockhash) => {
-                drop(presync);
                 return self.store_headers(headers);
             }
-            None => {
-                let Some(chain) = presync.chains.remove(&first.prev_blockhash) else {
-                    return self.store_headers(headers);
-                };
-                (chain.headers, chain.work, chain.height)
-            }
-            Some((work, height)) => (Vec::new(), work, height),
+            let parent = index
+                .by_hash(&first.prev_blockhash)
+                .map(|e| (e.height, e.chainwork));
+            (parent, threshold)
         };
-        let mut work = base_work;
         for h in headers {
             self.light_check(h)?;
-            work = work + h.work();
         }
-        let height = base_height.saturating_add(headers.len() as u32);
-        let total = held.len() + headers.len();
-        if work >= min_work || total > PRESYNC_MAX_HEADERS {
-            if work < min_work {
-                tracing::warn!(
-                    headers = total,
-                    "presync chain exceeds {PRESYNC_MAX_HEADERS} headers: storing it below the minimum chainwork"
-                );
+        let offer = self.presync.lock().offer(headers, parent, threshold);
+        match offer {
+            Offer::NotOurs => self.store_headers(headers),
+            Offer::Store { headers, height } if headers.is_empty() => {
+                Ok(HeadersOutcome::new(0, height, self.best_header_tip()))
             }
-            drop(presync);
-            if !held.is_empty() {
-                self.store_headers(&held)?;
+            Offer::Store { headers, .. } => self.store_headers(&headers),
+            Offer::Held { last } => {
+                tracing::debug!(block_hash = %last, "headers followed below the work threshold, not stored");
+                Err(HeadersError::BelowMinimumWork { last })
             }
-            return self.store_headers(headers);
+            Offer::Passed { from } => {
+                tracing::info!(from = %from, "a presync chain passed the work threshold: fetching it again");
+                Err(HeadersError::PresyncPassed { from })
+            }
+            Offer::Mismatch { height } => Err(HeadersError::Invalid {
+                hash: last_hash,
+                source: format!(
+                    "header at height {height} differs from the chain followed in presync"
+                )
+                .into(),
+            }),
         }
-        let mut all = held;
-        all.extend_from_slice(headers);
-        presync.seq += 1;
-        let seq = presync.seq;
-        presync.chains.insert(
-            last_hash,
-            PresyncChain {
-                headers: all,
-                work,
-                height,
-                seq,
-            },
-        );
-        // Bound memory: drop the oldest chains.
-        while presync.chains.len() > PRESYNC_MAX_CHAINS || presync.held() > PRESYNC_MAX_HEADERS {
-            let Some(oldest) = presync
-                .chains
-                .iter()
-                .min_by_key(|(_, c)| c.seq)
-                .map(|(k, _)| *k)
-            else {
-                break;
-            };
-            presync.chains.remove(&oldest);
-        }
-        tracing::debug!(height, "headers held below the minimum chainwork");
-        Err(HeadersError::BelowMinimumWork { last: last_hash })
     }
 
     fn blocks_to_fetch(&self, max: usize) -> Vec<BlockHash> {

@@ -216,17 +216,26 @@ pub enum HeadersError {
         #[source]
         source: BoxError,
     },
-    /// The chain is valid so far but below the network's minimum chainwork,
-    /// so nothing was stored (headers presync, Core's `HeadersSyncState`
-    /// simplified). Not penalised. The P2P layer keeps asking the same peer
-    /// with locator `[last]` while it sends full (2,000) messages, so the
-    /// node must keep a bounded presync state that the next message (whose
-    /// first header's parent is `last`) continues, and store the headers
-    /// only once the chain passes the minimum chainwork.
-    #[error("headers up to {last} are below the minimum chainwork")]
+    /// The chain is valid so far but has less work than the node stores
+    /// (the minimum chainwork, or 144 blocks' work below the tip: Core's
+    /// `GetAntiDoSWorkThreshold`), so nothing was stored (headers presync).
+    /// Not penalised. The P2P layer keeps asking the same peer with
+    /// locator `[last]` while it sends full (2,000) messages; the node keeps
+    /// a bounded state per chain, not the headers.
+    #[error("headers up to {last} are below the work threshold")]
     BelowMinimumWork {
         /// The last header of the message.
         last: BlockHash,
+    },
+    /// The chain followed in presync has just passed the work threshold:
+    /// nothing of it is stored yet. Not penalised; the P2P layer asks the
+    /// peer for the chain again from `from` (locator `[from]`), and the
+    /// re-sent headers are stored as they are confirmed against the
+    /// presync (a different chain is [`HeadersError::Invalid`]).
+    #[error("the chain after {from} passed the work threshold: to be fetched again")]
+    PresyncPassed {
+        /// The stored header the chain builds on.
+        from: BlockHash,
     },
     /// The node failed to store them. Not the peer's fault.
     #[error("storage error accepting headers: {source}")]

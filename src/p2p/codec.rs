@@ -50,7 +50,8 @@ pub const MAX_CFHEADERS: u64 = 2_000;
 pub const INITIAL_BUFFER: usize = 64 * 1024;
 
 /// What went wrong reading or decoding one message. Every variant except
-/// [`CodecError::Io`] is the peer's fault and ends the connection.
+/// [`CodecError::Io`] is the peer's fault and ends the connection; only
+/// those [`CodecError::discourages`] names also discourage the peer.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CodecError {
@@ -125,10 +126,21 @@ pub enum CodecError {
 }
 
 impl CodecError {
-    /// Whether the error is the peer's fault (misbehaviour) rather than a
-    /// closed or failed socket.
-    pub fn is_misbehaviour(&self) -> bool {
-        !matches!(self, CodecError::Io { .. })
+    /// Whether Bitcoin Core discourages a peer for this (`Misbehaving` in
+    /// `net_processing.cpp`, v28): only for a vector over its cap in
+    /// `headers` (2,000), `inv` and `getdata` (50,000), `addr` and `addrv2`
+    /// (1,000). Core never penalises a framing error (wrong magic, command
+    /// bytes, length or checksum: `V1Transport` drops the message or the
+    /// connection) nor a payload that does not decode (`ProcessMessages`
+    /// catches the exception and drops the message), and only disconnects
+    /// for an over-long locator; kakehi disconnects for all of these, and
+    /// discourages where Core does.
+    pub fn discourages(&self) -> bool {
+        matches!(
+            self,
+            CodecError::TooManyItems { command, .. }
+                if matches!(command.as_str(), "headers" | "inv" | "getdata" | "addr" | "addrv2")
+        )
     }
 }
 

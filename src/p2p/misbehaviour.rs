@@ -10,7 +10,8 @@ use super::codec::CodecError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Misbehaviour {
-    /// A message the codec refused.
+    /// A message the codec refused that Core penalises: a vector over its
+    /// cap ([`CodecError::discourages`]).
     #[error("bad message: {0}")]
     Codec(#[source] CodecError),
     /// A message other than version before the handshake.
@@ -28,9 +29,6 @@ pub enum Misbehaviour {
         /// The limit in bytes.
         max: usize,
     },
-    /// A second `version`.
-    #[error("duplicate version")]
-    DuplicateVersion,
     /// Headers refused by the node.
     #[error("headers refused: {0}")]
     Headers(#[source] HeadersError),
@@ -78,6 +76,12 @@ pub enum Disconnect {
     /// The socket closed or failed.
     #[error("connection closed: {0}")]
     Io(#[source] std::io::Error),
+    /// A message that breaks the framing (magic after the first message,
+    /// command bytes, length, checksum) or whose payload does not decode:
+    /// disconnected, not discouraged (Core drops such a message or the
+    /// connection and never penalises it; see `CodecError::discourages`).
+    #[error("bad message: {0}")]
+    BadMessage(#[source] CodecError),
     /// version/verack not done in time.
     #[error("handshake timeout")]
     HandshakeTimeout,
@@ -156,10 +160,13 @@ pub(crate) fn refused(command: &'static str, reason: &'static str) -> Disconnect
 }
 
 /// The disconnect for a message the codec refused: a socket error is
-/// just a closed connection, anything else is misbehaviour.
+/// just a closed connection, an over-limit count misbehaviour (discouraged
+/// as in Core: [`CodecError::discourages`]), anything else a disconnect
+/// without discouragement.
 pub(crate) fn codec_disconnect(e: CodecError) -> Disconnect {
     match e {
         CodecError::Io { source } => Disconnect::Io(source),
-        other => misbehaving(Misbehaviour::Codec(other)),
+        e if e.discourages() => misbehaving(Misbehaviour::Codec(e)),
+        e => Disconnect::BadMessage(e),
     }
 }

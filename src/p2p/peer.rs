@@ -320,7 +320,9 @@ impl Peer {
             match msg {
                 NetworkMessage::Version(v) => {
                     if self.version.is_some() {
-                        return Err(misbehaving(Misbehaviour::DuplicateVersion));
+                        // Core: "redundant version message", ignored.
+                        debug!(peer = %self.addr, "redundant version message ignored");
+                        continue;
                     }
                     if v.user_agent.len() > MAX_SUBVERSION_LENGTH {
                         return Err(misbehaving(Misbehaviour::UserAgentTooLong {
@@ -603,7 +605,11 @@ impl Peer {
 
     async fn on_message(&mut self, msg: NetworkMessage) -> Result<(), Disconnect> {
         match msg {
-            NetworkMessage::Version(_) => Err(misbehaving(Misbehaviour::DuplicateVersion)),
+            NetworkMessage::Version(_) => {
+                // Core: "redundant version message", ignored.
+                debug!(peer = %self.addr, "redundant version message ignored");
+                Ok(())
+            }
             NetworkMessage::Verack => Ok(()),
             NetworkMessage::WtxidRelay => Err(refused("wtxidrelay", "received after verack")),
             NetworkMessage::SendAddrV2 => Err(refused("sendaddrv2", "received after verack")),
@@ -919,9 +925,7 @@ impl Peer {
                     self.best_hash = Some(last);
                 }
                 if n as u64 == MAX_HEADERS {
-                    if let Some((_, since)) = self.net.header_sync.lock().as_mut() {
-                        *since = Instant::now();
-                    }
+                    self.note_header_progress();
                     let mut loc = vec![last];
                     loc.extend(self.locator());
                     loc.truncate(101);
@@ -963,21 +967,32 @@ impl Peer {
                 // Presync: the node keeps bounded state for this chain and
                 // stores nothing yet; keep asking while the peer has more.
                 if n as u64 == MAX_HEADERS {
-                    if let Some((_, since)) = self.net.header_sync.lock().as_mut() {
-                        *since = Instant::now();
-                    }
+                    self.note_header_progress();
                     self.send_getheaders(vec![below]).await
                 } else {
-                    debug!(peer = %self.addr, "peer's chain ends below the minimum chainwork");
+                    debug!(peer = %self.addr, "peer's chain ends below the work threshold");
                     self.end_header_sync();
                     Ok(())
                 }
+            }
+            Err(HeadersError::PresyncPassed { from }) => {
+                // Enough work now: ask for the same chain again, from its
+                // base; it is stored as it comes back.
+                self.note_header_progress();
+                self.send_getheaders(vec![from]).await
             }
             Err(e) => {
                 warn!(peer = %self.addr, error = %e, "headers not stored");
                 self.end_header_sync();
                 Ok(())
             }
+        }
+    }
+
+    /// Restarts the header-sync peer's progress timer (it answered).
+    fn note_header_progress(&self) {
+        if let Some((_, since)) = self.net.header_sync.lock().as_mut() {
+            *since = Instant::now();
         }
     }
 

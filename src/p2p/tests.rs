@@ -640,20 +640,8 @@ async fn malformed_case(name: &str, bytes: Vec<u8>, handshake_first: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_traffic_disconnects_sender_only() {
-    // Mid-stream (the first bytes of a connection: `not_v1_first_bytes`).
-    let mut bad_magic = encode_message(M, NetworkMessage::Ping(1));
-    bad_magic[..4].copy_from_slice(&Magic::BITCOIN.to_bytes());
-    malformed_case("bad magic", bad_magic, true).await;
-
-    let mut bad_checksum = encode_message(M, NetworkMessage::Ping(1));
-    bad_checksum[20] ^= 0xff;
-    malformed_case("bad checksum", bad_checksum, true).await;
-
-    // Header announcing 4,000,001 bytes; no payload follows.
-    let mut oversized = codec::encode_raw(M, "block", &[]);
-    oversized[16..20].copy_from_slice(&4_000_001u32.to_le_bytes());
-    malformed_case("oversized payload", oversized, true).await;
-
+    // Over-limit counts: disconnected and discouraged, as Core's
+    // `Misbehaving` ("headers message size", "inv message size").
     let genesis = bitcoin::constants::genesis_block(bitcoin::Network::Regtest).header;
     let headers = encode_message(M, NetworkMessage::Headers(vec![genesis; 2001]));
     malformed_case("2001 headers", headers, true).await;
@@ -666,6 +654,30 @@ async fn malformed_traffic_disconnects_sender_only() {
     )
     .await;
 
+    // Framing errors and undecodable payloads: disconnected, not
+    // discouraged (Core never penalises them). Mid-stream bad magic (the
+    // first bytes of a connection: `not_v1_first_bytes`).
+    let mut bad_magic = encode_message(M, NetworkMessage::Ping(1));
+    bad_magic[..4].copy_from_slice(&Magic::BITCOIN.to_bytes());
+    refused_case("bad magic", bad_magic, true).await;
+
+    let mut bad_checksum = encode_message(M, NetworkMessage::Ping(1));
+    bad_checksum[20] ^= 0xff;
+    refused_case("bad checksum", bad_checksum, true).await;
+
+    // Header announcing 4,000,001 bytes; no payload follows.
+    let mut oversized = codec::encode_raw(M, "block", &[]);
+    oversized[16..20].copy_from_slice(&4_000_001u32.to_le_bytes());
+    refused_case("oversized payload", oversized, true).await;
+
+    // A 4-byte ping (undersized payload).
+    refused_case(
+        "4-byte ping",
+        codec::encode_raw(M, "ping", &[1, 2, 3, 4]),
+        true,
+    )
+    .await;
+
     // 80 junk messages of 4,000,000 bytes each (bad checksum): the first
     // one ends the connection.
     let mut junk = Vec::with_capacity(80 * 4_000_024);
@@ -674,7 +686,16 @@ async fn malformed_traffic_disconnects_sender_only() {
         one[20] ^= 0xff;
         junk.extend_from_slice(&one);
     }
-    malformed_case("80 junk 4 MB messages", junk, true).await;
+    refused_case("80 junk 4 MB messages", junk, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redundant_version_is_ignored() {
+    let a = Node::start(MockBackend::genesis_only(), test_config()).await;
+    let mut p = TestPeer::handshake(a.addr).await;
+    p.send(version_with_agent(a.addr, "/again/".into())).await;
+    assert!(p.ping(7).await < Duration::from_secs(2));
+    a.stop().await;
 }
 
 /// One message Core answers by a disconnect without discouragement (or
