@@ -144,3 +144,98 @@ pub fn filter_header(filter: &BlockFilter, previous: &FilterHeader) -> FilterHea
 pub fn genesis_previous_header() -> FilterHeader {
     FilterHeader::all_zeros()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bitcoin::absolute::LockTime;
+    use bitcoin::block::{Header, Version};
+    use bitcoin::hashes::Hash;
+    use bitcoin::transaction::Version as TxVersion;
+    use bitcoin::{
+        Amount, CompactTarget, Sequence, Transaction, TxIn, TxMerkleNode, TxOut, Witness,
+    };
+    use proptest::prelude::*;
+
+    fn tx(prevout: OutPoint, scripts: &[Vec<u8>]) -> Transaction {
+        Transaction {
+            version: TxVersion::TWO,
+            lock_time: LockTime::ZERO,
+            input: vec![TxIn {
+                previous_output: prevout,
+                script_sig: ScriptBuf::new(),
+                sequence: Sequence::MAX,
+                witness: Witness::new(),
+            }],
+            output: scripts
+                .iter()
+                .map(|s| TxOut {
+                    value: Amount::from_sat(1),
+                    script_pubkey: ScriptBuf::from_bytes(s.clone()),
+                })
+                .collect(),
+        }
+    }
+
+    /// Scripts: empty, OP_RETURN-led (0x6a) or anything (0..40 bytes).
+    fn script() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            Just(Vec::new()),
+            proptest::collection::vec(any::<u8>(), 0..20).prop_map(|mut v| {
+                v.insert(0, 0x6a);
+                v
+            }),
+            proptest::collection::vec(any::<u8>(), 1..40),
+        ]
+    }
+
+    proptest! {
+        /// The property of the `filters` fuzz target (`fuzz/`), in CI: every
+        /// element BIP-158 puts in a block's basic filter matches it (a
+        /// false negative would hide a payment from a light client), empty
+        /// and OP_RETURN output scripts are left out, and a spent-script
+        /// count that does not fit the block is refused.
+        #[test]
+        fn every_element_of_the_block_matches_its_filter(
+            outputs in proptest::collection::vec(proptest::collection::vec(script(), 1..4), 1..6),
+            spent in proptest::collection::vec(script(), 1..6),
+            nonce in any::<u32>(),
+        ) {
+            let txdata: Vec<Transaction> = outputs
+                .iter()
+                .enumerate()
+                .map(|(i, outs)| {
+                    let prevout = if i == 0 {
+                        OutPoint::null()
+                    } else {
+                        OutPoint { txid: bitcoin::Txid::from_byte_array([i as u8; 32]), vout: 0 }
+                    };
+                    tx(prevout, outs)
+                })
+                .collect();
+            let block = Block {
+                header: Header {
+                    version: Version::TWO,
+                    prev_blockhash: bitcoin::BlockHash::all_zeros(),
+                    merkle_root: TxMerkleNode::all_zeros(),
+                    time: 0,
+                    bits: CompactTarget::from_consensus(0x207f_ffff),
+                    nonce,
+                },
+                txdata,
+            };
+            let inputs = outputs.len() - 1;
+            let scripts: Vec<&[u8]> = (0..inputs).map(|i| spent[i % spent.len()].as_slice()).collect();
+            let filter = basic_filter(&block, scripts.iter().copied()).unwrap();
+            let hash = block.block_hash();
+            let outs = outputs.iter().flatten().map(|s| s.as_slice());
+            for element in outs.clone().chain(scripts.iter().copied()) {
+                let included = !element.is_empty() && (element[0] != 0x6a || scripts.contains(&element));
+                if included {
+                    prop_assert!(filter.match_any(&hash, &mut std::iter::once(element)).unwrap());
+                }
+            }
+            prop_assert!(basic_filter(&block, scripts.iter().copied().chain([&b"x"[..]])).is_err());
+        }
+    }
+}
