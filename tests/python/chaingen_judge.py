@@ -116,10 +116,13 @@ class Judge:
 
 
 def check_chain(judge, out, manifest, problems):
+    refused = []
     for name in manifest["files"]:
         for raw in records(out / name):
             if not judge.submit(raw):
-                problems.append(f"{name}: Core refused block {display(hashlib.sha256(hashlib.sha256(raw[:80]).digest()).digest())}")
+                refused.append(display(hashlib.sha256(hashlib.sha256(raw[:80]).digest()).digest()))
+    if refused:
+        problems.append(f"Core refused {len(refused)} blocks outright, first {refused[0]}")
     bad = [h for h, mode in judge.states if mode != pbk.ValidationMode.VALID]
     if bad:
         problems.append(f"Core found {len(bad)} invalid blocks, first {bad[0]}")
