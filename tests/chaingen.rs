@@ -146,11 +146,7 @@ fn kakehi_imports_the_ci_chain_to_the_manifests_state() {
     );
 
     let mut dump = Vec::new();
-    node.chain
-        .lock()
-        .unwrap()
-        .dump_utxos(&mut dump)
-        .expect("dump-utxos");
+    node.chain.lock().dump_utxos(&mut dump).expect("dump-utxos");
     if sha256::Hash::hash(&dump).to_string() != m["utxos_sha256"].as_str().expect("sha") {
         let want = std::fs::read_to_string(dir.join("utxos.txt")).expect("utxos.txt");
         let got = text(&dump);
@@ -161,7 +157,7 @@ fn kakehi_imports_the_ci_chain_to_the_manifests_state() {
             want.lines().count()
         );
     }
-    let snapshot = node.chain.lock().unwrap().snapshot();
+    let snapshot = node.chain.lock().snapshot();
     for fh in m["filter_headers"].as_array().expect("filter headers") {
         let height = fh["height"].as_u64().expect("height") as u32;
         let entry = snapshot.index().active_at(height).expect("active block");
@@ -178,16 +174,15 @@ fn kakehi_imports_the_ci_chain_to_the_manifests_state() {
 /// kakehi's verdict on every case but the script ones: Core's reason, tip
 /// and UTXO set unmoved; then the control block is accepted.
 fn judge_invalid_cases(node: &TestNode, dir: &Path, m: &serde_json::Value) {
-    let params = node.chain.lock().unwrap().params().clone();
+    let params = node.chain.lock().params().clone();
     let submit = |file: &str| {
         let records = read_file(&dir.join("invalid").join(file), &params).expect("case file");
         node.chain
             .lock()
-            .unwrap()
             .submit_block(&records[0].block)
             .expect("storage")
     };
-    let before = node.chain.lock().unwrap().snapshot().utxo_stats();
+    let before = node.chain.lock().snapshot().utxo_stats();
     for case in cases(dir) {
         let file = case["file"].as_str().expect("file");
         if SCRIPT_CASES.contains(&file) {
@@ -198,7 +193,7 @@ fn judge_invalid_cases(node: &TestNode, dir: &Path, m: &serde_json::Value) {
             SubmitOutcome::Rejected { reason, .. } => assert_eq!(reason, want, "{file}"),
             other => panic!("{file}: expected {want}, got {other:?}"),
         }
-        let cs = node.chain.lock().unwrap();
+        let cs = node.chain.lock();
         assert_eq!(
             cs.index().tip().hash.to_string(),
             m["tip_hash"].as_str().expect("tip")
