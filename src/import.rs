@@ -288,6 +288,9 @@ pub fn import_files(
             break;
         }
     }
+    // The last group of blocks (connected while catching up) made durable
+    // and published before the summary reads it.
+    chain.lock().flush()?;
     let cs = snapshots.load();
     let tip = cs.index().tip();
     summary.tip_hash = Some(tip.hash);

@@ -21,7 +21,7 @@ use kakehi::chain::index::IndexLoadError;
 use kakehi::chain::ChainParams;
 use kakehi::config::{self, Config, Layer, LogFormat, PeerAddress};
 use kakehi::node::DataDir;
-use kakehi::pipeline::{Chainstate, PipelineError};
+use kakehi::pipeline::{Chainstate, GroupLimits, PipelineError};
 use kakehi::sozu::{SozuConfig, SozuTable};
 
 /// mimalloc: the Sozu table's block writes decode and re-encode thousands
@@ -296,7 +296,10 @@ fn open_chainstate(config: &Config, datadir: &DataDir) -> anyhow::Result<Chainst
     let table = SozuTable::open(&utxo, sozu)
         .with_context(|| format!("opening the UTXO table in {}", utxo.display()))?;
     match Chainstate::open(params, datadir.path(), Box::new(table)) {
-        Ok(c) => Ok(c),
+        Ok(mut c) => {
+            c.set_group_limits(GroupLimits::NODE_DEFAULT);
+            Ok(c)
+        }
         Err(PipelineError::Index(IndexLoadError::WrongGenesis)) => anyhow::bail!(
             "datadir {} holds another network's chain, not {}: pass that network's \
              --network or another --datadir",
@@ -428,6 +431,7 @@ fn run_node(
         kakehi::node::start_p2p(chain.clone(), p2p_config, p2p_stop_rx)
     };
 
+    spawn_group_flusher(runtime, chain.clone(), stop.clone());
     let addr = config.http.address;
     let snapshots = chain.lock().snapshots();
     let state = kakehi::http::AppState {
@@ -453,6 +457,32 @@ fn run_node(
     }
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The idle tick of group commit: a group of blocks connected while
+/// catching up whose next block does not come (a stalled peer) is made
+/// durable once it is older than its time limit. Skips a tick while the
+/// writer is busy.
+fn spawn_group_flusher(
+    runtime: &tokio::runtime::Runtime,
+    chain: Arc<Mutex<Chainstate>>,
+    stop: Arc<AtomicBool>,
+) {
+    runtime.spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+        while !stop.load(Ordering::SeqCst) {
+            tick.tick().await;
+            let chain = chain.clone();
+            let flushed = tokio::task::spawn_blocking(move || match chain.try_lock() {
+                Some(mut cs) => cs.flush_if_due(),
+                None => Ok(false),
+            })
+            .await;
+            if let Ok(Err(e)) = flushed {
+                tracing::error!(error = %e, "making a group of blocks durable");
+            }
+        }
+    });
 }
 
 fn print_summary(s: &kakehi::import::ImportSummary) {

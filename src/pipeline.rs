@@ -51,8 +51,6 @@ use bitcoin::hashes::Hash;
 use bitcoin::pow::Work;
 use bitcoin::{Block, BlockHash, OutPoint};
 
-use arc_swap::ArcSwap;
-
 use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
 use crate::chain::ChainParams;
 use crate::filters;
@@ -65,11 +63,15 @@ use crate::sozu::{
 };
 use crate::store::{
     sync_concurrently, BlockRecord, FlatFiles, FlatPos, Store, StoreError, WriteBatch,
-    META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_SPENT, META_SOZU_LAST, META_TIP,
+    META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_SPENT, META_SOZU_BASE, META_SOZU_LAST,
+    META_TIP,
 };
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
 
+mod group;
 pub mod spent;
+pub use group::{GroupLimits, MAX_TIP_AGE_SECS};
+use group::{GroupEntry, PendingGroup};
 use spent::encode_spent;
 
 /// Maximum size of one flat file, bytes (Core's `MAX_BLOCKFILE_SIZE`).
@@ -269,6 +271,14 @@ pub struct Chainstate {
     published: Snapshots,
     /// MuHash state of the UTXO set at the active tip (`utxo_hash`).
     muhash: Arc<MuHash3072>,
+    /// Bounds of a group of blocks made durable together while catching
+    /// up (`group`); [`GroupLimits::PER_BLOCK`] unless set.
+    group_limits: GroupLimits,
+    /// The open group, if any: connected blocks not durable yet.
+    group: Option<PendingGroup>,
+    /// Index rows of the open group's blocks, not committed yet; every
+    /// write starts its batch from it ([`Chainstate::take_batch`]).
+    pending: WriteBatch,
 }
 
 fn now_secs() -> u64 {
@@ -425,8 +435,11 @@ impl Chainstate {
             stats: PipelineStats::default(),
             datadir,
             failed: None,
-            published: Snapshots(Arc::new(ArcSwap::from_pointee(first))),
+            published: Snapshots::new(first),
             muhash: Arc::new(MuHash3072::new()),
+            group_limits: GroupLimits::PER_BLOCK,
+            group: None,
+            pending: WriteBatch::default(),
         };
         if cs.store.meta(META_TIP)?.is_none() {
             // New datadir: persist genesis.
@@ -444,9 +457,6 @@ impl Chainstate {
         Ok(cs)
     }
 
-    /// Replays the last block written to the UTXO table if the table's
-    /// commit did not happen (crash between the index's commit and the
-    /// table's).
     /// Checks that no flat file is shorter than the records the index
     /// points into it: a file truncated after its commit would otherwise
     /// open fine and fail (or serve nothing) only when a record past the cut
@@ -473,6 +483,10 @@ impl Chainstate {
         Ok(())
     }
 
+    /// Replays the last boundary's writes to the UTXO table if the table's
+    /// commit did not happen (crash between the index's commit and the
+    /// table's): one block, or the group of blocks that boundary made
+    /// durable.
     fn reconcile_table(&mut self) -> Result<(), PipelineError> {
         let Some(last) = self
             .store
@@ -507,11 +521,17 @@ impl Chainstate {
             });
         };
         // Only the last boundary's table commit may be missing (the index
-        // commits first); a table further behind lost commits it had made
-        // durable, and replaying one block on top of it would build a wrong
-        // UTXO set.
-        let table_parent = committed.or((entry.height == 1).then_some(BlockId(0)));
-        if table_parent != entry.prev {
+        // commits first): the table must be exactly where that boundary's
+        // writes began. A table further behind lost commits it had made
+        // durable, and replaying on top of it would build a wrong UTXO set.
+        let (base, first) = match self.store.meta(META_SOZU_BASE)? {
+            Some(b) => group::decode_base(&b).ok_or_else(|| PipelineError::Inconsistent {
+                reason: format!("meta key {META_SOZU_BASE} holds {} bytes, not 8", b.len()),
+            })?,
+            // A datadir from before groups: one block on its parent.
+            None => (entry.prev.unwrap_or(BlockId(0)), last),
+        };
+        if committed.unwrap_or(BlockId(0)) != base {
             let table_height = committed
                 .and_then(|c| self.index.get(c))
                 .map_or_else(|| "empty".to_owned(), |e| format!("at height {}", e.height));
@@ -525,32 +545,8 @@ impl Chainstate {
                 ),
             });
         }
-        tracing::warn!(height = entry.height, block_hash = %entry.hash, "UTXO table is one block behind the index: replaying it");
-        let block =
-            self.current()
-                .read_block(last)?
-                .ok_or_else(|| PipelineError::Inconsistent {
-                    reason: format!("block {} has no stored data", entry.hash),
-                })?;
-        let parent = entry.prev.ok_or_else(|| PipelineError::Inconsistent {
-            reason: "replay of genesis".into(),
-        })?;
-        let write = match self.validate(&block, &entry, parent)? {
-            Verdict::Valid(v) => v.write,
-            Verdict::Invalid(e) => {
-                return Err(PipelineError::Inconsistent {
-                    reason: format!("replayed block {} fails validation: {e}", entry.hash),
-                })
-            }
-        };
-        let tag = CommitTag {
-            block: last,
-            height: entry.height,
-            block_hash: entry.hash.to_byte_array(),
-        };
-        self.table
-            .write_block(&write, self.index.core(), &mut |_| {})?;
-        self.table.commit(tag)?;
+        tracing::warn!(height = entry.height, block_hash = %entry.hash, "UTXO table is behind the index: replaying its last boundary");
+        self.replay_group(first, last)?;
         if self.table.committed().map(|t| t.block) != Some(last) {
             return Err(PipelineError::Inconsistent {
                 reason: "UTXO table commit did not take".into(),
@@ -601,11 +597,18 @@ impl Chainstate {
         }
     }
 
-    /// Publishes the current state to readers. Called only at committed
-    /// boundaries: the end of `open`, of every block boundary (`connect`,
-    /// `switch_tip`), of a block submission and of a header batch.
+    /// Publishes the current state: the writer's progress (index and
+    /// counters) always, the readers' snapshot only when everything is
+    /// durable (no group open). Called at the end of `open`, of every block
+    /// boundary (`connect`, `switch_tip`), of a block submission, of a
+    /// header batch and of a group.
     fn publish(&self) {
-        self.published.0.store(Arc::new(self.current()));
+        let progress = crate::snapshot::Progress {
+            index: self.index.core().clone(),
+            stats: self.stats.clone(),
+        };
+        let snapshot = self.group.is_none().then(|| self.current());
+        self.published.publish(snapshot, progress);
     }
 
     /// Counters since start-up.
@@ -710,6 +713,7 @@ impl Chainstate {
     pub fn submit_block(&mut self, block: &Block) -> Result<SubmitOutcome, PipelineError> {
         let started = std::time::Instant::now();
         let outcome = self.submit_block_timed(block);
+        let outcome = self.guard_group(outcome);
         self.stats.submit_micros = self
             .stats
             .submit_micros
@@ -767,18 +771,18 @@ impl Chainstate {
                 // about the header: another body may be valid. The header
                 // stays headers-only, and is stored as such so ids on disk
                 // stay dense.
-                let mut batch = WriteBatch::default();
+                let mut batch = self.take_batch();
                 self.put_record(&mut batch, id);
-                self.store.commit(batch)?;
+                self.commit_boundary(batch)?;
                 return Ok(self.reject(reason, detail));
             }
             let changed = self.index.mark_invalid(id);
             self.meta[id.0 as usize].reject_reason = reason.to_string();
-            let mut batch = WriteBatch::default();
+            let mut batch = self.take_batch();
             for changed in changed {
                 self.put_record(&mut batch, changed);
             }
-            self.store.commit(batch)?;
+            self.commit_boundary(batch)?;
             tracing::warn!(height = entry.height, block_hash = %hash, reason, "block rejected: {detail}");
             return Ok(self.reject(reason, detail));
         }
@@ -788,7 +792,7 @@ impl Chainstate {
         self.meta[id.0 as usize].data = Some(loc);
         self.meta[id.0 as usize].tx_count = block.txdata.len() as u32;
         self.index.set_status(id, BlockStatus::HaveData);
-        let mut batch = WriteBatch::default();
+        let mut batch = self.take_batch();
         self.put_record(&mut batch, id);
         batch.put_meta(META_FLAT_BLOCKS, &flat_pos_bytes(self.blocks.position()));
         let tip = self.index.tip().id;
@@ -798,11 +802,11 @@ impl Chainstate {
         {
             // The block extends the active tip and is the best candidate
             // (the common case: import, sync): storing and connecting it is
-            // one block boundary, one commit.
+            // one block boundary, one commit (or one block of a group
+            // while catching up).
             self.connect(id, Some(block), batch)?;
         } else {
-            self.blocks.sync()?;
-            self.store.commit(batch)?;
+            self.commit_boundary(batch)?;
         }
         self.activate_best_chain()?;
         let status = self.index.get(id).map(|e| e.status);
@@ -870,6 +874,8 @@ impl Chainstate {
             if fork != tip {
                 self.stats.reorgs += 1;
                 tracing::info!(depth, fork_height, "reorganisation");
+                // A group is one branch: make it durable before leaving it.
+                self.flush()?;
             }
             for id in self.index.path_from(fork, candidate) {
                 let status = self.index.get(id).map(|e| e.status);
@@ -878,7 +884,10 @@ impl Chainstate {
                         self.switch_tip(id)?;
                         true
                     }
-                    Some(BlockStatus::HaveData) => self.connect(id, None, WriteBatch::default())?,
+                    Some(BlockStatus::HaveData) => {
+                        let batch = self.take_batch();
+                        self.connect(id, None, batch)?
+                    }
                     _ => false,
                 };
                 if !ok {
@@ -891,10 +900,10 @@ impl Chainstate {
     /// Makes the already-validated block `id` the active tip (a view switch:
     /// no UTXO-table work) and commits.
     fn switch_tip(&mut self, id: BlockId) -> Result<(), PipelineError> {
-        let mut batch = WriteBatch::default();
+        let mut batch = self.take_batch();
         self.muhash_to(&mut batch, id, None)?;
         self.set_active(&mut batch, id);
-        self.store.commit(batch)?;
+        self.commit_boundary(batch)?;
         self.seal_final_epochs()?;
         self.publish();
         Ok(())
@@ -944,7 +953,8 @@ impl Chainstate {
         let mut seen_before = HashSet::new();
         for tx in &block.txdata {
             let txid = tx.compute_txid();
-            if self.store.tx_known(&txid)? {
+            let in_group = self.group.as_ref().is_some_and(|g| g.has_tx(&txid));
+            if in_group || self.store.tx_known(&txid)? {
                 seen_before.insert(txid);
                 for vout in 0..tx.output.len() as u32 {
                     keys.push(OutPoint { txid, vout });
@@ -1070,8 +1080,7 @@ impl Chainstate {
                 for changed in changed {
                     self.put_record(&mut batch, changed);
                 }
-                self.blocks.sync()?;
-                self.store.commit(batch)?;
+                self.commit_boundary(batch)?;
                 self.stats.blocks_rejected += 1;
                 return Ok(false);
             }
@@ -1132,12 +1141,57 @@ impl Chainstate {
         batch.put_meta(META_FLAT_FILTERS, &flat_pos_bytes(self.filters.position()));
         batch.put_meta(META_FLAT_SPENT, &flat_pos_bytes(self.spent.position()));
         batch.put_meta(META_SOZU_LAST, &id.0.to_be_bytes());
+        let tag = CommitTag {
+            block: id,
+            height: entry.height,
+            block_hash: entry.hash.to_byte_array(),
+        };
+        let bytes = self.meta[id.0 as usize].data.map_or(0, |l| u64::from(l.len));
+        let grouped = self.joins_group(entry.header.time, bytes, started);
+        if grouped {
+            let txids: Vec<bitcoin::Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
+            let add = GroupEntry {
+                tag,
+                bytes,
+                started,
+                txids: &txids,
+            };
+            self.add_to_group(batch, &write, add)?;
+        } else {
+            self.put_sozu_base(&mut batch, id);
+            self.durable_connect(batch, &write, tag)?;
+        }
+        self.stats.blocks_connected += 1;
+        tracing::info!(
+            height = entry.height,
+            block_hash = %entry.hash,
+            txs = block.txdata.len(),
+            ms = started.elapsed().as_millis() as u64,
+            grouped,
+            "connected block"
+        );
+        if !grouped {
+            self.seal_final_epochs()?;
+            self.publish();
+        }
+        Ok(true)
+    }
 
-        // Durable, in this order: the flat files (synced together), then
-        // the index batch; meanwhile this thread applies the block to the
-        // UTXO table in memory (`write_block` is not durable: nothing of
-        // it reaches the disk before the table's commit below).
-        let mut purged = 0usize;
+    /// The durable end of a connect (of the block alone, or of the group it
+    /// closes): flat files synced together, then the index batch, on a
+    /// helper thread, while this one applies `write` to the UTXO table in
+    /// memory (`write_block` is not durable: nothing of it reaches the disk
+    /// before the table's commit); then the table's commit of `tag`.
+    ///
+    /// # Errors
+    /// Storage failure: writes stop ([`PipelineError::Failed`]), the table
+    /// may hold writes the index lacks.
+    fn durable_connect(
+        &mut self,
+        batch: WriteBatch,
+        write: &BlockWrite,
+        tag: CommitTag,
+    ) -> Result<(), PipelineError> {
         let (durable, written) = {
             let (blocks, filters, spent_files, store) = (
                 &mut self.blocks,
@@ -1156,7 +1210,7 @@ impl Chainstate {
                         Ok(())
                     })
                 });
-                let written = table.write_block(&write, index, &mut |_| purged += 1);
+                let written = table.write_block(write, index, &mut |_| {});
                 let durable = flat_then_index.join().unwrap_or_else(|_| {
                     Err(PipelineError::Inconsistent {
                         reason: "index commit thread panicked".into(),
@@ -1170,28 +1224,13 @@ impl Chainstate {
             // the reverse): refuse further writes; a restart reconciles.
             return Err(self.stop_writes(e));
         }
-
         // UTXO table last (the index names this block as sozu_last, so a
         // crash before the table's commit is replayed at start-up).
-        let tag = CommitTag {
-            block: id,
-            height: entry.height,
-            block_hash: entry.hash.to_byte_array(),
-        };
+        self.group = None;
         if let Err(e) = self.table.commit(tag) {
             return Err(self.stop_writes(e.into()));
         }
-        self.stats.blocks_connected += 1;
-        tracing::info!(
-            height = entry.height,
-            block_hash = %entry.hash,
-            txs = block.txdata.len(),
-            ms = started.elapsed().as_millis() as u64,
-            "connected block"
-        );
-        self.seal_final_epochs()?;
-        self.publish();
-        Ok(true)
+        Ok(())
     }
 }
 
@@ -1278,11 +1317,13 @@ impl Chainstate {
         }
         if !new_ids.is_empty() {
             self.ensure_meta();
-            let mut batch = WriteBatch::default();
+            let mut batch = self.take_batch();
             for id in &new_ids {
                 self.put_record(&mut batch, *id);
             }
-            self.store.commit(batch)?;
+            // The boundary ended any open group: seal what it made final.
+            self.commit_boundary(batch)?;
+            self.seal_final_epochs()?;
             self.publish();
         }
         Ok(HeadersAccepted {
@@ -1300,6 +1341,7 @@ impl Chainstate {
     /// [`PipelineError`] when a store fails.
     pub fn activate_stored_blocks(&mut self) -> Result<(), PipelineError> {
         self.check_not_failed()?;
-        self.activate_best_chain()
+        let r = self.activate_best_chain();
+        self.guard_group(r)
     }
 }

@@ -86,22 +86,65 @@ pub struct ChainSnapshot {
 }
 
 /// The handle readers hold: loads the latest published [`ChainSnapshot`]
-/// (lock-free, `arc_swap`). Cheap to clone; every clone sees the same
-/// chain state's publications.
+/// (lock-free, `arc_swap`), and the writer's [`Progress`]. Cheap to clone;
+/// every clone sees the same chain state's publications.
 #[derive(Clone)]
-pub struct Snapshots(pub(crate) Arc<ArcSwap<ChainSnapshot>>);
+pub struct Snapshots {
+    snapshot: Arc<ArcSwap<ChainSnapshot>>,
+    progress: Arc<ArcSwap<Progress>>,
+}
+
+/// The writer's own progress: its block index and counters after every
+/// block it connects, durable or not. While the node catches up, blocks
+/// are made durable in groups (`pipeline::GroupLimits`) and the
+/// [`ChainSnapshot`] readers get is published once per group; the P2P sync
+/// logic follows this instead, so it does not fetch again the blocks that
+/// wait in a group. Serve nothing from it: its blocks may not be durable.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    /// The writer's block index (O(1) clone of its persistent core).
+    pub index: ChainIndex,
+    /// The writer's counters.
+    pub stats: PipelineStats,
+}
 
 impl Snapshots {
+    /// A handle whose first publication is `first`.
+    pub(crate) fn new(first: ChainSnapshot) -> Self {
+        let progress = Progress {
+            index: first.index.clone(),
+            stats: first.stats.clone(),
+        };
+        Snapshots {
+            snapshot: Arc::new(ArcSwap::from_pointee(first)),
+            progress: Arc::new(ArcSwap::from_pointee(progress)),
+        }
+    }
+
+    /// Publishes `progress`, and `snapshot` when there is one (a durable
+    /// state).
+    pub(crate) fn publish(&self, snapshot: Option<ChainSnapshot>, progress: Progress) {
+        if let Some(s) = snapshot {
+            self.snapshot.store(Arc::new(s));
+        }
+        self.progress.store(Arc::new(progress));
+    }
+
     /// The latest published snapshot (a committed block boundary). Never
     /// waits for the writer.
     pub fn load(&self) -> Arc<ChainSnapshot> {
-        self.0.load_full()
+        self.snapshot.load_full()
+    }
+
+    /// The writer's latest [`Progress`] (at or ahead of [`Snapshots::load`]).
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.load_full()
     }
 }
 
 impl std::fmt::Debug for Snapshots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = self.0.load();
+        let s = self.snapshot.load();
         f.debug_struct("Snapshots")
             .field("tip_height", &s.index.tip_height())
             .finish()

@@ -227,6 +227,10 @@ pub struct BlockIndex {
     /// up to one retarget interval (2,016 steps on regtest and testnet,
     /// where every block may be at the limit). 4 bytes per entry.
     pow_anchor_bits: Vec<CompactTarget>,
+    /// The most chainwork of any header not known invalid when it was
+    /// accepted or loaded (Core's `m_best_header` work): above the active
+    /// tip's, the node knows blocks it has yet to connect.
+    best_header_work: Work,
 }
 
 impl std::ops::Deref for BlockIndex {
@@ -265,6 +269,7 @@ impl BlockIndex {
             candidates: BTreeSet::new(),
             unlinked: HashMap::new(),
             pow_anchor_bits: vec![header.bits],
+            best_header_work: header.work(),
         };
         index.rebuild_candidates();
         index
@@ -309,10 +314,14 @@ impl BlockIndex {
             candidates: BTreeSet::new(),
             unlinked: HashMap::new(),
             pow_anchor_bits: Vec::new(),
+            best_header_work: Work::from_be_bytes([0; 32]),
         };
         for e in index.core.entries.iter() {
             let anchor = index.pow_anchor_of(e);
             index.pow_anchor_bits.push(anchor);
+            if !e.status.is_invalid() && e.chainwork > index.best_header_work {
+                index.best_header_work = e.chainwork;
+            }
         }
         index.set_active_tip(tip);
         index.rebuild_candidates();
@@ -505,6 +514,9 @@ impl BlockIndex {
         });
         self.complete.push(false);
         self.core.by_hash.insert(hash, id);
+        if chainwork > self.best_header_work {
+            self.best_header_work = chainwork;
+        }
         let anchor = self.pow_anchor_of(&self.core.entries[id.0 as usize]);
         self.pow_anchor_bits.push(anchor);
         Ok(id)
@@ -601,6 +613,11 @@ impl BlockIndex {
         let tip_work = self.tip().chainwork;
         self.candidates = self.candidates.split_off(&(tip_work, Reverse(u32::MAX)));
         fork_height
+    }
+
+    /// The most chainwork of any header accepted (see the field's docs).
+    pub fn best_header_work(&self) -> Work {
+        self.best_header_work
     }
 
     /// The most-work block whose status is not invalid and all of whose

@@ -71,7 +71,7 @@ impl NodeP2p {
             (cs.params().clone(), cs.snapshots())
         };
         let mut view = View::default();
-        view.refresh(&snapshots.load(), true);
+        view.refresh(&snapshots.progress(), &snapshots.load(), true);
         view.key = None;
         NodeP2p {
             chain,
@@ -84,16 +84,17 @@ impl NodeP2p {
 
     /// The view, refreshed from the latest snapshot if it changed.
     fn view(&self) -> MutexGuard<'_, View> {
-        let snapshot = self.snapshots.load();
+        let (progress, snapshot) = (self.snapshots.progress(), self.snapshots.load());
         let mut v = self.view.lock();
-        v.refresh(&snapshot, false);
+        v.refresh(&progress, &snapshot, false);
         v
     }
 
     /// Refreshes the view after a write through this backend (the writer
     /// published its snapshot before returning).
     fn refresh_after_write(&self) {
-        self.view.lock().refresh(&self.snapshots.load(), true);
+        let (progress, snapshot) = (self.snapshots.progress(), self.snapshots.load());
+        self.view.lock().refresh(&progress, &snapshot, true);
     }
 
     /// Stores headers through the chain state (full checks).
@@ -316,6 +317,13 @@ impl NodeBackend for NodeP2p {
             _ => {}
         }
         let after = cs.index().tip().id;
+        // Caught up with the best header: nothing more is coming soon, so
+        // the blocks waiting in a group are made durable (and published) now.
+        if result.is_ok() && cs.index().tip().chainwork >= cs.index().best_header_work() {
+            if let Err(e) = cs.flush() {
+                tracing::error!(error = %e, "making the synced blocks durable");
+            }
+        }
         drop(cs);
         self.refresh_after_write();
         match result {

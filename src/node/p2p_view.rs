@@ -1,7 +1,8 @@
 //! The summary [`super::p2p_backend::NodeP2p`]'s cheap methods read: the
 //! best header chain, its locator, the blocks to download, heights of
 //! every known header, and whether the filter index and the archive are
-//! ready; refreshed from the latest [`ChainSnapshot`] when it changed.
+//! ready; refreshed from the writer's [`Progress`] (and, for the archive,
+//! the latest [`ChainSnapshot`]) when they changed.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -12,7 +13,7 @@ use bitcoin::BlockHash;
 use crate::chain::index::{BlockStatus, ChainIndex, IndexEntry};
 use crate::p2p::DOWNLOAD_WINDOW;
 use crate::primitives::BlockId;
-use crate::snapshot::ChainSnapshot;
+use crate::snapshot::{ChainSnapshot, Progress};
 
 /// Most hashes remembered as "body arrived mutated" (oldest forgotten
 /// first). Each one cost its sender a discouragement.
@@ -20,9 +21,9 @@ pub const MUTATED_MEMORY: usize = 64;
 
 /// The summary the cheap backend methods read (see the module docs).
 pub(super) struct View {
-    /// (index length, tip id, blocks connected, blocks rejected) at the
-    /// last refresh.
-    pub(super) key: Option<(usize, u32, u64, u64)>,
+    /// (index length, tip id, blocks connected, blocks rejected, the
+    /// readers' snapshot's tip id) at the last refresh.
+    pub(super) key: Option<(usize, u32, u64, u64, u32)>,
     /// Index entries already folded into `heights` and `best`.
     pub(super) scanned: usize,
     pub(super) rejected_seen: u64,
@@ -69,14 +70,19 @@ impl Default for View {
 }
 
 impl View {
-    pub(super) fn refresh(&mut self, cs: &ChainSnapshot, force: bool) {
-        let index = cs.index();
-        let stats = cs.stats();
+    /// Brings the view up to the writer's `progress` (what to fetch next
+    /// follows the blocks the writer has, durable or not: while catching
+    /// up they are made durable in groups); `cs`, the readers' snapshot,
+    /// tells whether archive proofs can be served.
+    pub(super) fn refresh(&mut self, progress: &Progress, cs: &ChainSnapshot, force: bool) {
+        let index = &progress.index;
+        let stats = &progress.stats;
         let key = (
             index.len(),
             index.tip().id.0,
             stats.blocks_connected,
             stats.blocks_rejected,
+            cs.index().tip().id.0,
         );
         if !force && self.key == Some(key) {
             return;

@@ -219,6 +219,10 @@ impl FlatFiles {
                 .append(true)
                 .open(self.path(file))
                 .map_err(self.io(file))?;
+            // Bytes past the position are a frame whose write failed.
+            if f.metadata().map_err(self.io(file))?.len() > self.current.len {
+                f.set_len(self.current.len).map_err(self.io(file))?;
+            }
             self.writer = Some(f);
         }
         let file = self.current.file;
@@ -228,8 +232,16 @@ impl FlatFiles {
         frame.extend_from_slice(payload);
         let path = self.path(file);
         if let Some(w) = self.writer.as_mut() {
-            w.write_all(&frame)
-                .map_err(|source| FlatFileError::Io { path, source })?;
+            if let Err(source) = w.write_all(&frame) {
+                // A short write (a full disk) leaves part of the frame at
+                // the end of the file, where the next append would follow
+                // it at the wrong offset: cut it off. If even that fails,
+                // reopen at the committed length before the next append.
+                if w.set_len(self.current.len).is_err() {
+                    self.writer = None;
+                }
+                return Err(FlatFileError::Io { path, source });
+            }
         }
         let loc = FileLoc {
             file,

@@ -16,6 +16,7 @@ pub mod flatfile;
 
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bitcoin::block::Header;
 use bitcoin::consensus::{deserialize, serialize};
@@ -64,6 +65,16 @@ pub enum StoreError {
         /// sled's error.
         #[source]
         source: Option<sled::Error>,
+    },
+    /// Writing a batch to the index database failed (a full disk, an I/O
+    /// error): nothing of the batch is durable.
+    #[error("index database at {path}: writing failed: {source}")]
+    Write {
+        /// The database directory.
+        path: PathBuf,
+        /// sled's error.
+        #[source]
+        source: sled::Error,
     },
     /// A flat file failed.
     #[error(transparent)]
@@ -512,6 +523,15 @@ pub const META_TIP: &str = "tip";
 /// (`BlockId`, u32 BE): one block ahead of the table's own commit after a
 /// crash between the two, which start-up then replays.
 pub const META_SOZU_LAST: &str = "sozu_last";
+/// Meta key of where the UTXO table's writes not yet committed begin, in
+/// the same batch as [`META_SOZU_LAST`]: the table's committed tip before
+/// them (`BlockId` u32 BE; genesis for an empty table) ‖ the first block
+/// written after it (u32 BE). After a crash between the index commit and
+/// the table's, start-up checks that the table is at that tip and replays
+/// the blocks from the first to `sozu_last` (one block, or a group of
+/// blocks made durable together while catching up). Absent in datadirs
+/// from before groups: the last block alone, on its parent.
+pub const META_SOZU_BASE: &str = "sozu_base";
 /// Meta keys of the committed end of each flat-file series (blocks,
 /// filters, spent outputs): a [`FlatPos`], file number u32 BE ‖ length u64
 /// BE. At open, each series is truncated to it.
@@ -537,6 +557,7 @@ pub const INDEX_CACHE_BYTES: u64 = 128 * 1024 * 1024;
 #[derive(Clone, Debug)]
 pub struct Store {
     db: sled::Db,
+    path: Arc<Path>,
     /// The typed trees.
     pub trees: Trees,
 }
@@ -571,7 +592,11 @@ impl Store {
             tx_position_by_txid_block: TypedTree::open(&db, "tx_position_by_txid_block")?,
             spend_by_outpoint_block: TypedTree::open(&db, "spend_by_outpoint_block")?,
         };
-        let store = Store { db, trees };
+        let store = Store {
+            db,
+            path: Arc::from(path),
+            trees,
+        };
         match store.trees.meta_by_name.get(&META_FORMAT.to_string())? {
             None => {
                 let mut v = FORMAT_VERSION.0.to_be_bytes().to_vec();
@@ -633,13 +658,19 @@ impl Store {
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
             .map_err(|e| match e {
-                sled::transaction::TransactionError::Storage(e) => StoreError::Sled(e),
+                sled::transaction::TransactionError::Storage(source) => StoreError::Write {
+                    path: self.path.to_path_buf(),
+                    source,
+                },
                 sled::transaction::TransactionError::Abort(()) => StoreError::Corrupt {
                     tree: "*",
                     reason: "transaction aborted",
                 },
             })?;
-        self.db.flush()?;
+        self.db.flush().map_err(|source| StoreError::Write {
+            path: self.path.to_path_buf(),
+            source,
+        })?;
         Ok(())
     }
 
