@@ -15,12 +15,10 @@
 //! 3; `KAKEHI_BENCH_SKIP_CORE=1` skips Core's engine). Prints every round
 //! and the best of each.
 
-#[path = "../tests/common/python.rs"]
-#[allow(dead_code)]
-mod python;
+#[path = "common/core.rs"]
+mod core_engine;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
@@ -56,17 +54,7 @@ fn kakehi_import(file: &Path, params: &ChainParams, limits: GroupLimits) -> f64 
 
 /// One import of `file` by Bitcoin Core's engine: seconds.
 fn core_import(file: &Path) -> f64 {
-    let out = Command::new(python::venv_python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/core_import.py"))
-        .arg(file)
-        .output()
-        .expect("run benches/core_import.py");
-    assert!(
-        out.status.success(),
-        "core_import.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON line");
+    let v = core_engine::import(&[file.to_path_buf()]);
     assert_eq!(v["height"], 1500, "Core's engine did not reach the tip");
     v["seconds"].as_f64().unwrap_or(f64::NAN)
 }

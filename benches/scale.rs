@@ -16,12 +16,10 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../tests/common/python.rs"]
-#[allow(dead_code)]
-mod python;
+#[path = "common/core.rs"]
+mod core_engine;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use bitcoin::Network;
@@ -148,18 +146,7 @@ fn main() {
     if std::env::var_os("KAKEHI_SCALE_SKIP_CORE").is_some() {
         return;
     }
-    let out = Command::new(python::venv_python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/core_import.py"))
-        .args(&files)
-        .output()
-        .expect("run benches/core_import.py");
-    assert!(
-        out.status.success(),
-        "core_import.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let core: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("core_import.py prints JSON");
+    let core = core_engine::import(&files);
     let core_secs = core["seconds"].as_f64().unwrap_or(f64::NAN);
     println!(
         "Bitcoin Core's engine (pbk import_blocks, scripts checked): {core_secs:.1} s to height {} ({}); kakehi import vs Core: {:.2}x",
