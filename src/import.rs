@@ -288,9 +288,10 @@ pub fn import_files(
             break;
         }
     }
-    // The last group of blocks (connected while catching up) made durable
-    // and published before the summary reads it.
-    chain.lock().flush()?;
+    // The last group of blocks (connected while catching up) made durable,
+    // the epochs it completed sealed, and both published before the
+    // summary reads them.
+    chain.lock().finish_seals()?;
     let cs = snapshots.load();
     let tip = cs.index().tip();
     summary.tip_hash = Some(tip.hash);

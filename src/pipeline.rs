@@ -69,6 +69,7 @@ use crate::store::{
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
 
 mod group;
+mod sealing;
 pub mod spent;
 pub use group::{GroupLimits, MAX_TIP_AGE_SECS};
 use group::{GroupEntry, PendingGroup};
@@ -269,6 +270,8 @@ pub struct Chainstate {
     failed: Option<Arc<PipelineError>>,
     /// Where snapshots are published.
     published: Snapshots,
+    /// The epoch seal running in the background, if any (`sealing`).
+    sealing: Option<sealing::SealJob>,
     /// MuHash state of the UTXO set at the active tip (`utxo_hash`).
     muhash: Arc<MuHash3072>,
     /// Bounds of a group of blocks made durable together while catching
@@ -438,6 +441,7 @@ impl Chainstate {
             published: Snapshots::new(first),
             muhash: Arc::new(MuHash3072::new()),
             group_limits: GroupLimits::PER_BLOCK,
+            sealing: None,
             group: None,
             pending: WriteBatch::default(),
         };
@@ -1229,53 +1233,6 @@ impl Chainstate {
         self.group = None;
         if let Err(e) = self.table.commit(tag) {
             return Err(self.stop_writes(e.into()));
-        }
-        Ok(())
-    }
-}
-
-/// The archive of spent outputs (issue 5, `docs/archive.md`): sealing the
-/// epochs of final blocks at every block boundary, the status of an
-/// outpoint, and proofs with txoutproofs from the stored blocks.
-impl Chainstate {
-    /// Seals every complete epoch of final blocks not sealed yet: final
-    /// height = tip height − [`PURGE_DEPTH`] (100 blocks); epoch n is sealed
-    /// once its last height `(n+1)·L − 1` is final, with the leaves of the
-    /// active chain's blocks in its range ([`ChainSnapshot::archive_leaves`]).
-    /// Called at the end of every block boundary (`connect`, `switch_tip`)
-    /// and by [`Chainstate::open`], which re-drives a seal a crash
-    /// interrupted: [`crate::archive::Archive::seal`] is idempotent and the
-    /// leaves are a function of the final chain, which no allowed reorg
-    /// changes (deeper than 100 blocks is refused).
-    ///
-    /// # Errors
-    /// [`PipelineError::Archive`] when sealing fails (a `SealMismatch`
-    /// means the archive directory disagrees with the chain: move it away
-    /// and restart to rebuild it), flat-file errors reading spent outputs.
-    fn seal_final_epochs(&mut self) -> Result<(), PipelineError> {
-        let Some(final_height) = self.index.tip_height().checked_sub(PURGE_DEPTH) else {
-            return Ok(());
-        };
-        while let Some(n) = self.archive.next_sealable(final_height) {
-            let started = std::time::Instant::now();
-            let leaves = self.current().archive_leaves(n)?;
-            let count = leaves.len();
-            let header = self.archive.seal(n, leaves)?;
-            let commitment: String = self
-                .archive
-                .commitment()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            tracing::info!(
-                epoch = n,
-                first_height = header.first_height,
-                last_height = header.last_height,
-                leaves = count,
-                ms = started.elapsed().as_millis() as u64,
-                commitment,
-                "sealed archive epoch"
-            );
         }
         Ok(())
     }

@@ -314,14 +314,33 @@ impl ChainSnapshot {
     /// chain's blocks at heights `[n·L, (n+1)·L − 1]`, in block order (the
     /// archive sorts them), each with its spend (block hash, height,
     /// spending txid, input index). All heights must be on the active chain.
+    /// [`ChainSnapshot::for_each_archive_leaf`], collected.
+    ///
+    /// # Errors
+    /// As [`ChainSnapshot::for_each_archive_leaf`].
+    pub fn archive_leaves(&self, n: u32) -> Result<Vec<crate::archive::Leaf>, PipelineError> {
+        let mut leaves = Vec::new();
+        self.for_each_archive_leaf(n, &mut |leaf| {
+            leaves.push(leaf);
+            Ok(())
+        })?;
+        Ok(leaves)
+    }
+
+    /// Calls `f` with each leaf of archive epoch `n` (see
+    /// [`ChainSnapshot::archive_leaves`]), one block's spent outputs in
+    /// memory at a time.
     ///
     /// # Errors
     /// [`PipelineError::Inconsistent`] when a height of the range has no
     /// active block or a connected block has no spent-output record;
-    /// flat-file errors.
-    pub fn archive_leaves(&self, n: u32) -> Result<Vec<crate::archive::Leaf>, PipelineError> {
+    /// flat-file errors; `f`'s errors.
+    pub fn for_each_archive_leaf(
+        &self,
+        n: u32,
+        f: &mut dyn FnMut(crate::archive::Leaf) -> Result<(), PipelineError>,
+    ) -> Result<(), PipelineError> {
         let (first, last) = self.archive.epoch_range(n);
-        let mut leaves = Vec::new();
         for height in first..=last {
             let e = self
                 .index
@@ -342,20 +361,17 @@ impl ChainSnapshot {
                     })
                 }
             };
-            leaves.extend(spent.into_iter().map(|s| {
-                crate::archive::Leaf::from_coin(
-                    s.outpoint,
-                    &s.coin,
-                    crate::archive::Spend {
-                        block_hash: e.hash,
-                        height,
-                        txid: s.txid,
-                        vin: s.vin,
-                    },
-                )
-            }));
+            for s in spent {
+                let spend = crate::archive::Spend {
+                    block_hash: e.hash,
+                    height,
+                    txid: s.txid,
+                    vin: s.vin,
+                };
+                f(crate::archive::Leaf::from_coin(s.outpoint, &s.coin, spend))?;
+            }
         }
-        Ok(leaves)
+        Ok(())
     }
 
     /// The archive of sealed epochs (headers, commitment, filters, proofs

@@ -70,7 +70,10 @@ impl Node {
         self.chain = None;
         self.datadir = None;
         let datadir = DataDir::open(self.dir.path()).expect("datadir");
-        let cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open");
+        let mut cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open");
+        // The open re-drives any seal a crash (or a lost directory) left
+        // undone, in the background: wait for it.
+        cs.finish_seals().expect("seal");
         self.chain = Some(Arc::new(Mutex::new(cs)));
         self.datadir = Some(datadir);
     }

@@ -29,6 +29,7 @@ pub mod header;
 pub mod leaf;
 pub mod merkle;
 pub mod proof;
+pub mod seal;
 pub mod store;
 
 use std::path::PathBuf;
@@ -43,6 +44,7 @@ pub use proof::{
     verify, verify_bytes, verify_json, Anchor, EpochProof, Gap, ProofBatch, ProofItem, ProofNode,
     TxInclusion, Verified, VerifiedStatus, VerifyError,
 };
+pub use seal::{EpochBuilder, SEAL_MEMORY_BYTES};
 pub use store::Archive;
 
 /// The status of an outpoint as kakehi reports it. The archive answers

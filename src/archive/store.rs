@@ -12,8 +12,9 @@ use bitcoin::merkle_tree::MerkleBlock;
 use bitcoin::{BlockHash, OutPoint, Txid};
 
 use super::filter::{filter_key, EpochFilter};
+use super::seal::{self, EpochBuilder, SEAL_MEMORY_BYTES};
 use super::header::{commitment, EpochHeader, HEADER_LEN};
-use super::leaf::{Leaf, TreeEntry, MAX_ENTRY_LEN, MAX_SCRIPT_LEN};
+use super::leaf::{Leaf, TreeEntry, MAX_ENTRY_LEN};
 use super::merkle::{build_levels, leaf_hash, level_sizes, needed_nodes, NodeHash};
 use super::proof::{verify, Anchor, EpochProof, Gap, ProofBatch, ProofItem, ProofNode, MAX_ITEMS};
 use super::{ArchiveError, OutpointStatus};
@@ -140,14 +141,6 @@ pub type TxOutProofFn<'a> = &'a dyn Fn(&BlockHash, &Txid) -> Option<MerkleBlock>
 /// Result of a binary search: `Ok((index, entry))` if held, else
 /// `Err(low)` (the gap `low < key < low + 1`).
 type SearchResult = Result<(u32, TreeEntry), u32>;
-
-/// Everything a seal computes before writing.
-struct Built {
-    header: EpochHeader,
-    encoded: Vec<Vec<u8>>,
-    levels: Vec<Vec<NodeHash>>,
-    filter: EpochFilter,
-}
 
 impl Archive {
     /// Opens (creating if needed) the archive in `dir` with epochs of
@@ -400,77 +393,11 @@ impl Archive {
         self.dir.join(epoch_file_name(n))
     }
 
-    fn build(&self, n: u32, mut leaves: Vec<Leaf>) -> Result<Built, ArchiveError> {
-        let (first, last) = self.epoch_range(n);
-        if leaves.len() > MAX_EPOCH_LEAVES {
-            return Err(ArchiveError::TooManyLeaves {
-                epoch: n,
-                count: leaves.len(),
-                max: MAX_EPOCH_LEAVES,
-            });
-        }
-        for l in &leaves {
-            if l.spend.height < first || l.spend.height > last {
-                return Err(ArchiveError::LeafOutOfRange {
-                    epoch: n,
-                    outpoint: l.outpoint,
-                    height: l.spend.height,
-                });
-            }
-            if l.script_pubkey.len() > MAX_SCRIPT_LEN {
-                return Err(ArchiveError::ScriptTooLong {
-                    outpoint: l.outpoint,
-                    len: l.script_pubkey.len(),
-                });
-            }
-        }
-        leaves.sort_unstable_by_key(Leaf::key);
-        if let Some(w) = leaves.windows(2).find(|w| w[0].key() == w[1].key()) {
-            return Err(ArchiveError::DuplicateLeaf {
-                epoch: n,
-                outpoint: w[0].outpoint,
-            });
-        }
-        let count = leaves.len() as u32 + 2;
-        let keys: Vec<u64> = leaves.iter().map(|l| filter_key(&l.key())).collect();
-        let filter =
-            EpochFilter::build(keys).map_err(|reason| ArchiveError::Filter { epoch: n, reason })?;
-        let mut encoded = Vec::with_capacity(leaves.len() + 2);
-        encoded.push(TreeEntry::LowerBound { index: 0 }.encode());
-        for (i, leaf) in leaves.into_iter().enumerate() {
-            encoded.push(
-                TreeEntry::Spent {
-                    index: i as u32 + 1,
-                    leaf,
-                }
-                .encode(),
-            );
-        }
-        encoded.push(TreeEntry::UpperBound { index: count - 1 }.encode());
-        let levels = build_levels(encoded.iter().map(|e| leaf_hash(e)).collect());
-        let root = levels[levels.len() - 1][0];
-        let prev = match n.checked_sub(1) {
-            Some(p) => self
-                .headers
-                .get(p as usize)
-                .map(EpochHeader::hash)
-                .unwrap_or([0; 32]),
-            None => [0; 32],
-        };
-        let header = EpochHeader {
-            epoch: n,
-            first_height: first,
-            last_height: last,
-            leaf_count: count,
-            root,
-            prev,
-        };
-        Ok(Built {
-            header,
-            encoded,
-            levels,
-            filter,
-        })
+    /// A builder for epoch `n`'s leaves, to be sealed by
+    /// [`Archive::seal_built`]: it sorts with at most
+    /// [`SEAL_MEMORY_BYTES`] in memory (`archive/seal.rs`).
+    pub fn epoch_builder(&self, n: u32) -> EpochBuilder {
+        EpochBuilder::new(&self.dir, n, self.epoch_range(n), SEAL_MEMORY_BYTES)
     }
 
     /// Seals epoch `n` from its leaves (the spent outputs of the final
@@ -478,7 +405,8 @@ impl Archive {
     /// outpoint between the two boundary leaves, builds the tree and the
     /// filter, writes the epoch file (tmp, fsync, rename, dir fsync), then
     /// the header list the same way. Deterministic: the same leaves give
-    /// byte-identical files on every node.
+    /// byte-identical files on every node. [`Archive::seal_built`] with
+    /// every leaf pushed.
     ///
     /// Idempotent: sealing an already sealed epoch with the same leaves
     /// returns its header and writes nothing, so the pipeline can simply
@@ -492,6 +420,22 @@ impl Archive {
     /// bad input; [`ArchiveError::Io`] when writing fails (nothing is
     /// visible then; reopen and seal again).
     pub fn seal(&mut self, n: u32, leaves: Vec<Leaf>) -> Result<EpochHeader, ArchiveError> {
+        self.check_order(n)?;
+        if leaves.len() > MAX_EPOCH_LEAVES {
+            return Err(ArchiveError::TooManyLeaves {
+                epoch: n,
+                count: leaves.len(),
+                max: MAX_EPOCH_LEAVES,
+            });
+        }
+        let mut b = self.epoch_builder(n);
+        for leaf in leaves {
+            b.push(leaf)?;
+        }
+        self.seal_built(b)
+    }
+
+    fn check_order(&self, n: u32) -> Result<(), ArchiveError> {
         let next = self.next_epoch();
         if n > next {
             return Err(ArchiveError::EpochOutOfOrder {
@@ -499,53 +443,47 @@ impl Archive {
                 got: n,
             });
         }
-        let built = self.build(n, leaves)?;
+        Ok(())
+    }
+
+    /// Seals the epoch whose leaves `b` collected (see [`Archive::seal`]).
+    ///
+    /// # Errors
+    /// As [`Archive::seal`].
+    pub fn seal_built(&mut self, b: EpochBuilder) -> Result<EpochHeader, ArchiveError> {
+        let n = b.epoch;
+        self.check_order(n)?;
+        let next = self.next_epoch();
+        let prev = match n.checked_sub(1) {
+            Some(p) => self
+                .headers
+                .get(p as usize)
+                .map(EpochHeader::hash)
+                .unwrap_or([0; 32]),
+            None => [0; 32],
+        };
+        let path = self.epoch_path(n);
+        let tmp = path.with_extension("dat.tmp");
+        let header = match seal::write_epoch(b, prev, &tmp) {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
         if n < next {
-            return if built.header == self.headers[n as usize] {
-                Ok(built.header)
+            let _ = fs::remove_file(&tmp);
+            return if header == self.headers[n as usize] {
+                Ok(header)
             } else {
                 Err(ArchiveError::SealMismatch { epoch: n })
             };
         }
-        let path = self.epoch_path(n);
-        let Built {
-            header,
-            encoded,
-            levels,
-            filter,
-        } = built;
-        let fbytes = filter.to_bytes();
-        write_atomic(&self.dir, &path, |w| {
-            let mut pre = Vec::with_capacity(94 + fbytes.len());
-            pre.extend_from_slice(&EPOCH_FILE_MAGIC);
-            pre.push(FORMAT_VERSION);
-            pre.extend_from_slice(&header.encode());
-            pre.extend_from_slice(&(fbytes.len() as u32).to_be_bytes());
-            pre.extend_from_slice(&fbytes);
-            w.write_all(&pre)?;
-            w.write_all(&crc32fast::hash(&pre).to_be_bytes())?;
-            let mut crc = crc32fast::Hasher::new();
-            let mut put = |w: &mut BufWriter<File>, b: &[u8]| {
-                crc.update(b);
-                w.write_all(b)
-            };
-            let mut off = 0u64;
-            put(w, &off.to_be_bytes())?;
-            for e in &encoded {
-                off += e.len() as u64;
-                put(w, &off.to_be_bytes())?;
-            }
-            for e in &encoded {
-                put(w, e)?;
-            }
-            for level in &levels {
-                for node in level {
-                    put(w, node)?;
-                }
-            }
-            let sum = crc.finalize();
-            w.write_all(&sum.to_be_bytes())
-        })?;
+        File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(io_err(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        sync_dir(&self.dir)?;
         let mut all = Vec::clone(&self.headers);
         all.push(header);
         self.write_index(&all)?;

@@ -405,12 +405,14 @@ pub(super) fn decode_base(bytes: &[u8]) -> Option<(BlockId, BlockId)> {
 
 impl Drop for Chainstate {
     /// Makes an open group durable: a chain state dropped at the end of an
-    /// import, a test or a shutdown loses no block it connected.
+    /// import, a test or a shutdown loses no block it connected. Waits for
+    /// a running epoch seal.
     fn drop(&mut self) {
         if self.group.is_some() && self.failed.is_none() {
             if let Err(e) = self.flush() {
                 tracing::error!(error = %e, "making the last group of blocks durable");
             }
         }
+        self.join_seal();
     }
 }
