@@ -48,7 +48,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bitcoin::bip158::{BlockFilter, FilterHeader};
 use bitcoin::consensus::serialize;
 use bitcoin::hashes::Hash;
-use bitcoin::pow::Work;
 use bitcoin::{Block, BlockHash, OutPoint};
 
 use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
@@ -63,14 +62,16 @@ use crate::sozu::{
 };
 use crate::store::{
     sync_concurrently, BlockRecord, FlatFiles, FlatPos, Store, StoreError, WriteBatch,
-    META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_SPENT, META_SOZU_BASE, META_SOZU_LAST,
-    META_TIP,
+    META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_HEADERS, META_FLAT_SPENT, META_SOZU_BASE,
+    META_SOZU_LAST, META_TIP,
 };
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
 
 mod group;
+mod load;
 mod sealing;
 pub mod spent;
+use crate::store::headers::encode_headers;
 pub use group::{GroupLimits, MAX_TIP_AGE_SECS};
 use group::{GroupEntry, PendingGroup};
 use spent::encode_spent;
@@ -253,6 +254,8 @@ pub struct Chainstate {
     blocks: FlatFiles,
     filters: FlatFiles,
     spent: FlatFiles,
+    /// Headers accepted without their block (`store::headers`).
+    headers: FlatFiles,
     /// The UTXO table: only this writer reaches it; readers go through its
     /// [`UtxoReader`] (in every snapshot).
     table: Box<dyn UtxoTable + Send>,
@@ -361,51 +364,15 @@ impl Chainstate {
             pos(META_FLAT_SPENT)?,
         )?;
 
-        let records = store.trees.block_by_id.values()?;
-        let (index, meta) = if records.is_empty() {
-            let index = BlockIndex::new(params.clone());
-            let genesis = BlockMeta {
-                filter_header: [0u8; 32],
-                tx_count: 1,
-                ..Default::default()
-            };
-            (index, imbl::vector![genesis])
-        } else {
-            let tip = store
-                .meta(META_TIP)?
-                .and_then(|b| <u32 as crate::store::Codec>::decode(&b))
-                .map(BlockId)
-                .ok_or_else(|| PipelineError::Inconsistent {
-                    reason: "no tip marker".into(),
-                })?;
-            let mut entries = Vec::with_capacity(records.len());
-            let mut metas = Vec::with_capacity(records.len());
-            for (i, r) in records.into_iter().enumerate() {
-                entries.push(IndexEntry {
-                    id: BlockId(i as u32),
-                    hash: r.header.block_hash(),
-                    header: r.header,
-                    height: r.height,
-                    chainwork: Work::from_be_bytes(r.chainwork),
-                    status: r.status,
-                    prev: r.prev,
-                });
-                metas.push(BlockMeta {
-                    data: r.data,
-                    filter: r.filter,
-                    spent: r.spent,
-                    filter_header: r.filter_header,
-                    txouts: r.txouts,
-                    total_sats: r.total_sats,
-                    tx_count: r.tx_count,
-                    reject_reason: r.reject_reason,
-                });
-            }
-            (
-                BlockIndex::from_entries(params.clone(), entries, tip)?,
-                metas.into_iter().collect(),
-            )
-        };
+        let headers = FlatFiles::open(
+            &datadir.join("headers"),
+            "hdr",
+            magic,
+            MAX_FLAT_FILE_SIZE,
+            pos(META_FLAT_HEADERS)?,
+        )?;
+        let (index, meta) =
+            load::load_index(&params, &store, &headers.reader(), headers.position())?;
         let archive =
             crate::archive::Archive::open(&datadir.join("archive"), params.archive_epoch_length)?;
         let utxo = table.reader();
@@ -432,6 +399,7 @@ impl Chainstate {
             blocks,
             filters,
             spent,
+            headers,
             table,
             utxo,
             refused_tips: HashSet::new(),
@@ -717,7 +685,7 @@ impl Chainstate {
     pub fn submit_block(&mut self, block: &Block) -> Result<SubmitOutcome, PipelineError> {
         let started = std::time::Instant::now();
         let outcome = self.submit_block_timed(block);
-        let outcome = self.guard_group(outcome);
+        let outcome = self.guard_writes(outcome);
         self.stats.submit_micros = self
             .stats
             .submit_micros
@@ -1243,8 +1211,10 @@ impl Chainstate {
 impl Chainstate {
     /// Checks `headers` (PoW, difficulty, timestamps, version, linkage; see
     /// [`BlockIndex::accept_header`]) one by one and stores the new ones with
-    /// status [`BlockStatus::HeadersOnly`] in one index-database batch (like
-    /// Core's `ProcessNewBlockHeaders`). Headers already known are skipped.
+    /// status [`BlockStatus::HeadersOnly`] (like Core's
+    /// `ProcessNewBlockHeaders`): one record appended to the `headers/`
+    /// files (`store::headers`), then one index-database batch with its
+    /// committed length. Headers already known are skipped.
     ///
     /// Returns the number of new headers and the first refused header, if
     /// any; the headers before it stay stored.
@@ -1255,6 +1225,7 @@ impl Chainstate {
         &mut self,
         headers: &[bitcoin::block::Header],
     ) -> Result<HeadersAccepted, PipelineError> {
+        self.check_not_failed()?;
         let now = now_secs();
         let mut new_ids = Vec::new();
         let mut refused = None;
@@ -1274,12 +1245,13 @@ impl Chainstate {
         }
         if !new_ids.is_empty() {
             self.ensure_meta();
-            let mut batch = self.take_batch();
-            for id in &new_ids {
-                self.put_record(&mut batch, *id);
-            }
-            // The boundary ended any open group: seal what it made final.
-            self.commit_boundary(batch)?;
+            // One record in the headers files, not a row per header.
+            let items: Vec<(BlockId, bitcoin::block::Header)> = new_ids
+                .iter()
+                .filter_map(|id| self.index.get(*id).map(|e| (*id, e.header)))
+                .collect();
+            let stored = self.store_headers(&items);
+            self.guard_writes(stored)?;
             self.seal_final_epochs()?;
             self.publish();
         }
@@ -1287,6 +1259,18 @@ impl Chainstate {
             new: new_ids.len(),
             refused,
         })
+    }
+
+    /// Appends `items` to the headers files and commits their length in
+    /// one boundary (which ends any open group).
+    fn store_headers(
+        &mut self,
+        items: &[(BlockId, bitcoin::block::Header)],
+    ) -> Result<(), PipelineError> {
+        self.headers.append(&encode_headers(items))?;
+        let mut batch = self.take_batch();
+        batch.put_meta(META_FLAT_HEADERS, &flat_pos_bytes(self.headers.position()));
+        self.commit_boundary(batch)
     }
 
     /// Connects stored blocks that extend the best chain but are not
@@ -1299,6 +1283,6 @@ impl Chainstate {
     pub fn activate_stored_blocks(&mut self) -> Result<(), PipelineError> {
         self.check_not_failed()?;
         let r = self.activate_best_chain();
-        self.guard_group(r)
+        self.guard_writes(r)
     }
 }

@@ -205,17 +205,19 @@ impl Chainstate {
         Ok(())
     }
 
-    /// Stops writes when `result` is an error while a group is open: the
-    /// failed operation may have dropped the pending batch (the group's
-    /// index rows), so committing the group's table writes later would put
-    /// the table ahead of the index. The group is lost, as in a crash; a
+    /// Stops writes when `result` (of a write: a block, a header batch) is
+    /// an error. The failed write may have left the in-memory state ahead
+    /// of the disk: a header in the index with no stored record (a later
+    /// record would leave a gap in the stored ids), or, with a group open,
+    /// the group's pending index rows dropped (committing its table writes
+    /// later would put the table ahead of the index). As after a crash, a
     /// restart resumes from the last durable boundary.
-    pub(super) fn guard_group<T>(
+    pub(super) fn guard_writes<T>(
         &mut self,
         result: Result<T, PipelineError>,
     ) -> Result<T, PipelineError> {
         match result {
-            Err(e) if self.group.is_some() && self.failed.is_none() => Err(self.stop_writes(e)),
+            Err(e) if self.failed.is_none() => Err(self.stop_writes(e)),
             other => other,
         }
     }
@@ -237,7 +239,12 @@ impl Chainstate {
     /// blocks the index may lack: writes stop ([`PipelineError::Failed`]).
     pub(super) fn commit_boundary(&mut self, batch: WriteBatch) -> Result<(), PipelineError> {
         let group = self.group.take();
-        let durable = sync_concurrently(&mut [&mut self.blocks, &mut self.filters, &mut self.spent])
+        let durable = sync_concurrently(&mut [
+            &mut self.blocks,
+            &mut self.filters,
+            &mut self.spent,
+            &mut self.headers,
+        ])
             .map_err(PipelineError::from)
             .and_then(|()| self.store.commit(batch).map_err(PipelineError::from));
         let Some(group) = group else {

@@ -349,6 +349,54 @@ impl FlatReader {
         Ok(f)
     }
 
+    /// Calls `f` with every record's payload, in order, from the start of
+    /// the first file to the committed position `end` (files before
+    /// `end.file` are read whole: a file is synced before it is left).
+    /// Reads one file into memory at a time.
+    ///
+    /// # Errors
+    /// [`FlatFileError::Io`]; [`FlatFileError::Corrupt`] for a frame with
+    /// the wrong magic or running past the committed end; `f`'s errors.
+    pub fn scan<E: From<FlatFileError>>(
+        &self,
+        end: FlatPos,
+        f: &mut dyn FnMut(&[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for file in 0..=end.file {
+            let path = self.path(file);
+            let data = match std::fs::read(&path) {
+                Ok(d) => d,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && end.len == 0 => continue,
+                Err(source) => return Err(FlatFileError::Io { path, source }.into()),
+            };
+            let limit = if file == end.file {
+                (end.len as usize).min(data.len())
+            } else {
+                data.len()
+            };
+            let mut at = 0usize;
+            while at < limit {
+                let corrupt = |reason| FlatFileError::Corrupt {
+                    path: path.clone(),
+                    offset: at as u64,
+                    reason,
+                };
+                let head = data.get(at..at + 8).ok_or_else(|| corrupt("truncated frame"))?;
+                if head[..4] != self.magic {
+                    return Err(corrupt("wrong magic").into());
+                }
+                let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+                let payload = data
+                    .get(at + 8..at + 8 + len)
+                    .filter(|_| at + 8 + len <= limit)
+                    .ok_or_else(|| corrupt("record past the committed end"))?;
+                f(payload)?;
+                at += 8 + len;
+            }
+        }
+        Ok(())
+    }
+
     /// Reads the payload at `loc`, checking its frame. Takes `&self` and
     /// may run on several threads at once (positional reads on a shared
     /// handle: two `pread`s, no `open`, once the file's handle is cached).

@@ -13,6 +13,7 @@
 //! | `tx_position_by_txid_block` | txid (32) ‖ `BlockId` BE | position in block, u32 BE |
 
 pub mod flatfile;
+pub mod headers;
 
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
@@ -44,7 +45,14 @@ use crate::primitives::BlockId;
 ///   never read (the block index, rebuilt from `block_by_id` at open, maps
 ///   hashes to ids in memory), and its random-order inserts were most of
 ///   the database's work in a headers sync.
-pub const FORMAT_VERSION: (u16, u16) = (2, 0);
+///
+/// 2.1: headers accepted without their block (a P2P headers sync) are
+/// appended to the `headers/` flat files (`store::headers`, committed
+/// length under meta key `flat_headers`) instead of `block_by_id`, so the
+/// block ids in `block_by_id` are no longer dense. A 2.0 datadir opens
+/// as is. A 2.1 datadir with headers-only blocks is refused by a 2.0
+/// build ("not dense"), which changes nothing.
+pub const FORMAT_VERSION: (u16, u16) = (2, 1);
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -426,6 +434,25 @@ impl<K: Codec, V: Codec> TypedTree<K, V> {
         Ok(self.tree.scan_prefix(prefix).next().transpose()?.is_some())
     }
 
+    /// Calls `f` with every (key, value), in key order, one at a time.
+    ///
+    /// # Errors
+    /// sled failure, corrupt entries, `f`'s errors.
+    pub fn for_each<E: From<StoreError>>(
+        &self,
+        f: &mut dyn FnMut(K, V) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for item in self.tree.iter() {
+            let (k, v) = item.map_err(StoreError::from)?;
+            let corrupt = || StoreError::Corrupt {
+                tree: self.name,
+                reason: "entry does not decode",
+            };
+            f(K::decode(&k).ok_or_else(corrupt)?, V::decode(&v).ok_or_else(corrupt)?)?;
+        }
+        Ok(())
+    }
+
     /// Every value, in key order.
     ///
     /// # Errors
@@ -540,6 +567,8 @@ pub const META_FLAT_BLOCKS: &str = "flat_blocks";
 pub const META_FLAT_FILTERS: &str = "flat_filters";
 /// See [`META_FLAT_BLOCKS`].
 pub const META_FLAT_SPENT: &str = "flat_spent";
+/// See [`META_FLAT_BLOCKS`]: the `headers/` files (since format 2.1).
+pub const META_FLAT_HEADERS: &str = "flat_headers";
 /// Meta key of the UTXO set's MuHash3072 at the active tip, written in the
 /// same batch as [`META_TIP`]: tip `BlockId` u32 BE ‖ numerator (384 bytes
 /// LE) ‖ denominator (384 bytes LE) (`src/pipeline/utxo_hash.rs`). Absent or
