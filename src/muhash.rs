@@ -38,6 +38,7 @@ use std::sync::LazyLock;
 
 use bitcoin::consensus::Encodable;
 use bitcoin::hashes::{sha256, Hash};
+use bitcoin::hex::DisplayHex;
 use bitcoin::{Block, OutPoint, TxOut};
 use chacha20::cipher::{KeyIvInit, StreamCipher};
 use chacha20::ChaCha20;
@@ -167,7 +168,7 @@ impl MuHash3072 {
     pub fn core_hex(&self) -> String {
         let mut d = self.finalize();
         d.reverse();
-        d.iter().map(|b| format!("{b:02x}")).collect()
+        d.to_lower_hex_string()
     }
 
     /// Numerator ‖ denominator, each 384 bytes little-endian, reduced.

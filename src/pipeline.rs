@@ -48,6 +48,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bitcoin::bip158::{BlockFilter, FilterHeader};
 use bitcoin::consensus::serialize;
 use bitcoin::hashes::Hash;
+use bitcoin::hex::DisplayHex;
 use bitcoin::{Block, BlockHash, OutPoint};
 
 use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
@@ -666,7 +667,7 @@ impl Chainstate {
         rows.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
         let mut buf = std::io::BufWriter::new(out);
         for (txid, vout, value, script, height, coinbase) in rows {
-            let script: String = script.iter().map(|b| format!("{b:02x}")).collect();
+            let script = script.to_lower_hex_string();
             writeln!(
                 buf,
                 "{txid}:{vout} {value} {script} {height} {}",

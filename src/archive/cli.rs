@@ -5,6 +5,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use bitcoin::hex::DisplayHex;
+
 use super::proof::MAX_PROOF_JSON_BYTES;
 use super::{verify_bytes, verify_json, Anchor, VerifiedStatus, VerifyError};
 
@@ -50,14 +52,6 @@ pub enum ProofCliError {
         #[source]
         source: Box<VerifyError>,
     },
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
 }
 
 /// Verifies the proof in `file` against exactly one anchor: an epoch root
@@ -127,7 +121,7 @@ pub fn verify_command(
         Anchor::Commitment(c) => ("archive commitment", c),
         Anchor::EpochRoot(r) => ("epoch root", r),
     };
-    let _ = writeln!(out, "proof OK against {kind} {}", hex(&value));
+    let _ = writeln!(out, "proof OK against {kind} {}", value.to_lower_hex_string());
     if let (Some(first), Some(last)) = (verified.headers.first(), verified.headers.last()) {
         let _ = writeln!(
             out,
@@ -150,7 +144,7 @@ pub fn verify_command(
                     leaf.spend.txid,
                     leaf.spend.vin,
                     leaf.value,
-                    hex(leaf.script_pubkey.as_bytes()),
+                    leaf.script_pubkey.as_bytes().to_lower_hex_string(),
                     leaf.creation_height
                 );
                 match inclusion {

@@ -6,6 +6,7 @@
 //! [`bitcoin::params::Params`] (PoW limits and retarget rules).
 
 use bitcoin::block::Header;
+use bitcoin::hex::FromHex;
 use bitcoin::{BlockHash, Network};
 
 /// Everything kakehi needs to know about one network.
@@ -80,14 +81,13 @@ const SCRIPT_VERIFY_WITNESS: u32 = 1 << 11;
 /// `MAX_FUTURE_BLOCK_TIME`).
 pub const MAX_FUTURE_BLOCK_TIME: u64 = 2 * 60 * 60;
 
+/// 32 bytes from the 64 hex digits of a constant of this file.
+///
+/// # Panics
+/// On a literal that is not 64 hex digits: only the constants below are
+/// passed, and `every_network_has_parameters` builds each network's.
 fn hex32(s: &str) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    for (i, chunk) in s.as_bytes().chunks(2).enumerate().take(32) {
-        let hi = (chunk[0] as char).to_digit(16).unwrap_or(0) as u8;
-        let lo = (chunk[1] as char).to_digit(16).unwrap_or(0) as u8;
-        out[i] = hi << 4 | lo;
-    }
-    out
+    <[u8; 32]>::from_hex(s).expect("a chain-parameter constant is 64 hex digits (tested)")
 }
 
 impl ChainParams {
@@ -335,5 +335,25 @@ mod tests {
             .unwrap();
         assert!(p.is_bip30_exception(91_842, &h));
         assert!(!p.is_bip30_exception(91_843, &h));
+    }
+
+    #[test]
+    fn every_network_has_parameters() {
+        for n in [
+            Network::Bitcoin,
+            Network::Testnet,
+            Network::Testnet4,
+            Network::Signet,
+            Network::Regtest,
+        ] {
+            let p = ChainParams::new(n);
+            assert_eq!(p.genesis_block().block_hash(), p.genesis_hash(), "{n}");
+        }
+        // Core's nMinimumChainWork for mainnet (chainparams.cpp), big-endian.
+        let p = ChainParams::new(Network::Bitcoin);
+        assert_eq!(&p.minimum_chain_work[20..], &[
+            0xb1, 0xf3, 0xb9, 0x3b, 0x65, 0xb1, 0x6d, 0x03, 0x5a, 0x82, 0xbe, 0x84
+        ]);
+        assert_eq!(p.minimum_chain_work[..20], [0u8; 20]);
     }
 }

@@ -21,6 +21,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use bitcoin::hex::DisplayHex;
 use bitcoin::{OutPoint, Txid};
 
 use crate::archive::proof::MAX_ITEMS;
@@ -114,15 +115,6 @@ async fn read<T: Send + 'static>(
         .map_err(Error::internal)?
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
 fn parse_outpoint(txid: &str, vout: &str) -> Result<OutPoint> {
     if txid.len() != 64 {
         return Err(Error::bad_request(format!(
@@ -155,7 +147,7 @@ async fn epochs(State(s): State<AppState>) -> Result<Response> {
         Ok(Json(serde_json::json!({
             "epoch_length": a.epoch_length(),
             "count": a.epochs().len(),
-            "commitment": hex(&a.commitment()),
+            "commitment": a.commitment().to_lower_hex_string(),
             "epochs": a.epochs(),
         }))
         .into_response())
@@ -177,11 +169,11 @@ async fn epoch(State(s): State<AppState>, Path(n): Path<String>) -> Result<Respo
         };
         Ok(Json(serde_json::json!({
             "header": header,
-            "hash": hex(&header.hash()),
-            "root": hex(&header.root),
+            "hash": header.hash().to_lower_hex_string(),
+            "root": header.root.to_lower_hex_string(),
             "leaf_count": header.leaf_count,
             "spent_outputs": header.leaf_count.saturating_sub(2),
-            "filter": hex(&filter.to_bytes()),
+            "filter": filter.to_bytes().to_lower_hex_string(),
         }))
         .into_response())
     })
@@ -192,7 +184,7 @@ async fn commitment(State(s): State<AppState>) -> Result<Response> {
     read(&s, |cs| {
         let a = cs.archive();
         Ok(Json(serde_json::json!({
-            "commitment": hex(&a.commitment()),
+            "commitment": a.commitment().to_lower_hex_string(),
             "count": a.epochs().len(),
             "last_height": a.epochs().last().map(|h| h.last_height),
         }))

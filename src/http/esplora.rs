@@ -21,7 +21,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bitcoin::consensus::encode::{deserialize, serialize, serialize_hex};
-use bitcoin::hashes::Hash;
+use bitcoin::hex::FromHex;
 use bitcoin::merkle_tree::MerkleBlock;
 use bitcoin::{Address, Block, Network, Script, Transaction, Txid};
 use serde::Serialize;
@@ -30,6 +30,7 @@ use super::{hex, parse_hash, read, text, ApiError, ApiResult, AppState};
 use crate::chain::index::IndexEntry;
 use crate::snapshot::ChainSnapshot;
 use crate::sozu::ViewStatus;
+use crate::validation::SpentOutput;
 
 /// Blocks per page of `/blocks[/:start_height]` (Esplora's `BLOCK_LIMIT`).
 pub const BLOCKS_PER_PAGE: u32 = 10;
@@ -58,7 +59,7 @@ struct BlockValue {
 
 /// Esplora's confirmation status of a transaction.
 #[derive(Serialize, Clone)]
-struct TxStatus {
+pub(super) struct TxStatus {
     confirmed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     block_height: Option<u32>,
@@ -69,7 +70,8 @@ struct TxStatus {
 }
 
 impl TxStatus {
-    fn confirmed_in(e: &IndexEntry) -> Self {
+    /// Confirmed in block `e`.
+    pub(super) fn confirmed_in(e: &IndexEntry) -> Self {
         TxStatus {
             confirmed: true,
             block_height: Some(e.height),
@@ -106,7 +108,7 @@ struct TxInValue {
 
 /// Esplora's transaction (`TransactionValue`).
 #[derive(Serialize)]
-struct TransactionValue {
+pub(super) struct TransactionValue {
     txid: String,
     version: i32,
     locktime: u32,
@@ -170,7 +172,7 @@ fn not_found_block(hash: &bitcoin::BlockHash) -> ApiError {
     ApiError::not_found(format!("block {hash} not found"))
 }
 
-fn parse_txid(s: &str) -> ApiResult<Txid> {
+pub(super) fn parse_txid(s: &str) -> ApiResult<Txid> {
     if s.len() != 64 {
         return Err(ApiError::bad_request(format!(
             "invalid txid {s:?}: expected 64 hex characters"
@@ -197,7 +199,7 @@ fn load_block_raw(cs: &ChainSnapshot, e: &IndexEntry) -> ApiResult<Vec<u8>> {
 }
 
 /// The block `e`, decoded (see [`load_block_raw`]).
-fn load_block(cs: &ChainSnapshot, e: &IndexEntry) -> ApiResult<Block> {
+pub(super) fn load_block(cs: &ChainSnapshot, e: &IndexEntry) -> ApiResult<Block> {
     deserialize(&load_block_raw(cs, e)?).map_err(ApiError::internal)
 }
 
@@ -258,23 +260,41 @@ fn load_tx<'a>(cs: &'a ChainSnapshot, txid: &Txid) -> ApiResult<(&'a IndexEntry,
     }
 }
 
+/// The spent outputs of block `e`, for the prevouts of its transactions;
+/// 503 when the block has none recorded (not connected).
+pub(super) fn block_spent(cs: &ChainSnapshot, e: &IndexEntry) -> ApiResult<Vec<SpentOutput>> {
+    cs.spent_outputs(e.id)
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| {
+            ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                format!("spent outputs of block {} not indexed", e.hash),
+            )
+        })
+}
+
 fn tx_value(cs: &ChainSnapshot, e: &IndexEntry, tx: &Transaction) -> ApiResult<TransactionValue> {
-    let network = cs.params().network;
+    let spent = if tx.is_coinbase() {
+        Vec::new()
+    } else {
+        block_spent(cs, e)?
+    };
+    Ok(tx_value_with(e, tx, &spent, cs.params().network))
+}
+
+/// Esplora's JSON of `tx`, confirmed in block `e`, with the prevouts taken
+/// from `spent` (the block's spent outputs, or any superset of this
+/// transaction's: those whose spending txid is this one's are used).
+pub(super) fn tx_value_with(
+    e: &IndexEntry,
+    tx: &Transaction,
+    spent: &[SpentOutput],
+    network: Network,
+) -> TransactionValue {
     let txid = tx.compute_txid();
-    // Prevouts: the block's spent outputs, in block order; ours are those
-    // whose spending txid is this transaction's.
     let mut prevouts: Vec<Option<TxOutValue>> = tx.input.iter().map(|_| None).collect();
     let mut in_sum = 0u64;
     if !tx.is_coinbase() {
-        let spent = cs
-            .spent_outputs(e.id)
-            .map_err(ApiError::internal)?
-            .ok_or_else(|| {
-                ApiError::new(
-                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                    format!("spent outputs of block {} not indexed", e.hash),
-                )
-            })?;
         for s in spent.iter().filter(|s| s.txid == txid) {
             if let Some(slot) = prevouts.get_mut(s.vin as usize) {
                 in_sum = in_sum.saturating_add(s.coin.value.to_sat());
@@ -307,7 +327,7 @@ fn tx_value(cs: &ChainSnapshot, e: &IndexEntry, tx: &Transaction) -> ApiResult<T
         .iter()
         .map(|o| txout_value(&o.script_pubkey, o.value.to_sat(), network))
         .collect();
-    Ok(TransactionValue {
+    TransactionValue {
         txid: txid.to_string(),
         version: tx.version.0,
         locktime: tx.lock_time.to_consensus_u32(),
@@ -321,29 +341,7 @@ fn tx_value(cs: &ChainSnapshot, e: &IndexEntry, tx: &Transaction) -> ApiResult<T
             in_sum.saturating_sub(out_sum)
         },
         status: TxStatus::confirmed_in(e),
-    })
-}
-
-/// The Merkle branch of leaf `pos` among `leaves`, bottom to top
-/// (Esplora's `merkle`), with Bitcoin's duplicate-last-node rule.
-pub fn merkle_branch(leaves: &[Txid], mut pos: usize) -> Vec<Txid> {
-    let mut level: Vec<[u8; 32]> = leaves.iter().map(|t| t.to_byte_array()).collect();
-    let mut branch = Vec::new();
-    while level.len() > 1 {
-        let sibling = if pos ^ 1 < level.len() { pos ^ 1 } else { pos };
-        branch.push(Txid::from_byte_array(level[sibling]));
-        level = level
-            .chunks(2)
-            .map(|c| {
-                let mut buf = [0u8; 64];
-                buf[..32].copy_from_slice(&c[0]);
-                buf[32..].copy_from_slice(c.get(1).unwrap_or(&c[0]));
-                bitcoin::hashes::sha256d::Hash::hash(&buf).to_byte_array()
-            })
-            .collect();
-        pos /= 2;
     }
-    branch
 }
 
 /// Whether an output never enters the UTXO table (OP_RETURN or a script
@@ -594,7 +592,7 @@ pub(super) async fn tx_merkle_proof(
     read(&s, move |cs| {
         let (e, block, pos) = load_tx(cs, &txid)?;
         let leaves: Vec<Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
-        let merkle: Vec<String> = merkle_branch(&leaves, pos)
+        let merkle: Vec<String> = crate::validation::merkle::merkle_branch(&leaves, pos)
             .iter()
             .map(|h| h.to_string())
             .collect();
@@ -721,61 +719,10 @@ pub(super) async fn post_tx(
     let hex_str = std::str::from_utf8(&body)
         .map_err(|_| ApiError::bad_request("body must be the transaction in hex"))?
         .trim();
-    let bytes = decode_hex(hex_str)
-        .ok_or_else(|| ApiError::bad_request("body must be the transaction in hex"))?;
+    let bytes = Vec::<u8>::from_hex(hex_str)
+        .map_err(|e| ApiError::bad_request(format!("body must be the transaction in hex: {e}")))?;
     let tx: Transaction = deserialize(&bytes)
         .map_err(|e| ApiError::bad_request(format!("transaction does not decode: {e}")))?;
     let txid = relay_transaction(&s, tx).await?;
     Ok(text(txid.to_string()))
-}
-
-fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn merkle_branch_folds_to_the_root_for_odd_and_even_sizes() {
-        for n in 1..=9usize {
-            let leaves: Vec<Txid> = (0..n)
-                .map(|i| Txid::from_byte_array([i as u8 + 1; 32]))
-                .collect();
-            let root = bitcoin::merkle_tree::calculate_root(leaves.iter().map(|t| t.to_raw_hash()))
-                .unwrap_or_else(|| leaves[0].to_raw_hash());
-            for pos in 0..n {
-                let mut h = leaves[pos].to_byte_array();
-                let mut p = pos;
-                for s in merkle_branch(&leaves, pos) {
-                    let mut buf = [0u8; 64];
-                    if p % 2 == 0 {
-                        buf[..32].copy_from_slice(&h);
-                        buf[32..].copy_from_slice(s.as_byte_array());
-                    } else {
-                        buf[..32].copy_from_slice(s.as_byte_array());
-                        buf[32..].copy_from_slice(&h);
-                    }
-                    h = bitcoin::hashes::sha256d::Hash::hash(&buf).to_byte_array();
-                    p /= 2;
-                }
-                assert_eq!(h, root.to_byte_array(), "n={n} pos={pos}");
-            }
-        }
-    }
-
-    #[test]
-    fn decode_hex_rejects_odd_and_non_hex() {
-        assert_eq!(decode_hex("00ff"), Some(vec![0, 255]));
-        assert_eq!(decode_hex("0"), None);
-        assert_eq!(decode_hex("zz"), None);
-        assert_eq!(decode_hex("é0"), None);
-    }
 }

@@ -11,6 +11,7 @@ use bitcoin::bip158::{FilterHash, FilterHeader};
 use bitcoin::block::Header;
 use bitcoin::consensus::{deserialize, serialize};
 use bitcoin::hashes::Hash;
+use bitcoin::hex::FromHex;
 use bitcoin::{Block, BlockHash, Network, Work};
 
 use super::backend::*;
@@ -33,9 +34,7 @@ fn data_dir() -> PathBuf {
 }
 
 fn hex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
-        .collect()
+    Vec::<u8>::from_hex(s).expect("filters.json holds hex")
 }
 
 /// Loads (once) and returns the regtest-a data set.

@@ -18,6 +18,8 @@
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use bitcoin::hex::DisplayHex;
+
 use crate::archive::{Archive, EpochHeader};
 use crate::sozu::PURGE_DEPTH;
 
@@ -115,12 +117,7 @@ impl Chainstate {
                     reason: format!("the thread sealing archive epoch {} panicked", job.epoch),
                 }))?;
         self.archive = archive;
-        let commitment: String = self
-            .archive
-            .commitment()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let commitment = self.archive.commitment().to_lower_hex_string();
         tracing::info!(
             epoch = job.epoch,
             first_height = header.first_height,

@@ -8,9 +8,14 @@
 //! when two sibling hashes on any level are equal, and `CheckBlock` rejects
 //! it as `bad-txns-duplicate`.
 //!
-//! Source: Bitcoin Core `src/consensus/merkle.cpp` (`ComputeMerkleRoot`).
+//! Also the Merkle branch of one transaction (Electrum's
+//! `blockchain.transaction.get_merkle`, Esplora's `/tx/:txid/merkle-proof`).
+//!
+//! Source: Bitcoin Core `src/consensus/merkle.cpp` (`ComputeMerkleRoot`,
+//! `ComputeMerkleBranch` in older versions).
 
 use bitcoin::hashes::{sha256d, Hash, HashEngine};
+use bitcoin::Txid;
 
 /// The Merkle root of `leaves` (32-byte hashes in internal byte order) and
 /// whether the tree is mutated (two equal siblings on some level).
@@ -47,6 +52,34 @@ pub fn merkle_root_mutated(leaves: &[[u8; 32]]) -> ([u8; 32], bool) {
     (level[0], mutated)
 }
 
+/// The Merkle branch of leaf `pos` among `leaves` (txids), bottom to top:
+/// the sibling hash at each level, with Bitcoin's duplicate-last-node rule
+/// (a node without a sibling pairs with itself). Folding the leaf with the
+/// branch (left or right by the bits of `pos`) gives the block's Merkle
+/// root. Empty for a single leaf; at most ⌈log2 n⌉ hashes.
+///
+/// Callers pass the position of a transaction of the block; a `pos` past
+/// the end does not panic but gives a branch that proves nothing.
+pub fn merkle_branch(leaves: &[Txid], mut pos: usize) -> Vec<Txid> {
+    let mut level: Vec<[u8; 32]> = leaves.iter().map(|t| t.to_byte_array()).collect();
+    let mut branch = Vec::new();
+    while level.len() > 1 {
+        let sibling = if pos ^ 1 < level.len() { pos ^ 1 } else { pos };
+        branch.push(Txid::from_byte_array(level[sibling.min(level.len() - 1)]));
+        level = level
+            .chunks(2)
+            .map(|c| {
+                let mut engine = sha256d::Hash::engine();
+                engine.input(&c[0]);
+                engine.input(c.get(1).unwrap_or(&c[0]));
+                sha256d::Hash::from_engine(engine).to_byte_array()
+            })
+            .collect();
+        pos /= 2;
+    }
+    branch
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,6 +98,34 @@ mod tests {
                 .map(|h| h.to_byte_array());
             assert_eq!(Some(root), theirs, "n = {n}");
             assert!(!mutated, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn merkle_branch_folds_to_the_root_for_odd_and_even_sizes() {
+        for n in 1..=9usize {
+            let leaves: Vec<Txid> = (0..n)
+                .map(|i| Txid::from_byte_array([i as u8 + 1; 32]))
+                .collect();
+            let root = calculate_root(leaves.iter().map(|t| t.to_raw_hash()))
+                .unwrap_or_else(|| leaves[0].to_raw_hash());
+            for pos in 0..n {
+                let mut h = leaves[pos].to_byte_array();
+                let mut p = pos;
+                for s in merkle_branch(&leaves, pos) {
+                    let mut buf = [0u8; 64];
+                    if p % 2 == 0 {
+                        buf[..32].copy_from_slice(&h);
+                        buf[32..].copy_from_slice(s.as_byte_array());
+                    } else {
+                        buf[..32].copy_from_slice(s.as_byte_array());
+                        buf[32..].copy_from_slice(&h);
+                    }
+                    h = sha256d::Hash::hash(&buf).to_byte_array();
+                    p /= 2;
+                }
+                assert_eq!(h, root.to_byte_array(), "n={n} pos={pos}");
+            }
         }
     }
 
