@@ -693,7 +693,9 @@ fn limits_body_size_method_cors_and_slow_headers() {
         "Origin: https://wallet.example\r\nAccess-Control-Request-Method: GET\r\n",
         b"",
     );
-    assert_eq!(st, 204);
+    // A successful preflight (tower-http answers 200; the Fetch standard
+    // asks for any 2xx).
+    assert!((200..300).contains(&st), "{st}");
     assert!(head
         .to_ascii_lowercase()
         .contains("access-control-allow-methods"));

@@ -1,11 +1,14 @@
-//! `/metrics`: Prometheus text exposition (format 0.0.4) of the chain
-//! state's counters, the peers (when P2P runs: [`AppState::p2p`]), the Sozu
-//! UTXO table's counters (fresh at every scrape) and layer and size figures
-//! (refreshed at most every [`SOZU_STATS_MAX_AGE`]: they need a scan of
-//! every page), and per-route HTTP request counts and latency histograms.
+//! `/metrics`: Prometheus text exposition (format 0.0.4, encoded by
+//! `prometheus-client`) of the chain state's counters, the peers (when P2P
+//! runs: [`AppState::p2p`]), the Sozu UTXO table's counters (fresh at every
+//! scrape) and layer and size figures (refreshed at most every
+//! [`SOZU_STATS_MAX_AGE`]: they need a scan of every page), and per-route
+//! HTTP request counts and latency histograms.
+//!
+//! The HTTP families live as long as the router; everything read from the
+//! chain state is registered afresh at each scrape, as constant metrics of
+//! the snapshot being read.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,9 +18,17 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use parking_lot::Mutex;
+use prometheus_client::encoding::prometheus_text::{encode, CONTENT_TYPE};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 use super::{read, ApiError, ApiResult, AppState};
 use crate::p2p::P2pHandle;
+use crate::snapshot::ChainSnapshot;
 use crate::sozu::SozuStats;
 
 /// Longest time a scrape reuses the Sozu table's layer and size figures of
@@ -31,81 +42,106 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
 
-#[derive(Default)]
-struct RouteStats {
-    by_status: BTreeMap<u16, u64>,
-    buckets: [u64; LATENCY_BUCKETS.len()],
-    count: u64,
-    sum_secs: f64,
+/// Labels of `kakehi_http_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteCode {
+    route: String,
+    code: u16,
+}
+
+/// Labels of `kakehi_http_request_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: String,
+}
+
+/// Labels of the Sozu per-layer gauges (0 = the top layer, in RAM).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LayerLabel {
+    layer: usize,
+}
+
+/// Labels of `kakehi_peers`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabel {
+    direction: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
 }
 
 /// Per-route HTTP counters, shared by the tracking middleware and
 /// `/metrics`. Routes are the router's path templates (`/tx/{txid}`), so
 /// the label set is bounded; unmatched paths count as `unmatched`.
-#[derive(Default)]
 pub struct HttpMetrics {
-    routes: Mutex<BTreeMap<String, RouteStats>>,
+    requests: Family<RouteCode, Counter>,
+    latency: Family<RouteLabel, Histogram, fn() -> Histogram>,
     /// The last Sozu statistics and when they were computed.
     sozu: Mutex<Option<(Instant, Option<SozuStats>)>>,
 }
 
+impl Default for HttpMetrics {
+    fn default() -> Self {
+        HttpMetrics {
+            requests: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            sozu: Mutex::new(None),
+        }
+    }
+}
+
 impl HttpMetrics {
     fn record(&self, route: &str, status: u16, secs: f64) {
-        let mut routes = self.routes.lock();
-        let r = match routes.get_mut(route) {
-            Some(r) => r,
-            None => routes.entry(route.to_string()).or_default(),
-        };
-        *r.by_status.entry(status).or_default() += 1;
-        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
-            if secs <= *le {
-                r.buckets[i] += 1;
-            }
-        }
-        r.count += 1;
-        r.sum_secs += secs;
+        self.requests
+            .get_or_create(&RouteCode {
+                route: route.to_string(),
+                code: status,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&RouteLabel {
+                route: route.to_string(),
+            })
+            .observe(secs);
     }
 
-    fn render(&self, out: &mut String) {
-        let routes = self.routes.lock();
-        out.push_str("# HELP kakehi_http_requests_total HTTP requests by route and status.\n");
-        out.push_str("# TYPE kakehi_http_requests_total counter\n");
-        for (route, r) in routes.iter() {
-            for (code, n) in &r.by_status {
-                let _ = writeln!(
-                    out,
-                    "kakehi_http_requests_total{{route=\"{route}\",code=\"{code}\"}} {n}"
-                );
-            }
-        }
-        out.push_str(
-            "# HELP kakehi_http_request_duration_seconds HTTP request latency by route.\n",
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "kakehi_http_requests",
+            "HTTP requests by route and status",
+            self.requests.clone(),
         );
-        out.push_str("# TYPE kakehi_http_request_duration_seconds histogram\n");
-        for (route, r) in routes.iter() {
-            for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "kakehi_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"{le}\"}} {}",
-                    r.buckets[i]
-                );
-            }
-            let _ = writeln!(
-                out,
-                "kakehi_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {}",
-                r.count
-            );
-            let _ = writeln!(
-                out,
-                "kakehi_http_request_duration_seconds_sum{{route=\"{route}\"}} {}",
-                r.sum_secs
-            );
-            let _ = writeln!(
-                out,
-                "kakehi_http_request_duration_seconds_count{{route=\"{route}\"}} {}",
-                r.count
-            );
+        registry.register(
+            "kakehi_http_request_duration_seconds",
+            "HTTP request latency by route",
+            self.latency.clone(),
+        );
+    }
+
+    /// The Sozu statistics to show: the layer and byte figures of a scan at
+    /// most [`SOZU_STATS_MAX_AGE`] old (scanning now if older), with the
+    /// counters as of `cs`.
+    fn sozu_stats(&self, cs: &ChainSnapshot) -> ApiResult<Option<SozuStats>> {
+        let mut cache = self.sozu.lock();
+        let fresh = matches!(&*cache, Some((at, _)) if at.elapsed() < SOZU_STATS_MAX_AGE);
+        if !fresh {
+            let st = cs.table_stats().map_err(ApiError::internal)?;
+            *cache = Some((Instant::now(), st));
         }
+        let Some((_, Some(scan))) = &*cache else {
+            return Ok(None);
+        };
+        Ok(Some(match cs.table_counters() {
+            Some(now) => SozuStats {
+                layers: scan.layers.clone(),
+                bytes_on_disk: scan.bytes_on_disk,
+                journal_file_bytes: scan.journal_file_bytes,
+                payload_bytes: scan.payload_bytes,
+                ..now
+            },
+            None => scan.clone(),
+        }))
     }
 }
 
@@ -126,124 +162,162 @@ pub(super) async fn track(State(m): State<Arc<HttpMetrics>>, req: Request, next:
     resp
 }
 
-fn gauge(out: &mut String, name: &str, kind: &str, help: &str, v: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+/// A gauge of `value` (u64 counts and sums) registered under `name`.
+fn gauge(r: &mut Registry, name: &str, help: &str, value: u64) {
+    r.register(name, help, ConstGauge::new(value));
+}
+
+/// A counter of `value` registered under `name` (the `_total` suffix is
+/// added by the encoder).
+fn counter(r: &mut Registry, name: &str, help: &str, value: u64) {
+    r.register(name, help, ConstCounter::new(value));
+}
+
+/// The chain state's figures of `cs`.
+fn register_chain(r: &mut Registry, cs: &ChainSnapshot) {
+    let st = cs.stats();
+    let u = cs.utxo_stats();
+    let tip = u64::from(cs.index().tip_height());
+    gauge(r, "kakehi_tip_height", "Height of the active tip, blocks", tip);
+    counter(
+        r,
+        "kakehi_blocks_connected",
+        "Blocks connected since start-up",
+        st.blocks_connected,
+    );
+    counter(
+        r,
+        "kakehi_blocks_rejected",
+        "Blocks rejected since start-up",
+        st.blocks_rejected,
+    );
+    counter(r, "kakehi_reorgs", "Reorganisations since start-up", st.reorgs);
+    counter(
+        r,
+        "kakehi_reorgs_refused",
+        "Reorgs refused (deeper than 100 blocks) since start-up",
+        st.reorgs_refused,
+    );
+    gauge(
+        r,
+        "kakehi_utxo_txouts",
+        "Unspent outputs on the active chain",
+        u.txouts,
+    );
+    gauge(
+        r,
+        "kakehi_utxo_total_amount_sats",
+        "Value of the unspent outputs, sats",
+        u.total_amount_sats,
     );
 }
 
-fn render_sozu(out: &mut String, st: &SozuStats) {
-    out.push_str(
-        "# HELP kakehi_sozu_layer_entries Entries stored in a Sozu table layer (0 = RAM top).\n",
+/// The Sozu table's layer figures and counters.
+fn register_sozu(r: &mut Registry, st: &SozuStats) {
+    let entries: Family<LayerLabel, Gauge> = Family::default();
+    let buckets: Family<LayerLabel, Gauge> = Family::default();
+    let fill: Family<LayerLabel, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
+    for (layer, ls) in st.layers.iter().enumerate() {
+        let l = LayerLabel { layer };
+        entries
+            .get_or_create(&l)
+            .set(i64::try_from(ls.entries).unwrap_or(i64::MAX));
+        buckets
+            .get_or_create(&l)
+            .set(i64::try_from(ls.buckets).unwrap_or(i64::MAX));
+        fill.get_or_create(&l).set(ls.fill);
+    }
+    r.register(
+        "kakehi_sozu_layer_entries",
+        "Entries stored in a Sozu table layer (0 = RAM top)",
+        entries,
     );
-    out.push_str("# TYPE kakehi_sozu_layer_entries gauge\n");
-    for (l, ls) in st.layers.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "kakehi_sozu_layer_entries{{layer=\"{l}\"}} {}",
-            ls.entries
-        );
-    }
-    out.push_str(
-        "# HELP kakehi_sozu_layer_buckets Allocated buckets (pages) of a Sozu table layer.\n",
+    r.register(
+        "kakehi_sozu_layer_buckets",
+        "Allocated buckets (pages) of a Sozu table layer",
+        buckets,
     );
-    out.push_str("# TYPE kakehi_sozu_layer_buckets gauge\n");
-    for (l, ls) in st.layers.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "kakehi_sozu_layer_buckets{{layer=\"{l}\"}} {}",
-            ls.buckets
-        );
-    }
-    out.push_str("# HELP kakehi_sozu_layer_fill_ratio Encoded entry bytes / page payload capacity of a layer, 0..1.\n");
-    out.push_str("# TYPE kakehi_sozu_layer_fill_ratio gauge\n");
-    for (l, ls) in st.layers.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "kakehi_sozu_layer_fill_ratio{{layer=\"{l}\"}} {}",
-            ls.fill
-        );
-    }
-    let rows: [(&str, &str, &str, u64); 10] = [
+    r.register(
+        "kakehi_sozu_layer_fill_ratio",
+        "Encoded entry bytes / page payload capacity of a layer, 0..1",
+        fill,
+    );
+    let gauges: [(&str, &str, u64); 3] = [
         (
             "kakehi_sozu_bytes_on_disk",
-            "gauge",
-            "Bytes of the Sozu table's files (pages, records, journal, header).",
+            "Bytes of the Sozu table's files (pages, records, journal, header)",
             st.bytes_on_disk,
         ),
         (
             "kakehi_sozu_journal_file_bytes",
-            "gauge",
-            "Bytes of the Sozu table's journal file.",
+            "Bytes of the Sozu table's journal file",
             st.journal_file_bytes,
         ),
         (
             "kakehi_sozu_payload_bytes",
-            "gauge",
-            "Serialized size of the Sozu table's live entries, bytes.",
+            "Serialized size of the Sozu table's live entries, bytes",
             st.payload_bytes,
         ),
+    ];
+    for (name, help, v) in gauges {
+        gauge(r, name, help, v);
+    }
+    let counters: [(&str, &str, u64); 7] = [
         (
-            "kakehi_sozu_spills_total",
-            "counter",
-            "Entries spilled to a lower Sozu layer since start-up.",
+            "kakehi_sozu_spills",
+            "Entries spilled to a lower Sozu layer since start-up",
             st.spills,
         ),
         (
-            "kakehi_sozu_purges_total",
-            "counter",
-            "Entries purged from the Sozu table since start-up.",
+            "kakehi_sozu_purges",
+            "Entries purged from the Sozu table since start-up",
             st.purges,
         ),
         (
-            "kakehi_sozu_children_allocated_total",
-            "counter",
-            "Sozu child groups allocated since start-up.",
+            "kakehi_sozu_children_allocated",
+            "Sozu child groups allocated since start-up",
             st.children_allocated,
         ),
         (
-            "kakehi_sozu_commits_total",
-            "counter",
-            "Sozu table commits since start-up.",
+            "kakehi_sozu_commits",
+            "Sozu table commits since start-up",
             st.commits,
         ),
         (
-            "kakehi_sozu_checkpoints_total",
-            "counter",
-            "Sozu table checkpoints since start-up.",
+            "kakehi_sozu_checkpoints",
+            "Sozu table checkpoints since start-up",
             st.checkpoints,
         ),
         (
-            "kakehi_sozu_disk_page_reads_total",
-            "counter",
-            "Page reads from the Sozu disk layers since start-up.",
+            "kakehi_sozu_disk_page_reads",
+            "Page reads from the Sozu disk layers since start-up",
             st.disk_page_reads,
         ),
         (
-            "kakehi_sozu_journal_written_bytes_total",
-            "counter",
-            "Bytes appended to the Sozu journal since start-up.",
+            "kakehi_sozu_journal_written_bytes",
+            "Bytes appended to the Sozu journal since start-up",
             st.journal_bytes,
         ),
     ];
-    for (name, kind, help, v) in rows {
-        gauge(out, name, kind, help, v);
+    for (name, help, v) in counters {
+        counter(r, name, help, v);
     }
 }
 
-fn render_peers(out: &mut String, p2p: &P2pHandle) {
+/// The connected peers by direction.
+fn register_peers(r: &mut Registry, p2p: &P2pHandle) {
     let peers = p2p.peers();
     let inbound = peers.iter().filter(|p| p.inbound).count();
-    out.push_str(
-        "# HELP kakehi_peers Connected P2P peers (handshake done or in progress) by direction.\n",
-    );
-    out.push_str("# TYPE kakehi_peers gauge\n");
-    let _ = writeln!(out, "kakehi_peers{{direction=\"inbound\"}} {inbound}");
-    let _ = writeln!(
-        out,
-        "kakehi_peers{{direction=\"outbound\"}} {}",
-        peers.len() - inbound
+    let family: Family<DirectionLabel, Gauge> = Family::default();
+    for (direction, n) in [("inbound", inbound), ("outbound", peers.len() - inbound)] {
+        family
+            .get_or_create(&DirectionLabel { direction })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    r.register(
+        "kakehi_peers",
+        "Connected P2P peers (handshake done or in progress) by direction",
+        family,
     );
 }
 
@@ -252,94 +326,21 @@ pub(super) async fn metrics(
     State(s): State<AppState>,
     Extension(m): Extension<Arc<HttpMetrics>>,
 ) -> ApiResult<Response> {
-    let m2 = m.clone();
     let p2p = s.p2p.clone();
-    let mut out = read(&s, move |cs| {
+    let out = read(&s, move |cs| {
+        let mut registry = Registry::default();
+        register_chain(&mut registry, cs);
+        if let Some(st) = m.sozu_stats(cs)? {
+            register_sozu(&mut registry, &st);
+        }
+        if let Some(p2p) = &p2p {
+            register_peers(&mut registry, p2p);
+        }
+        m.register(&mut registry);
         let mut out = String::new();
-        let st = cs.stats();
-        let u = cs.utxo_stats();
-        gauge(
-            &mut out,
-            "kakehi_tip_height",
-            "gauge",
-            "Height of the active tip, blocks.",
-            u64::from(cs.index().tip_height()),
-        );
-        gauge(
-            &mut out,
-            "kakehi_blocks_connected_total",
-            "counter",
-            "Blocks connected since start-up.",
-            st.blocks_connected,
-        );
-        gauge(
-            &mut out,
-            "kakehi_blocks_rejected_total",
-            "counter",
-            "Blocks rejected since start-up.",
-            st.blocks_rejected,
-        );
-        gauge(
-            &mut out,
-            "kakehi_reorgs_total",
-            "counter",
-            "Reorganisations since start-up.",
-            st.reorgs,
-        );
-        gauge(
-            &mut out,
-            "kakehi_reorgs_refused_total",
-            "counter",
-            "Reorgs refused (deeper than 100 blocks) since start-up.",
-            st.reorgs_refused,
-        );
-        gauge(
-            &mut out,
-            "kakehi_utxo_txouts",
-            "gauge",
-            "Unspent outputs on the active chain.",
-            u.txouts,
-        );
-        gauge(
-            &mut out,
-            "kakehi_utxo_total_amount_sats",
-            "gauge",
-            "Value of the unspent outputs, sats.",
-            u.total_amount_sats,
-        );
-        let mut cache = m2.sozu.lock();
-        let fresh = matches!(&*cache, Some((at, _)) if at.elapsed() < SOZU_STATS_MAX_AGE);
-        if !fresh {
-            let st = cs.table_stats().map_err(ApiError::internal)?;
-            *cache = Some((Instant::now(), st));
-        }
-        if let Some((_, Some(scan))) = &*cache {
-            // Layer and byte figures from the scan, counters as of now.
-            let st = match cs.table_counters() {
-                Some(now) => SozuStats {
-                    layers: scan.layers.clone(),
-                    bytes_on_disk: scan.bytes_on_disk,
-                    journal_file_bytes: scan.journal_file_bytes,
-                    payload_bytes: scan.payload_bytes,
-                    ..now
-                },
-                None => scan.clone(),
-            };
-            render_sozu(&mut out, &st);
-        }
+        encode(&mut out, &registry).map_err(ApiError::internal)?;
         Ok(out)
     })
     .await?;
-    if let Some(p2p) = &p2p {
-        render_peers(&mut out, p2p);
-    }
-    m.render(&mut out);
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        out,
-    )
-        .into_response())
+    Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], out).into_response())
 }

@@ -17,6 +17,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use bitcoin::consensus::encode::{serialize, serialize_hex};
 use bitcoin::hashes::Hash;
+use bitcoin::hex::DisplayHex;
 use bitcoin::BlockHash;
 
 use crate::snapshot::{ChainSnapshot, Snapshots};
@@ -150,13 +151,9 @@ fn bin_or_hex(bytes: Vec<u8>, f: Format) -> Response {
     }
 }
 
+/// Lowercase hex of `bytes` (`bitcoin::hex`).
 fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
+    bytes.to_lower_hex_string()
 }
 
 async fn tip_height(State(s): State<AppState>) -> ApiResult<Response> {
@@ -217,51 +214,45 @@ async fn health(State(s): State<AppState>) -> ApiResult<Response> {
 }
 
 /// Most bytes of basic filters the HTTP server keeps cached, in serialized
-/// filter bytes (32 MiB; oldest inserted evicted first).
+/// filter bytes (32 MiB).
 pub const FILTER_CACHE_BYTES: usize = 32 << 20;
 
-/// Basic filters recently served by `/rest/blockfilter`, by block hash,
-/// at most [`FILTER_CACHE_BYTES`] (oldest inserted evicted first). A
-/// block's BIP-158 filter is fixed by the block and the outputs it spends,
-/// so an entry never goes stale (reorgs included); a hit is answered without
-/// a snapshot read or a blocking thread.
-#[derive(Default)]
-pub(crate) struct FilterCache {
-    inner: parking_lot::Mutex<FilterCacheInner>,
+/// Weighs a cached filter by its bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct FilterBytes;
+
+impl quick_cache::Weighter<BlockHash, Arc<Vec<u8>>> for FilterBytes {
+    fn weight(&self, _hash: &BlockHash, filter: &Arc<Vec<u8>>) -> u64 {
+        filter.len() as u64
+    }
 }
 
-#[derive(Default)]
-struct FilterCacheInner {
-    map: std::collections::HashMap<BlockHash, Arc<Vec<u8>>>,
-    order: std::collections::VecDeque<BlockHash>,
-    bytes: usize,
+/// Basic filters recently served by `/rest/blockfilter`, by block hash,
+/// at most [`FILTER_CACHE_BYTES`] of them (`quick_cache`, weighed by filter
+/// bytes; its CLOCK-Pro-like policy keeps the filters fetched again over
+/// those fetched once). A block's BIP-158 filter is fixed by the block and
+/// the outputs it spends, so an entry never goes stale (reorgs included); a
+/// hit is answered without a snapshot read or a blocking thread.
+pub(crate) struct FilterCache(quick_cache::sync::Cache<BlockHash, Arc<Vec<u8>>, FilterBytes>);
+
+impl Default for FilterCache {
+    fn default() -> Self {
+        // Estimated items: 32 MiB of filters of a few kB each.
+        FilterCache(quick_cache::sync::Cache::with_weighter(
+            8_192,
+            FILTER_CACHE_BYTES as u64,
+            FilterBytes,
+        ))
+    }
 }
 
 impl FilterCache {
     fn get(&self, hash: &BlockHash) -> Option<Arc<Vec<u8>>> {
-        let c = self.inner.lock();
-        c.map.get(hash).cloned()
+        self.0.get(hash)
     }
 
     fn insert(&self, hash: BlockHash, filter: Arc<Vec<u8>>) {
-        if filter.len() > FILTER_CACHE_BYTES {
-            return;
-        }
-        let mut c = self.inner.lock();
-        if c.map.contains_key(&hash) {
-            return;
-        }
-        while c.bytes + filter.len() > FILTER_CACHE_BYTES {
-            let Some(old) = c.order.pop_front() else {
-                break;
-            };
-            if let Some(f) = c.map.remove(&old) {
-                c.bytes -= f.len();
-            }
-        }
-        c.bytes += filter.len();
-        c.order.push_back(hash);
-        c.map.insert(hash, filter);
+        self.0.insert(hash, filter);
     }
 }
 
@@ -534,19 +525,18 @@ pub fn router_with(state: AppState, config: &HttpConfig) -> Router {
             config.max_concurrent_requests.max(1),
         )),
         config: Arc::new(config.clone()),
-        buckets: Arc::default(),
     };
-    routes(&mut Vec::new())
+    let mut router: Router = routes(&mut Vec::new())
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(axum::middleware::from_fn(server::json_errors))
         .layer(axum::extract::DefaultBodyLimit::max(config.max_body_bytes))
-        .layer(axum::middleware::from_fn_with_state(
-            limits.clone(),
-            server::limits,
-        ))
-        .layer(axum::middleware::from_fn_with_state(limits, server::cors))
+        .layer(axum::middleware::from_fn_with_state(limits, server::limits));
+    if let Some(limit) = config.rate_limit_per_ip {
+        router = server::rate_limited(router, limit);
+    }
+    server::with_cors(router, &config.cors_allowed_origins)
         .layer(axum::Extension(Arc::new(FilterCache::default())))
         .layer(axum::Extension(metrics.clone()))
         .layer(axum::middleware::from_fn_with_state(

@@ -2,7 +2,8 @@
 //! HTTP/1 connection builder (so a header-read timeout applies, which
 //! `axum::serve` does not install), a cap on open connections, and
 //! middleware for the per-request timeout, the concurrency limit with load
-//! shedding, the body size limit and CORS. Every refusal uses the API's
+//! shedding and the body size limit; tower-http's CORS layer and
+//! tower_governor's per-IP rate limit. Every refusal uses the API's
 //! `{"code","message"}` JSON shape.
 
 use std::net::SocketAddr;
@@ -46,45 +47,134 @@ pub struct HttpConfig {
     pub rate_limit_per_ip: Option<RateLimit>,
 }
 
-/// A token bucket per client IP address.
+/// A token bucket per client IP address (tower_governor's keyed GCRA).
 #[derive(Clone, Copy, Debug)]
 pub struct RateLimit {
-    /// Sustained requests per second per IP.
+    /// Sustained requests per second per IP (a token comes back every
+    /// `1 / per_second` seconds).
     pub per_second: f64,
     /// Requests an idle IP may send at once.
     pub burst: u32,
 }
 
-/// Most client IPs tracked by the rate limiter; beyond, full buckets are
-/// dropped (an IP with a full bucket loses nothing by being forgotten).
-const MAX_TRACKED_IPS: usize = 65_536;
+/// How often the rate limiter forgets IPs whose bucket is full again
+/// (governor's `retain_recent`): its memory is bounded by the IPs seen in
+/// one such period.
+const RATE_LIMIT_CLEANUP: Duration = Duration::from_secs(60);
 
-/// Per-IP token buckets: tokens and the time they were counted.
-#[derive(Default)]
-pub(super) struct Buckets {
-    map: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, (f64, std::time::Instant)>>,
+/// The rate limiter's key: the client's IP address from the connection
+/// (axum's `ConnectInfo`, inserted by [`serve_listener`]); an IPv6 address
+/// counts by its /64 network (one host usually holds a whole /64). A
+/// request without one (a router driven without this server) shares the
+/// unspecified address's bucket.
+#[derive(Clone, Copy, Debug)]
+struct ClientIp;
+
+impl tower_governor::key_extractor::KeyExtractor for ClientIp {
+    type Key = std::net::IpAddr;
+
+    fn extract<T>(
+        &self,
+        req: &axum::http::Request<T>,
+    ) -> Result<Self::Key, tower_governor::GovernorError> {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+        let ip = req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
+        Ok(match ip {
+            IpAddr::V6(v6) => {
+                let s = v6.segments();
+                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+            v4 => v4,
+        })
+    }
 }
 
-impl Buckets {
-    /// Takes a token for `ip`; false when its bucket is empty.
-    fn take(&self, ip: std::net::IpAddr, limit: RateLimit) -> bool {
-        let now = std::time::Instant::now();
-        let mut map = self.map.lock();
-        let burst = f64::from(limit.burst.max(1));
-        let refill = |(tokens, at): (f64, std::time::Instant)| {
-            (tokens + now.duration_since(at).as_secs_f64() * limit.per_second).min(burst)
-        };
-        if map.len() >= MAX_TRACKED_IPS {
-            map.retain(|_, v| refill(*v) < burst);
-            if map.len() >= MAX_TRACKED_IPS {
-                map.clear();
+/// `router` behind a per-IP rate limit of `limit` (tower_governor),
+/// answering 429 in the API's JSON shape with governor's `Retry-After`
+/// (whole seconds until the next token). A limit that is not positive
+/// limits nothing (`router` is returned as is, with a warning). Starts, on
+/// the current tokio runtime if there is one, a task that forgets idle IPs
+/// every [`RATE_LIMIT_CLEANUP`] and ends with the router.
+pub(super) fn rate_limited(router: axum::Router, limit: RateLimit) -> axum::Router {
+    let config = (limit.per_second.is_finite() && limit.per_second > 0.0)
+        .then(|| {
+            tower_governor::governor::GovernorConfigBuilder::default()
+                .key_extractor(ClientIp)
+                .period(Duration::from_secs_f64(1.0 / limit.per_second))
+                .burst_size(limit.burst.max(1))
+                .finish()
+        })
+        .flatten();
+    let Some(config) = config else {
+        tracing::warn!(per_second = limit.per_second, "rate limit is not positive: no limit applied");
+        return router;
+    };
+    let config = Arc::new(config);
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let limiter = Arc::downgrade(config.limiter());
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(RATE_LIMIT_CLEANUP).await;
+                let Some(limiter) = limiter.upgrade() else {
+                    break;
+                };
+                limiter.retain_recent();
+                limiter.shrink_to_fit();
             }
-        }
-        let tokens = map.get(&ip).map_or(burst, |v| refill(*v));
-        let ok = tokens >= 1.0;
-        map.insert(ip, (if ok { tokens - 1.0 } else { tokens }, now));
-        ok
+        });
     }
+    let per_second = limit.per_second;
+    router.layer(
+        tower_governor::GovernorLayer::new(config).error_handler(move |e| {
+            let (wait, headers) = match e {
+                tower_governor::GovernorError::TooManyRequests { wait_time, headers } => {
+                    (wait_time, headers)
+                }
+                // The key extractor never fails; other errors are not ours.
+                _ => (1, None),
+            };
+            let mut r = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("rate limited: over {per_second} requests/s from this address, retry in {wait} s"),
+            )
+            .into_response();
+            for (k, v) in headers.iter().flatten() {
+                r.headers_mut().insert(k.clone(), v.clone());
+            }
+            r
+        }),
+    )
+}
+
+/// `router` behind tower-http's CORS layer for `origins` (`"*"` among them:
+/// any origin): simple requests and preflights, methods GET, POST and
+/// OPTIONS, header `Content-Type`, preflights cached 600 s. An empty list
+/// returns `router` as is (no CORS headers). An origin that is not a valid
+/// header value is skipped with a warning.
+pub(super) fn with_cors(router: axum::Router, origins: &[String]) -> axum::Router {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return router;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| {
+            HeaderValue::from_str(o)
+                .inspect_err(|_| tracing::warn!(origin = %o, "CORS origin is not a valid header value: ignored"))
+                .ok()
+        }))
+    };
+    router.layer(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            .allow_headers([header::CONTENT_TYPE])
+            .max_age(Duration::from_secs(600)),
+    )
 }
 
 impl Default for HttpConfig {
@@ -106,34 +196,11 @@ impl Default for HttpConfig {
 pub(super) struct Limits {
     pub(super) permits: Arc<Semaphore>,
     pub(super) config: Arc<HttpConfig>,
-    pub(super) buckets: Arc<Buckets>,
 }
 
-/// Middleware: per-IP rate limit, body size by `Content-Length` (bodies
-/// without one are bounded by `DefaultBodyLimit` in the extractor), load
-/// shedding, timeout.
+/// Middleware: body size by `Content-Length` (bodies without one are
+/// bounded by `DefaultBodyLimit` in the extractor), load shedding, timeout.
 pub(super) async fn limits(State(l): State<Limits>, req: Request, next: Next) -> Response {
-    if let Some(limit) = l.config.rate_limit_per_ip {
-        let peer = req
-            .extensions()
-            .get::<axum::extract::ConnectInfo<SocketAddr>>()
-            .map(|c| c.0.ip());
-        if let Some(ip) = peer {
-            if !l.buckets.take(ip, limit) {
-                let mut r = ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    format!(
-                        "rate limited: over {} requests/s from {ip}",
-                        limit.per_second
-                    ),
-                )
-                .into_response();
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return r;
-            }
-        }
-    }
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -167,53 +234,6 @@ pub(super) async fn limits(State(l): State<Limits>, req: Request, next: Next) ->
         )
         .into_response(),
     }
-}
-
-/// Middleware: CORS for the configured origins (simple requests and
-/// preflights; GET and POST, `Content-Type` header).
-pub(super) async fn cors(State(l): State<Limits>, req: Request, next: Next) -> Response {
-    let allowed = &l.config.cors_allowed_origins;
-    let origin = req.headers().get(header::ORIGIN).cloned();
-    let allow = origin.as_ref().and_then(|o| {
-        let o_str = o.to_str().ok()?;
-        if allowed.iter().any(|a| a == "*") {
-            Some(HeaderValue::from_static("*"))
-        } else if allowed.iter().any(|a| a == o_str) {
-            Some(o.clone())
-        } else {
-            None
-        }
-    });
-    let preflight = req.method() == Method::OPTIONS
-        && req
-            .headers()
-            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
-    let mut resp = if preflight && allow.is_some() {
-        let mut r = StatusCode::NO_CONTENT.into_response();
-        let h = r.headers_mut();
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static("GET, POST, OPTIONS"),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_HEADERS,
-            HeaderValue::from_static("content-type"),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_MAX_AGE,
-            HeaderValue::from_static("600"),
-        );
-        r
-    } else {
-        next.run(req).await
-    };
-    if let Some(a) = allow {
-        resp.headers_mut()
-            .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, a);
-        resp.headers_mut()
-            .append(header::VARY, HeaderValue::from_static("origin"));
-    }
-    resp
 }
 
 /// Largest error body (bytes) that [`json_errors`] carries over as the
