@@ -167,6 +167,10 @@ pub enum DumpError {
     Write(#[from] std::io::Error),
 }
 
+/// The reject reason of a block already known invalid (Core's
+/// `duplicate-invalid`, `BLOCK_CACHED_INVALID`).
+pub const DUPLICATE_INVALID: &str = "duplicate-invalid";
+
 /// What happened to a submitted block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SubmitOutcome {
@@ -706,7 +710,7 @@ impl Chainstate {
             }
             if e.status.is_invalid() {
                 return Ok(self.reject(
-                    "duplicate-invalid",
+                    DUPLICATE_INVALID,
                     format!("block {hash} is already known invalid"),
                 ));
             }

@@ -20,6 +20,7 @@ use kakehi::http::AppState;
 struct Server {
     addr: SocketAddr,
     state: AppState,
+    _http: common::HttpServer,
     _dir: tempfile::TempDir,
 }
 
@@ -35,36 +36,14 @@ fn server() -> &'static Server {
             snapshots: chain.lock().snapshots(),
             p2p: None,
         };
-        let addr = spawn_server(state.clone(), config());
+        let http = common::spawn_http(state.clone(), config());
         Server {
-            addr,
+            addr: http.addr,
             state,
+            _http: http,
             _dir: dir,
         }
     })
-}
-
-/// Serves `state` with `config` on 127.0.0.1:<ephemeral> from its own runtime.
-fn spawn_server(state: AppState, config: kakehi::http::HttpConfig) -> SocketAddr {
-    {
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        std_listener.set_nonblocking(true).expect("nonblocking");
-        let addr = std_listener.local_addr().expect("addr");
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
-                kakehi::http::serve_listener(listener, state, config, std::future::pending())
-                    .await
-                    .expect("serve");
-            });
-        });
-        addr
-    }
 }
 
 /// The served limits: defaults, small enough to test, and CORS for one origin.
@@ -765,7 +744,7 @@ fn openapi_document_lists_exactly_the_routes_and_each_is_routed() {
 fn load_is_shed_and_slow_requests_time_out_with_json_503() {
     use std::io::{Read, Write};
     // One request at a time, 1 s per request.
-    let addr = spawn_server(
+    let http = common::spawn_http(
         server().state.clone(),
         kakehi::http::HttpConfig {
             max_concurrent_requests: 1,
@@ -773,6 +752,7 @@ fn load_is_shed_and_slow_requests_time_out_with_json_503() {
             ..Default::default()
         },
     );
+    let addr = http.addr;
     std::thread::sleep(std::time::Duration::from_millis(100));
     // A POST whose body never completes holds the only slot...
     let mut slow = std::net::TcpStream::connect(addr).unwrap();
@@ -932,7 +912,7 @@ fn bench_routes_on_loopback() {
 #[test]
 fn per_ip_rate_limit_answers_json_429_after_the_burst() {
     use std::io::{Read, Write};
-    let addr = spawn_server(
+    let http = common::spawn_http(
         server().state.clone(),
         kakehi::http::HttpConfig {
             rate_limit_per_ip: Some(kakehi::http::RateLimit {
@@ -942,6 +922,7 @@ fn per_ip_rate_limit_answers_json_429_after_the_burst() {
             ..Default::default()
         },
     );
+    let addr = http.addr;
     std::thread::sleep(std::time::Duration::from_millis(100));
     let status = || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();

@@ -38,10 +38,9 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bitcoin::Network;
 use common::data;
@@ -56,41 +55,14 @@ const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
 /// Runs `p2p_core.py CHECK` against `addr`; `Err` with its output when it
 /// fails or times out.
 fn run_check(python: &Path, addr: SocketAddr, check: &str) -> Result<String, String> {
-    let out = tempfile::NamedTempFile::new().expect("temp file");
-    let started = Instant::now();
-    let mut child = Command::new(python)
-        .arg(common::python::script("p2p_core.py"))
-        .args(["--port", &addr.port().to_string(), "--data"])
-        .arg(data("regtest-a"))
-        .arg(check)
-        .env("PYTHONUNBUFFERED", "1")
-        .stdin(Stdio::null())
-        // One file description for both (a dup shares the offset), so
-        // stderr does not overwrite what stdout wrote.
-        .stdout(out.as_file().try_clone().expect("dup"))
-        .stderr(out.as_file().try_clone().expect("dup"))
-        .spawn()
-        .expect("spawn python");
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait python") {
-            break Some(s);
-        }
-        if started.elapsed() > SCRIPT_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let text = std::fs::read_to_string(out.path()).unwrap_or_default();
-    let took = started.elapsed().as_secs_f64();
-    match status {
-        Some(s) if s.success() => Ok(format!("{text}({check}: {took:.1} s)")),
-        Some(s) => Err(format!("p2p_core.py {check} failed ({s}):\n{text}")),
-        None => Err(format!(
-            "p2p_core.py {check} timed out after {SCRIPT_TIMEOUT:?}:\n{text}"
-        )),
-    }
+    let args: Vec<std::ffi::OsString> = vec![
+        "--port".into(),
+        addr.port().to_string().into(),
+        "--data".into(),
+        data("regtest-a").into(),
+        check.into(),
+    ];
+    common::python::run_script(python, "p2p_core.py", &args, SCRIPT_TIMEOUT)
 }
 
 #[test]

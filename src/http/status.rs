@@ -45,7 +45,9 @@ pub(crate) fn best_header(index: &ChainIndex) -> &IndexEntry {
 
 /// Peer counts and list of a P2P handle, as `/node/status` shows them:
 /// `{"count", "inbound", "outbound", "list": [{"id", "addr", "inbound",
-/// "user_agent", "services", "start_height"}]}`.
+/// "user_agent", "services", "start_height"}], "discouraged": ["ip", …]}`
+/// (the addresses discouraged for misbehaviour, Core's 24-hour
+/// discouragement).
 pub(crate) fn peers_json(p2p: &P2pHandle) -> serde_json::Value {
     let peers = p2p.peers();
     let inbound = peers.iter().filter(|p| p.inbound).count();
@@ -67,6 +69,11 @@ pub(crate) fn peers_json(p2p: &P2pHandle) -> serde_json::Value {
         "inbound": inbound,
         "outbound": peers.len() - inbound,
         "list": list,
+        "discouraged": p2p
+            .discouraged()
+            .iter()
+            .map(|ip| ip.to_string())
+            .collect::<Vec<_>>(),
     })
 }
 

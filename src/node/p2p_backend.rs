@@ -38,7 +38,7 @@ use crate::p2p::{
     ArchiveQueryError, FilterQueryError, HeadersError, HeadersOutcome, NodeBackend, P2pConfig,
     P2pError, P2pHandle, SubmitError, SubmitOutcome,
 };
-use crate::pipeline::{self, Chainstate};
+use crate::pipeline::{self, Chainstate, DUPLICATE_INVALID};
 use crate::primitives::BlockId;
 use crate::snapshot::{ChainSnapshot, Snapshots};
 
@@ -111,6 +111,9 @@ impl NodeP2p {
             return Err(match refused.error {
                 crate::chain::index::HeaderError::UnknownParent { hash, prev } => {
                     HeadersError::Unconnected { hash, prev }
+                }
+                crate::chain::index::HeaderError::TimeTooNew { hash, .. } => {
+                    HeadersError::TimeTooNew { hash }
                 }
                 e => HeadersError::Invalid {
                     hash,
@@ -329,6 +332,9 @@ impl NodeBackend for NodeP2p {
         match result {
             Err(e) => Err(SubmitError::Storage { source: e.into() }),
             Ok(pipeline::SubmitOutcome::Duplicate) => Ok(SubmitOutcome::Duplicate),
+            Ok(pipeline::SubmitOutcome::Rejected { reason, .. }) if reason == DUPLICATE_INVALID => {
+                Err(SubmitError::KnownInvalid { hash })
+            }
             Ok(pipeline::SubmitOutcome::Rejected { reason, detail }) => Err(SubmitError::Invalid {
                 hash,
                 source: format!("{reason}: {detail}").into(),

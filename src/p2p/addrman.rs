@@ -241,6 +241,19 @@ impl BanList {
         self.until.retain(|_, t| *t > now);
     }
 
+    /// The addresses discouraged now, in order.
+    pub fn discouraged(&self) -> Vec<IpAddr> {
+        let now = Instant::now();
+        let mut v: Vec<IpAddr> = self
+            .until
+            .iter()
+            .filter(|(_, t)| **t > now)
+            .map(|(ip, _)| *ip)
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Number of entries (expired ones included until next looked up).
     pub fn len(&self) -> usize {
         self.until.len()

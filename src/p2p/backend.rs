@@ -206,6 +206,14 @@ pub enum HeadersError {
         /// Position in the message.
         index: usize,
     },
+    /// A header's time is more than 2 hours after the node's clock (Core's
+    /// `time-too-new`, `BLOCK_TIME_FUTURE`): refused and not remembered, so
+    /// it may be accepted later; not penalised (Core does not either).
+    #[error("header {hash} is more than 2 hours in the future")]
+    TimeTooNew {
+        /// The header's hash.
+        hash: BlockHash,
+    },
     /// A header breaks a consensus rule (PoW, difficulty, timestamp,
     /// checkpoint, known-invalid ancestor). Penalised.
     #[error("invalid header {hash}: {source}")]
@@ -276,6 +284,15 @@ pub enum SubmitError {
         /// The rule broken.
         #[source]
         source: BoxError,
+    },
+    /// The block was already known invalid (Core's `BLOCK_CACHED_INVALID`,
+    /// "duplicate-invalid"). Core discourages an outbound peer for it and
+    /// keeps an inbound one (`MaybePunishNodeForBlock`): the peer may just
+    /// relay what it was sent.
+    #[error("block {hash} is already known invalid")]
+    KnownInvalid {
+        /// The block's hash.
+        hash: BlockHash,
     },
     /// The block's header is not in the index (not accepted first).
     #[error("block {hash} has no accepted header")]

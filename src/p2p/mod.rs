@@ -234,6 +234,8 @@ pub(crate) enum NetCommand {
 pub(crate) struct HandleShared {
     pub(crate) local_addr: watch::Sender<Option<SocketAddr>>,
     pub(crate) peers: Mutex<HashMap<PeerId, PeerInfo>>,
+    /// The ban list (Core's discouragement), read by [`P2pHandle::discouraged`].
+    pub(crate) bans: Mutex<addrman::BanList>,
 }
 
 /// Handle to a running P2P layer: announce tips, relay transactions, list
@@ -256,6 +258,7 @@ pub fn handle() -> (P2pHandle, P2pControl) {
     let shared = Arc::new(HandleShared {
         local_addr: watch::channel(None).0,
         peers: Mutex::new(HashMap::new()),
+        bans: Mutex::new(addrman::BanList::default()),
     });
     (
         P2pHandle {
@@ -307,6 +310,12 @@ impl P2pHandle {
         let mut v: Vec<PeerInfo> = self.shared.peers.lock().values().cloned().collect();
         v.sort_by_key(|p| p.id);
         v
+    }
+
+    /// The IP addresses discouraged now (misbehaving peers, for
+    /// [`P2pConfig::ban_duration`]), sorted.
+    pub fn discouraged(&self) -> Vec<std::net::IpAddr> {
+        self.shared.bans.lock().discouraged()
     }
 
     /// Number of connected peers.

@@ -279,7 +279,7 @@ fn maintain_outbound(
     let mut exclude = connected;
     exclude.extend(connecting.iter().copied());
     let pick = {
-        let mut bans = net.bans.lock();
+        let mut bans = net.bans();
         bans.purge_expired();
         net.addrs.lock().select(&exclude, |ip| bans.is_banned(ip))
     };
@@ -378,7 +378,7 @@ fn select_eviction(net: &Net) -> Option<PeerId> {
         discouraged: bool,
     }
     let mut c: Vec<Cand> = {
-        let bans = net.bans.lock();
+        let bans = net.bans();
         net.peers
             .lock()
             .iter()

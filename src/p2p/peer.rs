@@ -1039,6 +1039,14 @@ impl Peer {
             Some(Err(e @ SubmitError::Invalid { .. })) => {
                 return Err(misbehaving(Misbehaviour::Block(e)))
             }
+            // Core punishes a known-invalid block from an outbound peer
+            // only (MaybePunishNodeForBlock, BLOCK_CACHED_INVALID).
+            Some(Err(e @ SubmitError::KnownInvalid { .. })) if !self.inbound => {
+                return Err(misbehaving(Misbehaviour::Block(e)))
+            }
+            Some(Err(SubmitError::KnownInvalid { hash })) => {
+                debug!(peer = %self.addr, block_hash = %hash, "known-invalid block from an inbound peer; ignored");
+            }
             Some(Err(e)) => {
                 warn!(peer = %self.addr, block_hash = %hash, error = %e, "block not stored")
             }

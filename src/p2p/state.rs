@@ -90,7 +90,6 @@ pub(crate) struct Net {
     pub config: P2pConfig,
     pub magic: Magic,
     pub peers: Mutex<HashMap<PeerId, PeerEntry>>,
-    pub bans: Mutex<BanList>,
     pub addrs: Mutex<AddrBook>,
     pub sched: Mutex<Scheduler>,
     /// The peer doing the initial header sync, with the time of its last
@@ -134,7 +133,6 @@ impl Net {
             backend,
             magic,
             peers: Mutex::new(HashMap::new()),
-            bans: Mutex::new(BanList::default()),
             addrs: Mutex::new(book),
             sched: Mutex::new(sched),
             header_sync: Mutex::new(None),
@@ -148,12 +146,17 @@ impl Net {
         })
     }
 
+    /// The ban list (kept in the handle's shared part, which lists it).
+    pub fn bans(&self) -> parking_lot::MutexGuard<'_, BanList> {
+        self.shared.bans.lock()
+    }
+
     pub fn is_banned(&self, ip: IpAddr) -> bool {
-        self.bans.lock().is_banned(ip)
+        self.bans().is_banned(ip)
     }
 
     pub fn ban(&self, ip: IpAddr) {
-        self.bans.lock().ban(ip, self.config.ban_duration);
+        self.bans().ban(ip, self.config.ban_duration);
     }
 
     /// Adds a peer to the registry and to the handle's list; returns its id

@@ -65,6 +65,8 @@ pub struct ListeningP2p {
     pub runtime: tokio::runtime::Runtime,
     /// The listening address.
     pub addr: std::net::SocketAddr,
+    /// The P2P layer's handle (peers, discouraged addresses).
+    pub handle: kakehi::p2p::P2pHandle,
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<Result<(), kakehi::p2p::P2pError>>,
 }
@@ -92,6 +94,7 @@ impl ListeningP2p {
         Self {
             runtime,
             addr,
+            handle,
             stop,
             task,
         }
@@ -108,5 +111,66 @@ impl ListeningP2p {
             Ok(Ok(Ok(()))) => Ok(()),
             other => Err(format!("{other:?}")),
         }
+    }
+}
+
+/// An HTTP server on 127.0.0.1:<ephemeral> ([`spawn_http`]); it stops when
+/// this is dropped.
+pub struct HttpServer {
+    /// The listening address.
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Serves `state` with `config` on 127.0.0.1:<ephemeral> from a runtime of
+/// its own (2 workers, on its own thread) until the returned server is
+/// dropped (then the runtime, and the snapshots it held, are gone).
+pub fn spawn_http(state: kakehi::http::AppState, config: kakehi::http::HttpConfig) -> HttpServer {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    std_listener.set_nonblocking(true).expect("nonblocking");
+    let addr = std_listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            kakehi::http::serve_listener(listener, state, config, shutdown)
+                .await
+                .expect("serve");
+        });
+    });
+    HttpServer {
+        addr,
+        stop: Some(stop),
+        thread: Some(thread),
+    }
+}
+
+/// Sends the node's `tracing` output to stderr when `KAKEHI_TEST_LOG` is
+/// set (an `EnvFilter` directive, e.g. `kakehi=debug`): for a failing
+/// integration test's story. Does nothing otherwise.
+pub fn init_test_log() {
+    if let Ok(filter) = std::env::var("KAKEHI_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
     }
 }

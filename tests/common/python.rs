@@ -8,7 +8,8 @@
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// `tests/python/<rel>` in the repository.
 pub fn script(rel: &str) -> PathBuf {
@@ -60,4 +61,47 @@ fn run(cmd: &mut Command) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Runs `python tests/python/<script> ARGS…` for at most `limit`: its
+/// output (stdout and stderr in order) followed by `(… s)` on success,
+/// `Err` with the output when it fails or times out.
+pub fn run_script(
+    python: &Path,
+    script_name: &str,
+    args: &[std::ffi::OsString],
+    limit: Duration,
+) -> Result<String, String> {
+    let out = tempfile::NamedTempFile::new().expect("temp file");
+    let started = Instant::now();
+    let mut child = Command::new(python)
+        .arg(script(script_name))
+        .args(args)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        // One file description for both (a dup shares the offset), so
+        // stderr does not overwrite what stdout wrote.
+        .stdout(out.as_file().try_clone().expect("dup"))
+        .stderr(out.as_file().try_clone().expect("dup"))
+        .spawn()
+        .expect("spawn python");
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait python") {
+            break Some(s);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = fs::read_to_string(out.path()).unwrap_or_default();
+    let took = started.elapsed().as_secs_f64();
+    let what = format!("{script_name} {args:?}");
+    match status {
+        Some(s) if s.success() => Ok(format!("{text}({what}: {took:.1} s)")),
+        Some(s) => Err(format!("{what} failed ({s}):\n{text}")),
+        None => Err(format!("{what} timed out after {limit:?}:\n{text}")),
+    }
 }
