@@ -25,10 +25,13 @@
 //!   MSG_CMPCT_BLOCK, also for a block mined and announced now), getaddr
 //!   (once), mempool / filterclear (disconnect), tx / tx inv (ignored), BIP324 v2
 //!   handshake bytes (closed at once, v1 retry served);
-//! - `malformed`: bad magic, bad checksum, oversized payload and counts, 80
-//!   junk 4 MB messages, each disconnecting its sender while a second peer's
-//!   pings are answered within 2 s (and a third peer downloads 20,000
-//!   filters and 500 blocks).
+//! - `malformed`: Core's `p2p_invalid_messages.py` cases (bad magic, also
+//!   mid-stream; bad checksum; oversized and undersized payloads; bad
+//!   command bytes; over-limit `headers`, `inv`, `getdata`, `addr`,
+//!   `addrv2`), 80 junk 4 MB messages, each disconnecting its sender while a
+//!   second peer's pings are answered within 2 s (and a third peer
+//!   downloads 20,000 filters and 500 blocks); an unknown command, a
+//!   message split over three writes and a second `version` keep the peer.
 //!
 //! A script's non-zero exit fails the test with its output. Each run is
 //! bounded (`SCRIPT_TIMEOUT`). Needs Python 3 and, the first time, PyPI

@@ -649,7 +649,29 @@ async fn malformed_traffic_disconnects_sender_only() {
     let inv = vec![Inventory::Block(BlockHash::all_zeros()); 50_001];
     malformed_case(
         "50001 inv",
-        encode_message(M, NetworkMessage::Inv(inv)),
+        encode_message(M, NetworkMessage::Inv(inv.clone())),
+        true,
+    )
+    .await;
+    malformed_case(
+        "50001 getdata",
+        encode_message(M, NetworkMessage::GetData(inv)),
+        true,
+    )
+    .await;
+    // Core's "addr message size" / "addrv2 message size" (MAX_ADDR_TO_SEND).
+    let peer: SocketAddr = "10.0.0.1:18444".parse().expect("addr");
+    let addr = vec![(1_700_000_000, Address::new(&peer, ServiceFlags::NETWORK)); 1_001];
+    malformed_case("1001 addr", encode_message(M, NetworkMessage::Addr(addr)), true).await;
+    let v2 = bitcoin::p2p::address::AddrV2Message {
+        time: 1_700_000_000,
+        services: ServiceFlags::NETWORK,
+        addr: bitcoin::p2p::address::AddrV2::Ipv4("10.0.0.1".parse().expect("ip")),
+        port: 18444,
+    };
+    malformed_case(
+        "1001 addrv2",
+        encode_message(M, NetworkMessage::AddrV2(vec![v2; 1_001])),
         true,
     )
     .await;

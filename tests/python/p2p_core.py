@@ -18,10 +18,20 @@ CHECK is one of
              checked with a BIP158 encoder here); tip announcements; requests
              stopping at header-only blocks ignored; over-limit and
              start > stop requests disconnect;
-  malformed  bad magic, bad checksum, oversized payload, > 2,000 headers,
-             > 50,000 inv entries, 80 junk 4 MB messages: each disconnects
-             its sender while a second peer's pings keep being answered
-             within 2 s (measured).
+  malformed  Core's p2p_invalid_messages.py cases: bad magic (first, and
+             mid-stream after a valid message), bad checksum, oversized and
+             undersized payloads, bad command bytes, > 2,000 headers,
+             > 50,000 inv / getdata entries, > 1,000 addr / addrv2 entries,
+             80 junk 4 MB messages: each disconnects its sender; an unknown
+             command, a message split over three writes and a second
+             version keep it; a second peer's pings keep being answered
+             within 2 s throughout (measured);
+  lowwork    a peer feeds N headers (--headers, default 1,000,000) of a
+             chain below the node's minimum chainwork, each answering the
+             node's getheaders: the node follows the whole chain (its last
+             getheaders starts at the last header) and keeps the peer,
+             while a second peer's pings are answered within 2 s; what the
+             node stored and held is checked by tests/p2p_core.rs.
 
 Exit status 0 when every check passes; an AssertionError (exit 1) names the
 failing check otherwise.
@@ -78,6 +88,7 @@ from verystable.core.messages import (
     msg_sendheaders,
     ser_uint256,
     sha256,
+    uint256_from_compact,
     uint256_from_str,
 )
 from verystable.core.p2p import NetworkThread, P2PDataStore, P2PInterface, p2p_lock
@@ -87,6 +98,7 @@ REGTEST = MAGIC_BYTES["regtest"]
 MAX_PROTOCOL_MESSAGE_LENGTH = 4_000_000
 MAX_HEADERS_RESULTS = 2_000
 MAX_INV_SZ = 50_000
+MAX_ADDR_TO_SEND = 1_000
 MAX_GETCFILTERS_SIZE = 1_000
 MAX_GETCFHEADERS_SIZE = 2_000
 CFCHECKPT_INTERVAL = 1_000
@@ -1087,6 +1099,35 @@ class RawPeer:
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
             pass
 
+    def expect_pong(self, nonce, what, split=False, timeout=WAIT):
+        """Sends a ping (`split`: in three writes 0.1 s apart, cut inside its
+        header and its payload) and reads frames until its pong: the peer
+        was kept."""
+        ping = frame(b"ping", struct.pack("<Q", nonce))
+        for part in (ping[:3], ping[3:26], ping[26:]) if split else (ping,):
+            self.send(part)
+            if split:
+                time.sleep(0.1)
+        self.s.settimeout(timeout)
+        deadline = time.time() + timeout
+        buf = b""
+        while time.time() < deadline:
+            while len(buf) >= 24:
+                length = struct.unpack("<I", buf[16:20])[0]
+                if len(buf) < 24 + length:
+                    break
+                command = buf[4:16].rstrip(b"\x00")
+                payload = buf[24:24 + length]
+                buf = buf[24 + length:]
+                if command == b"pong" and payload == struct.pack("<Q", nonce):
+                    log(f"  ok: {what} -> peer kept (pong)")
+                    return
+            chunk = self.s.recv(1 << 20)
+            if not chunk:
+                raise AssertionError(f"{what}: disconnected, expected to be kept")
+            buf += chunk
+        raise AssertionError(f"{what}: no pong within {timeout} s")
+
     def wait_closed(self, what, timeout=WAIT):
         self.s.settimeout(timeout)
         started = time.time()
@@ -1106,10 +1147,37 @@ class RawPeer:
         raise AssertionError(f"{what}: sender still connected after {timeout} s")
 
 
+def header_on(prev_hex, salt, pow_ok=True):
+    """A regtest header on `prev_hex` whose proof of work is met, or (not
+    `pow_ok`) missed."""
+    h = CBlockHeader()
+    h.nVersion = 0x20000000
+    h.hashPrevBlock = h2i(prev_hex)
+    h.hashMerkleRoot = salt
+    h.nTime = REGTEST_GENESIS_TIME + 1
+    h.nBits = REGTEST_BITS
+    h.nNonce = 0
+    target = uint256_from_compact(REGTEST_BITS)
+    while True:
+        h.rehash()
+        if (h.sha256 <= target) == pow_ok:
+            return h
+        h.nNonce += 1
+
+
+def addrv2_entry(network, address):
+    """One BIP155 addrv2 entry (time, services, network id, address, port)."""
+    return (struct.pack("<I", 1_700_000_000) + compact_size(NODE_NETWORK) + bytes([network])
+            + compact_size(len(address)) + address + struct.pack(">H", 18444))
+
+
 def check_malformed(port, data):
     pinger = Pinger(port)
     genesis_like = CBlockHeader()
     genesis_like.nBits = 0x207FFFFF
+    # Core's test_invalid_pow_headers_msg and test_noncontinuous_headers_msg.
+    bad_pow = header_on(REGTEST_GENESIS, 1, pow_ok=False)
+    first, second = header_on(REGTEST_GENESIS, 2), header_on(REGTEST_GENESIS, 3)
     cases = [
         ("bad magic", frame(b"ping", b"\x00" * 8, magic=MAGIC_BYTES["mainnet"])),
         ("bad checksum", frame(b"ping", b"\x00" * 8, checksum=b"\x00\x01\x02\x03")),
@@ -1123,7 +1191,34 @@ def check_malformed(port, data):
              struct.pack("<I", MSG_BLOCK) + i.to_bytes(32, "little")
              for i in range(MAX_INV_SZ + 1)))),
         ("inv announcing 50,001, no entries", frame(b"inv", compact_size(MAX_INV_SZ + 1))),
+        ("getdata with 50,001 entries", frame(b"getdata", compact_size(MAX_INV_SZ + 1) + b"".join(
+            struct.pack("<I", MSG_BLOCK | MSG_WITNESS_FLAG) + i.to_bytes(32, "little")
+            for i in range(MAX_INV_SZ + 1)))),
+        # Entries as CAddress serializes them in addr (time, services, IPv6-mapped
+        # IPv4, port BE) and addrv2 (BIP155: time, CompactSize services, network 1,
+        # 4-byte address, port BE).
+        ("addr with 1,001 entries", frame(b"addr", compact_size(MAX_ADDR_TO_SEND + 1) + b"".join(
+            struct.pack("<IQ", 1_700_000_000, NODE_NETWORK) + b"\x00" * 10 + b"\xff\xff"
+            + bytes([10, 0, i >> 8, i & 0xFF]) + struct.pack(">H", 18444)
+            for i in range(MAX_ADDR_TO_SEND + 1)))),
+        ("addrv2 with 1,001 entries", frame(b"addrv2", compact_size(MAX_ADDR_TO_SEND + 1) + b"".join(
+            struct.pack("<I", 1_700_000_000) + compact_size(NODE_NETWORK) + b"\x01\x04"
+            + bytes([10, 0, i >> 8, i & 0xFF]) + struct.pack(">H", 18444)
+            for i in range(MAX_ADDR_TO_SEND + 1)))),
         ("payload length 0xffffffff", frame(b"tx", b"", length=0xFFFFFFFF)),
+        ("headers with an invalid proof of work", frame(b"headers", msg_headers([bad_pow]).serialize())),
+        ("non-continuous headers", frame(b"headers", msg_headers([first, second]).serialize())),
+        # Core's test_addrv2_too_long_address: Core drops the message and keeps
+        # the peer; a payload that does not decode disconnects here.
+        ("addrv2 with a 5-byte IPv4 address", frame(b"addrv2", compact_size(1)
+                                                   + addrv2_entry(1, b"\x0a\x00\x00\x01\x02"))),
+        # Core's test_magic_bytes: a valid message, then a wrong network's magic.
+        ("magic bytes mid-stream", frame(b"ping", struct.pack("<Q", 7))
+         + frame(b"ping", struct.pack("<Q", 8), magic=MAGIC_BYTES["testnet3"])),
+        # Core's test_msgtype: command bytes that are not printable ASCII then NULs.
+        ("command with a non-printable byte", frame(b"pi\x01g", struct.pack("<Q", 9))),
+        ("command with bytes after its NUL", frame(b"ping\x00\x00x", struct.pack("<Q", 9))),
+        ("undersized ping (4 bytes)", frame(b"ping", b"\x00" * 4)),
     ]
     for what, raw in cases:
         r = RawPeer(port)
@@ -1141,6 +1236,24 @@ def check_malformed(port, data):
         r.send_quietly(raw)
         r.wait_closed(what)
         pinger.check(what)
+    # Kept: an unknown command (Core: ignored), a ping split over three writes
+    # (Core's test_buffer), a second version (Core: "redundant version").
+    from verystable.core.messages import msg_version
+    r = RawPeer(port)
+    r.send(frame(b"foobar", os.urandom(100)))
+    r.send(frame(b"f" * 12, b""))
+    r.expect_pong(11, "unknown commands 'foobar' and 'ffffffffffff'")
+    r.expect_pong(12, "a ping split over three writes", split=True)
+    v = msg_version()
+    v.nVersion = 70016
+    r.send(frame(v.msgtype, v.serialize()))
+    r.expect_pong(14, "a second version")
+    # Core's test_addrv2_empty and test_addrv2_unrecognized_network: kept.
+    r.send(frame(b"addrv2", compact_size(0)))
+    r.expect_pong(15, "an empty addrv2")
+    r.send(frame(b"addrv2", compact_size(1) + addrv2_entry(0x99, b"\x01" * 16)))
+    r.expect_pong(16, "addrv2 of an unknown network (id 0x99)")
+    pinger.check("kept peers")
     # Heavy but legal traffic from a third peer does not delay the pinger
     # either: 20 x getcfilters of 1,000 filters and getdata of 500 witness
     # blocks, all answered.
@@ -1199,11 +1312,112 @@ def check_malformed(port, data):
     assert rtts[-1] < PING_DEADLINE
 
 
+# --------------------------------------------------------------------------
+# f. a low-work header chain
+
+
+REGTEST_GENESIS = "0f9188f13cb7b2c71f2a335e3a4fc328bf5beb436012afca590b1a11466e2206"
+REGTEST_GENESIS_TIME = 1296688602
+REGTEST_BITS = 0x207FFFFF
+
+
+class LowWorkChain:
+    """Regtest headers after genesis, each with its proof of work solved,
+    made 2,000 at a time as the node asks for them."""
+
+    def __init__(self):
+        self.hashes = [bytes.fromhex(REGTEST_GENESIS)[::-1]]  # internal order
+        self.target = uint256_from_compact(REGTEST_BITS)
+
+    def next_message(self):
+        """The next `headers` payload (2,000 headers, tx count 0 each)."""
+        out = [compact_size(MAX_HEADERS_RESULTS)]
+        prev = self.hashes[-1]
+        height = len(self.hashes) - 1
+        for _ in range(MAX_HEADERS_RESULTS):
+            height += 1
+            # Merkle root: any 32 bytes (no block body is ever asked for).
+            head = (struct.pack("<i", 0x20000000) + prev + hash256(struct.pack("<I", height))
+                    + struct.pack("<II", REGTEST_GENESIS_TIME + height, REGTEST_BITS))
+            nonce = 0
+            while True:
+                raw = head + struct.pack("<I", nonce)
+                h = hash256(raw)
+                if int.from_bytes(h, "little") <= self.target:
+                    break
+                nonce += 1
+            out.append(raw + b"\x00")
+            prev = h
+            self.hashes.append(h)
+        return b"".join(out)
+
+
+class LowWorkPeer(P2PInterface):
+    """Answers each `getheaders` whose locator starts at its last header
+    with the next 2,000, until `total` were sent."""
+
+    def __init__(self, total):
+        super().__init__()
+        self.chain = LowWorkChain()
+        self.total = total
+        self.sent = 0
+        self.asked_after_end = False
+        self.other_getheaders = 0
+
+    def send_next(self):
+        payload = self.chain.next_message()
+        self.sent += MAX_HEADERS_RESULTS
+        self.send_raw_message(frame(b"headers", payload))
+
+    def on_getheaders(self, message):
+        first = message.locator.vHave[0] if message.locator.vHave else None
+        if first != int.from_bytes(self.chain.hashes[-1], "little"):
+            self.other_getheaders += 1
+            return
+        if self.sent >= self.total:
+            self.asked_after_end = True
+            return
+        self.send_next()
+
+
+def check_lowwork(port, total):
+    pinger = Pinger(port)
+    started = time.time()
+    p = connect(port, LowWorkPeer, total=total)
+    with p2p_lock:
+        p.send_next()  # unsolicited: the node asks for the rest itself
+    last_log = started
+    while True:
+        with p2p_lock:
+            done = p.asked_after_end
+            sent = p.sent
+        if done:
+            break
+        assert p.is_connected, f"low-work peer disconnected after {sent:,} headers"
+        pinger.check(f"low-work headers ({sent:,} sent)")
+        if time.time() - last_log > 30:
+            log(f"  {sent:,} headers sent, {time.time() - started:.0f} s")
+            last_log = time.time()
+        assert time.time() - started < 600, f"stalled at {sent:,} headers"
+        time.sleep(0.05)
+    elapsed = time.time() - started
+    p.sync_with_ping(timeout=WAIT)
+    assert p.is_connected, "low-work peer disconnected"
+    rtts = pinger.finish()
+    log(f"  ok: {total:,} low-work headers followed in {elapsed:.1f} s "
+        f"({total / elapsed:,.0f}/s), the node asked for more after the last; "
+        f"peer kept; {len(rtts)} pings meanwhile, max rtt {rtts[-1] * 1000:.1f} ms")
+    log(f"  last header {p.chain.hashes[-1][::-1].hex()} at height {len(p.chain.hashes) - 1:,}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--data", required=True, help="testnet-data/regtest-a")
-    ap.add_argument("check", choices=["handshake", "getblocks", "filters", "messages", "malformed"])
+    ap.add_argument("--headers", type=int, default=1_000_000,
+                    help="lowwork: how many headers (a multiple of 2,000)")
+    ap.add_argument("check", choices=["handshake", "getblocks", "filters", "messages", "malformed",
+                                      "lowwork"])
     args = ap.parse_args()
     chain = json.load(open(os.path.join(args.data, "chain.json")))
     thread = NetworkThread()
@@ -1219,6 +1433,8 @@ def main():
         check_messages(args.port, chain)
     elif args.check == "filters":
         check_filters(args.port, args.data)
+    elif args.check == "lowwork":
+        check_lowwork(args.port, args.headers)
     else:
         check_malformed(args.port, args.data)
     log(f"{args.check}: all checks passed in {time.time() - started:.1f} s")
