@@ -1,31 +1,49 @@
 """Imports blk-framed regtest block files with Bitcoin Core's own validation
 engine (libbitcoinkernel via PyPI py-bitcoinkernel, module `pbk`), as the
-anchor of `cargo bench --bench scale`.
+anchors of `cargo bench --bench import` and `--bench scale` (`benches/common/core.rs`).
 
-Usage: core_import.py FILE...
+Usage: core_import.py [--workers N] FILE...
 
 Loads a fresh regtest chainstate in a temporary directory with pbk's
-defaults (`load_chainman`: default caches, scripts checked; regtest has no
-assumevalid), times `ChainstateManager.import_blocks(FILES)` (Core's
-`-loadblock` path: every block checked and connected, stale branches
-included), and prints one JSON line: {"seconds", "height", "tip"}.
+defaults (default caches, scripts checked; regtest has no assumevalid) and
+N script-check worker threads besides the validation thread (default 0,
+pbk's; bitcoind's `-par` default is one per core but one), times
+`ChainstateManager.import_blocks(FILES)` (Core's `-loadblock` path: every
+block checked and connected, stale branches included), and prints one JSON
+line: {"seconds", "height", "tip", "workers"}.
 """
 
 import json
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pbk
 
 
+def load(datadir: str, workers: int) -> pbk.ChainstateManager:
+    """pbk's `load_chainman` with `workers` script-check threads."""
+    context = pbk.make_context(pbk.ChainType.REGTEST)
+    options = pbk.ChainstateManagerOptions(
+        context, str(Path(datadir).absolute()), str((Path(datadir) / "blocks").absolute())
+    )
+    options.set_worker_threads_num(workers)
+    return pbk.ChainstateManager(options)
+
+
 def main() -> int:
-    paths = sys.argv[1:]
+    args = sys.argv[1:]
+    workers = 0
+    if args[:1] == ["--workers"] and len(args) >= 2:
+        workers = int(args[1])
+        args = args[2:]
+    paths = args
     if not paths:
-        print("usage: core_import.py FILE...", file=sys.stderr)
+        print("usage: core_import.py [--workers N] FILE...", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="kakehi-core-import-") as datadir:
-        chainman = pbk.load_chainman(datadir, pbk.ChainType.REGTEST)
+        chainman = load(datadir, workers)
         started = time.perf_counter()
         # The C API's status: 0 is success.
         status = chainman.import_blocks(paths)
@@ -42,6 +60,7 @@ def main() -> int:
                     "height": tip.height,
                     # Display order (RPC's), as kakehi and block explorers print it.
                     "tip": bytes(tip.block_hash)[::-1].hex(),
+                    "workers": workers,
                 }
             )
         )

@@ -146,7 +146,7 @@ fn main() {
     if std::env::var_os("KAKEHI_SCALE_SKIP_CORE").is_some() {
         return;
     }
-    let core = core_engine::import(&files);
+    let core = core_engine::import(&files, 0);
     let core_secs = core["seconds"].as_f64().unwrap_or(f64::NAN);
     println!(
         "Bitcoin Core's engine (pbk import_blocks, scripts checked): {core_secs:.1} s to height {} ({}); kakehi import vs Core: {:.2}x",

@@ -29,6 +29,9 @@
 //!
 //! [sozu]
 //! shards = 2                     # UTXO table shards: 1, 2, 4 or 8, fixed at creation
+//!
+//! [validation]
+//! assumevalid = "0"              # 0 (verify every script) or a block hash; default: the network's
 //! ```
 //!
 //! Unknown keys are refused (`deny_unknown_fields`): a typo must not be
@@ -41,6 +44,7 @@ use std::path::{Path, PathBuf};
 use bitcoin::Network;
 use serde::{Deserialize, Serialize};
 
+use crate::chain::assumevalid::AssumeValid;
 use crate::chain::ChainParams;
 
 /// Environment variable prefix of every option.
@@ -238,6 +242,8 @@ pub struct Layer {
     pub log_filter: Option<String>,
     /// UTXO-table shards.
     pub sozu_shards: Option<u8>,
+    /// The assumevalid block, or off.
+    pub assumevalid: Option<AssumeValid>,
     /// `KAKEHI_*` variables no option reads (e.g. `KAKEHI_LONG`, which the
     /// long test modes use): not an error, the binary logs a warning naming
     /// them so a typo is visible.
@@ -259,6 +265,8 @@ struct FileConfig {
     log: FileLog,
     #[serde(default)]
     sozu: FileSozu,
+    #[serde(default)]
+    validation: FileValidation,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -287,6 +295,18 @@ struct FileLog {
 struct FileSozu {
     #[serde(default, deserialize_with = "de_shards")]
     shards: Option<u8>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileValidation {
+    #[serde(default, deserialize_with = "de_assumevalid")]
+    assumevalid: Option<AssumeValid>,
+}
+
+fn de_assumevalid<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<AssumeValid>, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 fn de_network<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Network>, D::Error> {
@@ -346,6 +366,7 @@ impl Layer {
             log_format: file.log.format,
             log_filter: file.log.filter,
             sozu_shards: file.sozu.shards,
+            assumevalid: file.validation.assumevalid,
             unknown_env: Vec::new(),
         })
     }
@@ -366,6 +387,7 @@ impl Layer {
     /// | `KAKEHI_LOG_FORMAT` | `log.format` |
     /// | `KAKEHI_LOG_FILTER`, `RUST_LOG` | `log.filter` |
     /// | `KAKEHI_SOZU_SHARDS` | `sozu.shards` |
+    /// | `KAKEHI_ASSUMEVALID` | `validation.assumevalid` |
     ///
     /// # Errors
     /// [`ConfigError::Env`] for a bad value. Unknown `KAKEHI_*` variables
@@ -410,6 +432,9 @@ impl Layer {
                 "LOG_FORMAT" => layer.log_format = Some(value.parse().map_err(bad)?),
                 "LOG_FILTER" => layer.log_filter = Some(value.clone()),
                 "SOZU_SHARDS" => layer.sozu_shards = Some(parse_shards(&value).map_err(bad)?),
+                "ASSUMEVALID" => {
+                    layer.assumevalid = Some(value.parse().map_err(|e| bad(format!("{e}")))?)
+                }
                 _ => layer.unknown_env.push(var.clone()),
             }
         }
@@ -465,6 +490,8 @@ pub struct Config {
     pub log: LogConfig,
     /// `[sozu]` section.
     pub sozu: SozuSection,
+    /// `[validation]` section.
+    pub validation: ValidationSection,
 }
 
 /// `[http]`.
@@ -505,6 +532,21 @@ pub struct SozuSection {
     pub shards: u8,
 }
 
+/// `[validation]`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ValidationSection {
+    /// The assumevalid block (Core's `-assumevalid`): the scripts of its
+    /// ancestors are not verified when Core's conditions hold
+    /// (`crate::chain::assumevalid`); `0` verifies every script. Default:
+    /// the network's (Core 31.99's `defaultAssumeValid`; `0` on regtest).
+    #[serde(serialize_with = "ser_display")]
+    pub assumevalid: AssumeValid,
+}
+
+fn ser_display<T: fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
 fn ser_network<S: serde::Serializer>(n: &Network, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(ChainParams::new(*n).name())
 }
@@ -538,6 +580,10 @@ impl Config {
             },
             sozu: SozuSection {
                 shards: pick(layers, |l| l.sozu_shards.as_ref()).unwrap_or(DEFAULT_SOZU_SHARDS),
+            },
+            validation: ValidationSection {
+                assumevalid: pick(layers, |l| l.assumevalid.as_ref())
+                    .unwrap_or_else(|| AssumeValid::default_for(&params)),
             },
         }
     }
@@ -632,6 +678,9 @@ mod tests {
         assert_eq!((line, key.as_str()), (3, "sozu.shards"));
         let (line, key, _) = file_err("[log]\nformat = \"xml\"\n");
         assert_eq!((line, key.as_str()), (2, "log.format"));
+        let (line, key, msg) = file_err("[validation]\nassumevalid = \"yes\"\n");
+        assert_eq!((line, key.as_str()), (2, "validation.assumevalid"));
+        assert!(msg.contains("0 or a block hash"), "{msg}");
         let (line, _, _) = file_err("[http]\naddress = \n");
         assert_eq!(line, 2);
         // The Display form carries all three.
@@ -667,6 +716,8 @@ mod tests {
             ("KAKEHI_HTTP", "localhost"),
             ("KAKEHI_SOZU_SHARDS", "0"),
             ("KAKEHI_LOG_FORMAT", "xml"),
+            ("KAKEHI_ASSUMEVALID", "1"),
+            ("KAKEHI_ASSUMEVALID", "00ff"),
         ] {
             match env(&[bad]) {
                 Err(ConfigError::Env { var, .. }) => assert_eq!(var, bad.0),
@@ -701,6 +752,19 @@ mod tests {
         assert_eq!(c.log.format, LogFormat::Json); // file over default
         assert_eq!(c.log.filter, DEFAULT_LOG_FILTER); // default
         assert_eq!(c.sozu.shards, DEFAULT_SOZU_SHARDS);
+        // Regtest verifies every script by default; an explicit hash wins.
+        assert_eq!(c.validation.assumevalid, AssumeValid::Off);
+        let hash = "00000008414aab61092ef93f1aacc54cf9e9f16af29ddad493b908a01ff5c329";
+        let signet = Layer {
+            network: Some(Network::Signet),
+            ..Layer::default()
+        };
+        let s = Config::resolve(&[&signet]);
+        assert_eq!(s.validation.assumevalid.to_string(), hash, "signet's default");
+        let off = Layer::from_env([("KAKEHI_ASSUMEVALID".to_string(), "0".to_string())])
+            .expect("env");
+        let s = Config::resolve(&[&off, &signet]);
+        assert_eq!(s.validation.assumevalid, AssumeValid::Off);
         // Network-dependent defaults follow the resolved network.
         assert!(
             c.datadir.ends_with(".kakehi/regtest"),

@@ -17,6 +17,7 @@ use bitcoin::Network;
 use clap::{Args, Parser, Subcommand};
 use parking_lot::Mutex;
 
+use kakehi::chain::assumevalid::AssumeValid;
 use kakehi::chain::index::IndexLoadError;
 use kakehi::chain::ChainParams;
 use kakehi::config::{self, Config, Layer, LogFormat, PeerAddress};
@@ -31,12 +32,13 @@ use kakehi::sozu::{SozuConfig, SozuTable};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// kakehi: a Bitcoin P2P indexing node. Validates every transaction
-/// economically against its own UTXO store (the Sozu table), follows reorgs
-/// without undo data, and serves BIP-158 compact filters over HTTP.
+/// kakehi: a Bitcoin P2P indexing node. Validates every block against its
+/// own UTXO store (the Sozu table), follows reorgs without undo data, and
+/// serves BIP-158 compact filters over HTTP.
 ///
-/// Signatures and scripts are NOT evaluated: kakehi checks every consensus
-/// rule except script evaluation.
+/// Every consensus rule is checked; scripts and signatures by Bitcoin Core's
+/// own interpreter, skipped only below the assumevalid block as Core skips
+/// them (--assumevalid; regtest verifies every script).
 ///
 /// Options come from flags, then KAKEHI_* environment variables, then the
 /// --config file, then built-in defaults (first set wins). `kakehi config
@@ -75,6 +77,13 @@ struct Common {
     /// [env: RUST_LOG, KAKEHI_LOG_FILTER]
     #[arg(long, global = true, value_name = "DIRECTIVES")]
     log_filter: Option<String>,
+    /// Block hash whose ancestors' scripts need not be verified, under
+    /// Bitcoin Core's conditions (in the best header chain, which has the
+    /// minimum chainwork, two weeks of work below it), or 0 to verify every
+    /// script. [default: the network's, from Bitcoin Core 31.99; 0 on
+    /// regtest] [env: KAKEHI_ASSUMEVALID]
+    #[arg(long, global = true, value_name = "HASH|0")]
+    assumevalid: Option<AssumeValid>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -169,6 +178,7 @@ impl Cli {
             datadir: self.common.datadir.clone(),
             log_format: self.common.log_format,
             log_filter: self.common.log_filter.clone(),
+            assumevalid: self.common.assumevalid,
             ..Layer::default()
         };
         if let Command::Run {
@@ -348,7 +358,8 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
     }
     let datadir = DataDir::open(&config.datadir)?;
     let started = std::time::Instant::now();
-    let chain = open_chainstate(&config, &datadir)?;
+    let mut chain = open_chainstate(&config, &datadir)?;
+    chain.set_assume_valid(config.validation.assumevalid);
     let tip = chain.index().tip();
     tracing::info!(
         network = chain.params().name(),
@@ -358,6 +369,17 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         ms = started.elapsed().as_millis() as u64,
         "chain state opened"
     );
+    match config.validation.assumevalid {
+        AssumeValid::Off => tracing::info!(
+            assumevalid = "0",
+            "script verification: every script, by Bitcoin Core's interpreter"
+        ),
+        AssumeValid::Block(hash) => tracing::info!(
+            assumevalid = %hash,
+            "script verification: by Bitcoin Core's interpreter, skipped for ancestors of the \
+             assumevalid block more than two weeks of work below the best header"
+        ),
+    }
     let chain = Arc::new(Mutex::new(chain));
     match command {
         Command::Import { files } => {

@@ -83,6 +83,8 @@ pub struct ChainSnapshot {
     pub(crate) datadir: Arc<Path>,
     /// MuHash state of the UTXO set at this snapshot's tip.
     pub(crate) muhash: Arc<crate::muhash::MuHash3072>,
+    /// The assumevalid setting the writer connects blocks under.
+    pub(crate) assume_valid: crate::chain::assumevalid::AssumeValid,
 }
 
 /// The handle readers hold: loads the latest published [`ChainSnapshot`]
@@ -166,6 +168,11 @@ impl ChainSnapshot {
     /// The writer's counters when this snapshot was published.
     pub fn stats(&self) -> &PipelineStats {
         &self.stats
+    }
+
+    /// The assumevalid setting the writer connects blocks under.
+    pub fn assume_valid(&self) -> crate::chain::assumevalid::AssumeValid {
+        self.assume_valid
     }
 
     /// The datadir.

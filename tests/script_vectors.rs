@@ -9,9 +9,9 @@
 //! without the random ones. A mismatch is any verdict that differs, or a
 //! script error other than the one the vector names. The vectors are Core
 //! 31.99's and the engine is Core 26.0: where Core changed the error a case
-//! reports between the two (`compare`, three changes, each named with its
-//! source), the engine's older error is accepted and counted; the verdict
-//! must still be the same.
+//! reports between the two (three changes, `common::core_versions`), the
+//! engine's older error is accepted and counted; the verdict must still be
+//! the same.
 
 mod common;
 
@@ -24,7 +24,7 @@ use bitcoin::{Amount, OutPoint, ScriptBuf, Transaction, Txid};
 use kakehi::validation::check_transaction;
 use kakehi::validation::script::{PreparedTx, ScriptError, ScriptFlags, SpentTxOut, VerifyError};
 
-use common::core_asm;
+use common::{core_asm, core_versions};
 
 /// All 21 flags Core defines.
 const ALL: ScriptFlags = ScriptFlags::from_bits((1 << 21) - 1);
@@ -82,7 +82,7 @@ fn complement(f: ScriptFlags) -> ScriptFlags {
 enum Match {
     /// The same error.
     Same,
-    /// Core changed the error for this case after 26.0 (see below).
+    /// Core changed the error for this case after 26.0 (`common::core_versions`).
     Translated,
     /// A mismatch.
     Different,
@@ -90,26 +90,16 @@ enum Match {
 
 /// Compares the engine's (Core 26.0) error with the one a Core 31.99
 /// vector names. `scripts` are the case's scripts (scriptSig, scriptPubKey,
-/// witness), for the OP_IF case.
+/// witness), for the OP_IF change.
 fn compare(expected: &str, got: &str, scripts: &[&[u8]]) -> Match {
-    let has_if = || {
-        scripts
-            .iter()
-            .any(|s| s.iter().any(|b| *b == 0x63 || *b == 0x64))
-    };
+    let has_if = scripts
+        .iter()
+        .any(|s| s.iter().any(|b| *b == 0x63 || *b == 0x64));
     match (expected, got) {
         _ if expected == got => Match::Same,
         // The same enumerator; Core's test table spells it without `SIG_`.
         ("NULLFAIL", "SIG_NULLFAIL") => Match::Same,
-        // SCRIPT_ERR_SCRIPTNUM is newer than Core 26, which reports a
-        // CScriptNum overflow through EvalScript's catch-all.
-        ("SCRIPTNUM", "UNKNOWN_ERROR") => Match::Translated,
-        // SCRIPT_ERR_TAPSCRIPT_EMPTY_PUBKEY is newer than Core 26, whose
-        // EvalChecksigTapscript reports PUBKEYTYPE.
-        ("TAPSCRIPT_EMPTY_PUBKEY", "PUBKEYTYPE") => Match::Translated,
-        // Core PR #32143 (merged 2026-01, in 31.99): OP_IF/OP_NOTIF on an
-        // empty stack is INVALID_STACK_OPERATION, was UNBALANCED_CONDITIONAL.
-        ("INVALID_STACK_OPERATION", "UNBALANCED_CONDITIONAL") if has_if() => Match::Translated,
+        _ if core_versions::is_version_change(expected, got, has_if) => Match::Translated,
         _ => Match::Different,
     }
 }

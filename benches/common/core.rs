@@ -10,11 +10,13 @@ mod python;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Imports `files` with Core's engine; returns its JSON line
-/// (`seconds`, `height`, `tip`). Panics when the script fails.
-pub fn import(files: &[PathBuf]) -> serde_json::Value {
+/// Imports `files` with Core's engine and `workers` script-check threads
+/// besides the validation thread (0: pbk's default); returns its JSON line
+/// (`seconds`, `height`, `tip`, `workers`). Panics when the script fails.
+pub fn import(files: &[PathBuf], workers: usize) -> serde_json::Value {
     let out = Command::new(python::venv_python())
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/core_import.py"))
+        .args(["--workers", &workers.to_string()])
         .args(files)
         .output()
         .expect("run benches/core_import.py");

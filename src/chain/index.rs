@@ -199,6 +199,9 @@ pub struct ChainIndex {
     by_hash: imbl::HashMap<BlockHash, BlockId>,
     /// The active chain: `active[h]` is the best block at height `h`.
     active: imbl::Vector<BlockId>,
+    /// The most-work header not known to be invalid, first seen among
+    /// equals (Core's `m_best_header`).
+    best_header: BlockId,
 }
 
 /// The writer's block index: the read core ([`ChainIndex`], reached
@@ -227,10 +230,6 @@ pub struct BlockIndex {
     /// up to one retarget interval (2,016 steps on regtest and testnet,
     /// where every block may be at the limit). 4 bytes per entry.
     pow_anchor_bits: Vec<CompactTarget>,
-    /// The most chainwork of any header not known invalid when it was
-    /// accepted or loaded (Core's `m_best_header` work): above the active
-    /// tip's, the node knows blocks it has yet to connect.
-    best_header_work: Work,
 }
 
 impl std::ops::Deref for BlockIndex {
@@ -264,12 +263,12 @@ impl BlockIndex {
                 entries: imbl::vector![genesis],
                 by_hash,
                 active: imbl::vector![BlockId(0)],
+                best_header: BlockId(0),
             },
             complete: Vec::new(),
             candidates: BTreeSet::new(),
             unlinked: HashMap::new(),
             pow_anchor_bits: vec![header.bits],
-            best_header_work: header.work(),
         };
         index.rebuild_candidates();
         index
@@ -309,19 +308,16 @@ impl BlockIndex {
                 entries: entries.into_iter().collect(),
                 by_hash,
                 active: imbl::Vector::new(),
+                best_header: BlockId(0),
             },
             complete: Vec::new(),
             candidates: BTreeSet::new(),
             unlinked: HashMap::new(),
             pow_anchor_bits: Vec::new(),
-            best_header_work: Work::from_be_bytes([0; 32]),
         };
         for e in index.core.entries.iter() {
             let anchor = index.pow_anchor_of(e);
             index.pow_anchor_bits.push(anchor);
-            if !e.status.is_invalid() && e.chainwork > index.best_header_work {
-                index.best_header_work = e.chainwork;
-            }
         }
         index.set_active_tip(tip);
         index.rebuild_candidates();
@@ -382,9 +378,17 @@ impl BlockIndex {
         }
     }
 
-    /// Recomputes `complete`, `candidates` and `unlinked` from the entries
-    /// (O(n); at load and when a block is marked invalid).
+    /// Recomputes `complete`, `candidates`, `unlinked` and the best header
+    /// from the entries (O(n); at load and when a block is marked invalid).
     fn rebuild_candidates(&mut self) {
+        let mut best = BlockId(0);
+        for e in self.core.entries.iter() {
+            if !e.status.is_invalid() && e.chainwork > self.core.entries[best.0 as usize].chainwork
+            {
+                best = e.id;
+            }
+        }
+        self.core.best_header = best;
         let tip_work = self.tip().chainwork;
         self.complete = vec![false; self.core.entries.len()];
         self.candidates.clear();
@@ -514,8 +518,8 @@ impl BlockIndex {
         });
         self.complete.push(false);
         self.core.by_hash.insert(hash, id);
-        if chainwork > self.best_header_work {
-            self.best_header_work = chainwork;
+        if chainwork > self.best_header().chainwork {
+            self.core.best_header = id;
         }
         let anchor = self.pow_anchor_of(&self.core.entries[id.0 as usize]);
         self.pow_anchor_bits.push(anchor);
@@ -615,9 +619,10 @@ impl BlockIndex {
         fork_height
     }
 
-    /// The most chainwork of any header accepted (see the field's docs).
+    /// The chainwork of the best header ([`ChainIndex::best_header`]):
+    /// above the active tip's, the node knows blocks it has yet to connect.
     pub fn best_header_work(&self) -> Work {
-        self.best_header_work
+        self.best_header().chainwork
     }
 
     /// The most-work block whose status is not invalid and all of whose
@@ -686,6 +691,13 @@ impl ChainIndex {
             .last()
             .expect("invariant: active chain holds genesis");
         &self.entries[id.0 as usize]
+    }
+
+    /// The most-work header not known to be invalid, the first seen among
+    /// equals (Core's `m_best_header`); its block data may be missing. O(1).
+    pub fn best_header(&self) -> &IndexEntry {
+        // invariant: `best_header` is always an entry (genesis at least).
+        &self.entries[self.best_header.0 as usize]
     }
 
     /// The active chain's tip height.
@@ -1187,6 +1199,19 @@ mod tests {
                     best_candidate_by_scan(&index),
                     "round {round} step {step}"
                 );
+                // The best header: the first-seen most-work header not
+                // invalid, by a scan of every entry.
+                let by_scan = index
+                    .entries()
+                    .filter(|e| !e.status.is_invalid())
+                    .fold(BlockId(0), |b, e| {
+                        if e.chainwork > index.get(b).unwrap().chainwork {
+                            e.id
+                        } else {
+                            b
+                        }
+                    });
+                assert_eq!(index.best_header().id, by_scan, "round {round} step {step}");
                 if next() % 3 == 0 && best != index.tip().id {
                     for b in index.path_from(index.fork_point(index.tip().id, best).unwrap(), best)
                     {

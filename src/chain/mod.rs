@@ -2,6 +2,7 @@
 //! chainwork, status, tips), proof-of-work and difficulty rules, and chain
 //! views for the Sozu table.
 
+pub mod assumevalid;
 pub mod index;
 pub mod params;
 

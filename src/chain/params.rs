@@ -2,7 +2,9 @@
 //! activation heights, subsidy schedule, archive epoch length.
 //!
 //! Source: Bitcoin Core `src/kernel/chainparams.cpp` (activation heights,
-//! halving intervals, DNS seeds, minimum chainwork) and rust-bitcoin's
+//! halving intervals, DNS seeds, script-flag exceptions; minimum chainwork
+//! and the default assumevalid blocks as of Core 31.99, the version vendored
+//! by the crates.io package `libbitcoinkernel-sys` 0.4.1) and rust-bitcoin's
 //! [`bitcoin::params::Params`] (PoW limits and retarget rules).
 
 use bitcoin::block::Header;
@@ -46,6 +48,10 @@ pub struct ChainParams {
     /// Minimum total chainwork (big-endian 32 bytes) below which headers are
     /// not stored (Core's `nMinimumChainWork`; zero on regtest).
     pub minimum_chain_work: [u8; 32],
+    /// The block whose ancestors' scripts may be skipped by default (Core's
+    /// `defaultAssumeValid`, hex in display order; see
+    /// [`crate::chain::assumevalid`]); `None` on regtest.
+    pub default_assume_valid: Option<&'static str>,
     /// Length of an archive epoch in blocks (2,016; 144 on regtest).
     pub archive_epoch_length: u32,
     /// Blocks whose coinbase duplicates an earlier one and is allowed to
@@ -118,7 +124,11 @@ impl ChainParams {
                     "seed.bitcoin.wiz.biz",
                 ],
                 minimum_chain_work: hex32(
-                    "0000000000000000000000000000000000000000b1f3b93b65b16d035a82be84",
+                    "0000000000000000000000000000000000000001128750f82f4c366153a3a030",
+                ),
+                // Height 938,343.
+                default_assume_valid: Some(
+                    "00000000000000000000ccebd6d74d9194d8dcdc1d177c478e094bfad51ba5ac",
                 ),
                 archive_epoch_length: 2016,
                 bip30_exceptions: &[
@@ -164,7 +174,11 @@ impl ChainParams {
                     "testnet-seed.bluematt.me",
                 ],
                 minimum_chain_work: hex32(
-                    "0000000000000000000000000000000000000000000015f5e0c9f13455b0eb17",
+                    "0000000000000000000000000000000000000000000017dde1c649f3708d14b6",
+                ),
+                // Height 4,842,348.
+                default_assume_valid: Some(
+                    "000000007a61e4230b28ac5cb6b5e5a0130de37ac1faf2f8987d2fa6505b67f4",
                 ),
                 archive_epoch_length: 2016,
                 bip30_exceptions: &[],
@@ -194,7 +208,11 @@ impl ChainParams {
                     "seed.testnet4.wiz.biz",
                 ],
                 minimum_chain_work: hex32(
-                    "0000000000000000000000000000000000000000000001d6dce8651b6094e4c1",
+                    "0000000000000000000000000000000000000000000009a0fe15d0177d086304",
+                ),
+                // Height 123,613.
+                default_assume_valid: Some(
+                    "0000000002368b1e4ee27e2e85676ae6f9f9e69579b29093e9a82c170bf7cf8a",
                 ),
                 archive_epoch_length: 2016,
                 bip30_exceptions: &[],
@@ -220,6 +238,10 @@ impl ChainParams {
                 minimum_chain_work: hex32(
                     "00000000000000000000000000000000000000000000000000000b463ea0a4b8",
                 ),
+                // Height 293,175.
+                default_assume_valid: Some(
+                    "00000008414aab61092ef93f1aacc54cf9e9f16af29ddad493b908a01ff5c329",
+                ),
                 archive_epoch_length: 2016,
                 bip30_exceptions: &[],
                 script_flag_exceptions: &[],
@@ -241,6 +263,7 @@ impl ChainParams {
                 http_port: 3002,
                 dns_seeds: &[],
                 minimum_chain_work: [0u8; 32],
+                default_assume_valid: None,
                 archive_epoch_length: 144,
                 bip30_exceptions: &[],
                 script_flag_exceptions: &[],

@@ -32,15 +32,15 @@ pub(super) async fn page() -> Response {
 }
 
 /// The most-work header not known to be invalid (Core's
-/// `pindexBestHeader`); ties go to the first seen.
+/// `pindexBestHeader`, [`ChainIndex::best_header`]); the active tip when
+/// none has more work than it.
 pub(crate) fn best_header(index: &ChainIndex) -> &IndexEntry {
-    let mut best = index.tip();
-    for e in index.entries() {
-        if !e.status.is_invalid() && e.chainwork > best.chainwork {
-            best = e;
-        }
+    let best = index.best_header();
+    if best.chainwork > index.tip().chainwork {
+        best
+    } else {
+        index.tip()
     }
-    best
 }
 
 /// Peer counts and list of a P2P handle, as `/node/status` shows them:
@@ -79,9 +79,12 @@ pub(crate) fn peers_json(p2p: &P2pHandle) -> serde_json::Value {
 
 /// `GET /node/status`: `{"network", "version", "tip": {"height", "hash",
 /// "time", "mediantime"}, "headers": {"height", "hash"}, "sync":
-/// "synced"|"syncing", "peers": null | {…}}`. `sync` is `syncing` while a
-/// valid-looking header chain has more work than the active tip (Core's
-/// `initialblockdownload` test on headers); times are Unix seconds.
+/// "synced"|"syncing", "validation": {"assumevalid", "inputs_verified",
+/// "blocks_assumed_valid"}, "peers": null | {…}}`. `sync` is `syncing`
+/// while a valid-looking header chain has more work than the active tip
+/// (Core's `initialblockdownload` test on headers); times are Unix seconds.
+/// `validation.assumevalid` is `"0"` (every script verified) or the
+/// assumevalid block hash; the counters are since the node started.
 pub(super) async fn node_status(State(s): State<AppState>) -> ApiResult<Response> {
     let peers = s.p2p.as_ref().map(peers_json);
     read(&s, move |cs| {
@@ -103,6 +106,11 @@ pub(super) async fn node_status(State(s): State<AppState>) -> ApiResult<Response
                 "hash": best.hash.to_string(),
             },
             "sync": if synced { "synced" } else { "syncing" },
+            "validation": {
+                "assumevalid": cs.assume_valid().to_string(),
+                "inputs_verified": cs.stats().inputs_verified,
+                "blocks_assumed_valid": cs.stats().blocks_assumed_valid,
+            },
             "peers": peers,
         }))
         .into_response())

@@ -1,12 +1,15 @@
-//! Block validation without script evaluation: the context-free and
-//! contextual block checks ([`check_block`]) and the economic checks against
-//! the coins the block spends ([`connect_block`]).
+//! Block validation: the context-free and contextual block checks
+//! ([`check_block`]), the economic checks against the coins the block
+//! spends ([`connect_block`]), and, in [`script`], every input's scripts by
+//! Bitcoin Core's own interpreter.
 //!
 //! Both are pure functions: they read the block, a [`BlockContext`] (height,
 //! median-time-past, network parameters) and, for [`connect_block`], a map
 //! of coins; they never touch a store. The pipeline reads the coins from the
 //! Sozu table under the block's own chain view, calls [`check_block`] then
-//! [`connect_block`], and writes the returned [`BlockEffects`].
+//! [`connect_block`] (the first gate: a block that fails it runs no
+//! script), then [`script::verify_block_scripts`] with the spent outputs
+//! [`connect_block`] returned, and writes the returned [`BlockEffects`].
 //!
 //! # Scope
 //!
@@ -20,10 +23,10 @@
 //! `MAX_MONEY`, coinbase maturity, coinbase ≤ subsidy + fees, BIP68 relative
 //! lock-times and the 80,000 sigop-cost limit.
 //!
-//! **Not checked: scripts and signatures are not evaluated.** A block whose
-//! only defect is a bad signature (regtest-a's `16-bad-signature.blk`) is
-//! accepted. Header rules (proof of work, difficulty, timestamps, version)
-//! belong to the chain index.
+//! Scripts and signatures are [`script`]'s (Core's interpreter); a block
+//! whose only defect is a bad signature (regtest-a's `16-bad-signature.blk`)
+//! passes these two functions and fails there. Header rules (proof of work,
+//! difficulty, timestamps, version) belong to the chain index.
 //!
 //! The order of the checks follows Core, so the first failure reported is
 //! the one Core reports; [`BlockError::reject_reason`] gives Core's reject
@@ -31,8 +34,7 @@
 //!
 //! # Differences from Bitcoin Core
 //!
-//! - No script evaluation (above), hence no signet block-solution check
-//!   (it is a script).
+//! - No signet block-solution check (Core's `CheckSignetBlockSolution`).
 //! - BIP30 looks only at the candidates the caller puts in `coins`
 //!   ([`bip30_check_needed`] says when Core looks at all).
 //! - Coin heights come from the caller (the Sozu payload's creation height
@@ -826,7 +828,8 @@ impl BlockView<'_> {
 ///   (`bad-blk-sigops`);
 /// - coinbase outputs ≤ subsidy + fees (`bad-cb-amount`).
 ///
-/// Scripts are not evaluated.
+/// Scripts are not evaluated here ([`script::verify_block_scripts`] does,
+/// with the returned [`BlockEffects::spent`]).
 ///
 /// # Errors
 ///

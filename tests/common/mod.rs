@@ -2,7 +2,9 @@
 //! a node imported from it.
 #![allow(dead_code)]
 
+pub mod blockgen;
 pub mod core_asm;
+pub mod core_versions;
 pub mod feed;
 pub mod python;
 

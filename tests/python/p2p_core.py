@@ -18,7 +18,8 @@ CHECK is one of
              checked with a BIP158 encoder here); tip announcements; requests
              stopping at header-only blocks ignored; over-limit and
              start > stop requests disconnect;
-  malformed  Core's p2p_invalid_messages.py cases: bad magic (first, and
+  malformed  a block whose only fault is a bad signature; Core's
+             p2p_invalid_messages.py cases: bad magic (first, and
              mid-stream after a valid message), bad checksum, oversized and
              undersized payloads, bad command bytes, > 2,000 headers,
              > 50,000 inv / getdata entries, > 1,000 addr / addrv2 entries,
@@ -38,6 +39,7 @@ failing check otherwise.
 """
 
 import argparse
+import io
 import json
 import os
 import random
@@ -48,8 +50,9 @@ import threading
 import time
 
 from verystable.core.blockfilter import bip158_basic_element_hash
-from verystable.core.blocktools import create_block, create_coinbase
+from verystable.core.blocktools import add_witness_commitment, create_block, create_coinbase
 from verystable.core.messages import (
+    CBlock,
     CBlockLocator,
     CInv,
     MSG_TYPE_MASK,
@@ -1171,8 +1174,34 @@ def addrv2_entry(network, address):
             + compact_size(len(address)) + address + struct.pack(">H", 18444))
 
 
+def check_bad_signature_block(port, data, pinger):
+    """A block valid in every way but one signature: regtest-a's case 16
+    transaction (a P2WPKH input whose signature does not commit to the
+    transaction), in a block mined here on the node's tip. Core rejects it
+    in ConnectBlock (BLOCK_CONSENSUS, block-script-verify-flag-failed) and
+    MaybePunishNodeForBlock disconnects the sender; so does kakehi."""
+    chain = json.load(open(os.path.join(data, "chain.json")))
+    tip, height = active_tip_header(port, chain)
+    prev = tip.sha256 if tip else h2i(chain["tip_hash"])
+    best = max((b for b in chain["blocks"] if b["on_best_chain"]), key=lambda b: b["height"])
+    ntime = (tip.nTime if tip else best["time"]) + 1
+    case = CBlock()
+    with open(os.path.join(data, "invalid", "16-bad-signature.blk"), "rb") as f:
+        case.deserialize(io.BytesIO(f.read()[8:]))
+    bad = create_block(prev, create_coinbase(height + 1), ntime, txlist=[case.vtx[1]])
+    add_witness_commitment(bad)
+    bad.solve()
+    sender = connect(port)
+    sender.send_message(msg_block(bad))
+    expect_disconnect(sender, "block with a bad signature (consensus-invalid)")
+    pinger.check("block with a bad signature")
+    after, _ = active_tip_header(port, chain)
+    assert after is None or after.sha256 != bad.sha256, "the invalid block became the tip"
+
+
 def check_malformed(port, data):
     pinger = Pinger(port)
+    check_bad_signature_block(port, data, pinger)
     genesis_like = CBlockHeader()
     genesis_like.nBits = 0x207FFFFF
     # Core's test_invalid_pow_headers_msg and test_noncontinuous_headers_msg.

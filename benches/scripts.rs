@@ -1,0 +1,246 @@
+//! Script verification rate: inputs verified per second by kakehi's block
+//! verification (`verify_block_scripts`: Bitcoin Core 26.0's interpreter,
+//! one `PreparedTx` per transaction) with 1 and 2 threads, per output type,
+//! against libsecp256k1's raw signature-verify rate measured in the same
+//! run (the `secp256k1` crate), and against the `bitcoinconsensus` crate's
+//! own C API (`verify_with_flags`: one call per input, the transaction
+//! decoded and its hashes recomputed at every call).
+//!
+//! Each kind gets a block of `KAKEHI_BENCH_INPUTS` inputs (default 4,000),
+//! 10 per transaction, signed with `tests/common/blockgen.rs`'s wallet;
+//! best of `KAKEHI_BENCH_RUNS` (default 3).
+//!
+//! Run: `cargo bench --bench scripts`.
+
+#[path = "../tests/common/blockgen.rs"]
+#[allow(dead_code)]
+mod blockgen;
+
+use std::num::NonZeroUsize;
+use std::time::Instant;
+
+use bitcoin::consensus::serialize;
+use bitcoin::hashes::Hash;
+use bitcoin::secp256k1::{Keypair, Message, Secp256k1, SecretKey};
+use bitcoin::{
+    absolute, transaction, Amount, Block, OutPoint, Sequence, Transaction, TxIn, TxOut, Txid,
+};
+use blockgen::{coinbase, Kind, Wallet};
+use kakehi::primitives::Coin;
+use kakehi::validation::script::{verify_block_scripts, ScriptFlags};
+use kakehi::validation::SpentOutput;
+
+/// Regtest's flags at any height: every consensus flag.
+const FLAGS: ScriptFlags = ScriptFlags::from_bits(
+    ScriptFlags::P2SH.bits()
+        | ScriptFlags::DERSIG.bits()
+        | ScriptFlags::NULLDUMMY.bits()
+        | ScriptFlags::CHECKLOCKTIMEVERIFY.bits()
+        | ScriptFlags::CHECKSEQUENCEVERIFY.bits()
+        | ScriptFlags::WITNESS.bits()
+        | ScriptFlags::TAPROOT.bits(),
+);
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A block of `inputs` inputs of `kind`, 10 per transaction, and its spent
+/// outputs in block order.
+fn signed_block(wallet: &Wallet, kind: Kind, inputs: usize) -> (Block, Vec<SpentOutput>) {
+    let prevout = TxOut {
+        value: Amount::from_sat(100_000),
+        script_pubkey: wallet.script_pubkey(kind),
+    };
+    let mut txdata = vec![coinbase(1, 0, vec![TxOut::NULL])];
+    let mut spent = Vec::with_capacity(inputs);
+    for t in 0..inputs.div_ceil(10) {
+        let n = (inputs - t * 10).min(10);
+        let input: Vec<TxIn> = (0..n)
+            .map(|i| TxIn {
+                previous_output: OutPoint {
+                    txid: Txid::from_byte_array([(t % 251) as u8 + 1; 32]),
+                    vout: (t * 10 + i) as u32,
+                },
+                sequence: Sequence::MAX,
+                ..TxIn::default()
+            })
+            .collect();
+        let mut tx = Transaction {
+            version: transaction::Version::TWO,
+            lock_time: absolute::LockTime::ZERO,
+            input,
+            output: vec![TxOut {
+                value: Amount::from_sat(n as u64 * 99_000),
+                script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
+            }],
+        };
+        let prevouts = vec![(kind, prevout.clone()); n];
+        wallet.sign(&mut tx, &prevouts);
+        let txid = tx.compute_txid();
+        for (vin, i) in tx.input.iter().enumerate() {
+            spent.push(SpentOutput {
+                outpoint: i.previous_output,
+                coin: Coin {
+                    value: prevout.value,
+                    script_pubkey: prevout.script_pubkey.to_bytes(),
+                    height: 1,
+                    coinbase: false,
+                },
+                txid,
+                vin: vin as u32,
+            });
+        }
+        txdata.push(tx);
+    }
+    let header = blockgen::mine(
+        (bitcoin::BlockHash::all_zeros(), 0),
+        txdata[0].clone(),
+        vec![],
+    )
+    .header;
+    (Block { header, txdata }, spent)
+}
+
+/// Best inputs/s of `verify_block_scripts` over `runs` runs.
+fn kakehi_rate(block: &Block, spent: &[SpentOutput], threads: usize, runs: usize) -> f64 {
+    let threads = NonZeroUsize::new(threads).expect("threads");
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            verify_block_scripts(block, spent, FLAGS, threads).expect("valid scripts");
+            spent.len() as f64 / t.elapsed().as_secs_f64()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Best inputs/s of the `bitcoinconsensus` crate's C API, one call per
+/// input, over `runs` runs.
+fn libconsensus_rate(block: &Block, spent: &[SpentOutput], runs: usize) -> f64 {
+    let mut best: f64 = 0.0;
+    for _ in 0..runs {
+        let t = Instant::now();
+        let mut at = 0;
+        for tx in block.txdata.iter().skip(1) {
+            let bytes = serialize(tx);
+            let mine = &spent[at..at + tx.input.len()];
+            let utxos: Vec<bitcoinconsensus::Utxo> = mine
+                .iter()
+                .map(|s| bitcoinconsensus::Utxo {
+                    script_pubkey: s.coin.script_pubkey.as_ptr(),
+                    script_pubkey_len: s.coin.script_pubkey.len() as u32,
+                    value: s.coin.value.to_sat() as i64,
+                })
+                .collect();
+            for (i, s) in mine.iter().enumerate() {
+                bitcoinconsensus::verify_with_flags(
+                    &s.coin.script_pubkey,
+                    s.coin.value.to_sat(),
+                    &bytes,
+                    Some(&utxos),
+                    i,
+                    FLAGS.bits(),
+                )
+                .expect("valid input");
+            }
+            at += tx.input.len();
+        }
+        best = best.max(spent.len() as f64 / t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// Raw libsecp256k1 verifies per second (ECDSA, Schnorr) on `threads`
+/// threads, best of `runs`.
+fn raw_rates(threads: usize, runs: usize) -> (f64, f64) {
+    let secp = Secp256k1::new();
+    let n = 2_000;
+    let items: Vec<_> = (0..n as u32)
+        .map(|i| {
+            let mut k = [0x42u8; 32];
+            k[..4].copy_from_slice(&(i + 1).to_be_bytes());
+            let sk = SecretKey::from_slice(&k).expect("key");
+            let kp = Keypair::from_secret_key(&secp, &sk);
+            let msg = Message::from_digest(bitcoin::hashes::sha256::Hash::hash(&k).to_byte_array());
+            let ecdsa = secp.sign_ecdsa(&msg, &sk);
+            let schnorr = secp.sign_schnorr_no_aux_rand(&msg, &kp);
+            (
+                msg,
+                sk.public_key(&secp),
+                ecdsa,
+                kp.x_only_public_key().0,
+                schnorr,
+            )
+        })
+        .collect();
+    let time = |f: &(dyn Fn(usize) + Sync)| {
+        (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                std::thread::scope(|s| {
+                    for w in 0..threads {
+                        s.spawn(move || f(w));
+                    }
+                });
+                (n * threads) as f64 / t.elapsed().as_secs_f64()
+            })
+            .fold(0.0, f64::max)
+    };
+    let ecdsa = time(&|_| {
+        for (msg, pk, sig, _, _) in &items {
+            secp.verify_ecdsa(msg, sig, pk).expect("valid");
+        }
+    });
+    let schnorr = time(&|_| {
+        for (msg, _, _, xonly, sig) in &items {
+            secp.verify_schnorr(sig, msg, xonly).expect("valid");
+        }
+    });
+    (ecdsa, schnorr)
+}
+
+fn main() {
+    let inputs = env("KAKEHI_BENCH_INPUTS", 4_000);
+    let runs = env("KAKEHI_BENCH_RUNS", 3);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let wallet = Wallet::new();
+    let (ecdsa1, schnorr1) = raw_rates(1, runs);
+    let (ecdsa2, schnorr2) = raw_rates(2, runs);
+    println!("{inputs} inputs per kind, best of {runs} runs, {cores} cores");
+    println!(
+        "libsecp256k1 raw verify/s: ECDSA {ecdsa1:.0} (1 thread), {ecdsa2:.0} (2); Schnorr {schnorr1:.0} (1), {schnorr2:.0} (2)"
+    );
+    println!(
+        "| kind | sigs/input | kakehi 1 thread | kakehi 2 threads | 2 threads / 1 | sig checks/s, 1 thread, vs raw | sig checks/s, 2 threads, vs raw x2 | libbitcoinconsensus C API, 1 thread |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (kind, name, sigs, schnorr) in [
+        (Kind::P2wpkh, "P2WPKH", 1.0, false),
+        (Kind::P2tr, "P2TR key path", 1.0, true),
+        (Kind::P2pkh, "P2PKH", 1.0, false),
+        (Kind::P2shMultisig, "P2SH 2-of-3", 2.0, false),
+        (Kind::P2wshMultisig, "P2WSH 2-of-3", 2.0, false),
+    ] {
+        let (block, spent) = signed_block(&wallet, kind, inputs);
+        let one = kakehi_rate(&block, &spent, 1, runs);
+        let two = kakehi_rate(&block, &spent, 2, runs);
+        let api = libconsensus_rate(&block, &spent, runs);
+        let (raw1, raw2) = if schnorr {
+            (schnorr1, schnorr1 * 2.0)
+        } else {
+            (ecdsa1, ecdsa1 * 2.0)
+        };
+        println!(
+            "| {name} | {sigs} | {one:.0} | {two:.0} | {:.2}x | {:.0} = {:.0} % | {:.0} = {:.0} % | {api:.0} ({:.2}x kakehi's 1 thread) |",
+            two / one,
+            one * sigs,
+            100.0 * one * sigs / raw1,
+            two * sigs,
+            100.0 * two * sigs / raw2,
+            api / one,
+        );
+    }
+}
