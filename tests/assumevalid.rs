@@ -28,11 +28,7 @@ use kakehi::chain::assumevalid::AssumeValid;
 use kakehi::pipeline::SubmitOutcome;
 
 fn submit(node: &TestNode, block: &Block) -> SubmitOutcome {
-    node.chain
-        .lock()
-        .expect("lock")
-        .submit_block(block)
-        .expect("storage")
+    node.chain.lock().submit_block(block).expect("storage")
 }
 
 fn read_block(rel: &str) -> Block {
@@ -165,10 +161,7 @@ fn scripts_skipped_below_the_assumevalid_block_and_checked_elsewhere() {
         101
     );
     assert_eq!(after.inputs_verified, before.inputs_verified);
-    assert_eq!(
-        node.chain.lock().index().tip().hash,
-        assumed.block_hash()
-    );
+    assert_eq!(node.chain.lock().index().tip().hash, assumed.block_hash());
 
     // Above it: a bad signature is rejected; the valid block is verified.
     let bad_1602 = mine(

@@ -30,11 +30,10 @@ use common::{python, TestNode};
 use kakehi::import::read_file;
 use kakehi::pipeline::SubmitOutcome;
 
-/// The invalid cases only script evaluation can reject. kakehi does not
-/// evaluate scripts yet (README, "Validation scope"): each of these blocks
-/// is otherwise valid, so kakehi would accept it. Core's rejection of each
-/// is asserted by `core_judges_the_ci_chain`; kakehi's verdict on them is to
-/// be asserted (by emptying this list) once kakehi checks scripts.
+/// The invalid cases only script evaluation can reject: Core names each
+/// with `block-script-verify-flag-failed (…)` (`core_judges_the_ci_chain`),
+/// and kakehi, which verifies scripts with Core's interpreter, must give
+/// the same reason (`judge_invalid_cases`).
 const SCRIPT_CASES: &[&str] = &[
     "05-bad-ecdsa-signature.blk",
     "06-bad-schnorr-signature.blk",
@@ -171,8 +170,8 @@ fn kakehi_imports_the_ci_chain_to_the_manifests_state() {
     judge_invalid_cases(&node, dir, &m);
 }
 
-/// kakehi's verdict on every case but the script ones: Core's reason, tip
-/// and UTXO set unmoved; then the control block is accepted.
+/// kakehi's verdict on every case, the script ones included: Core's
+/// reason, tip and UTXO set unmoved; then the control block is accepted.
 fn judge_invalid_cases(node: &TestNode, dir: &Path, m: &serde_json::Value) {
     let params = node.chain.lock().params().clone();
     let submit = |file: &str| {
@@ -185,9 +184,6 @@ fn judge_invalid_cases(node: &TestNode, dir: &Path, m: &serde_json::Value) {
     let before = node.chain.lock().snapshot().utxo_stats();
     for case in cases(dir) {
         let file = case["file"].as_str().expect("file");
-        if SCRIPT_CASES.contains(&file) {
-            continue;
-        }
         let want = case["core_reject_reason"].as_str().expect("reason");
         match submit(file) {
             SubmitOutcome::Rejected { reason, .. } => assert_eq!(reason, want, "{file}"),

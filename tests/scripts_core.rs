@@ -257,11 +257,7 @@ fn mutate(tx: &Transaction, rng: &mut Rng) -> (Transaction, usize, String) {
 }
 
 fn kakehi_submit(node: &TestNode, block: &Block) -> SubmitOutcome {
-    node.chain
-        .lock()
-        .expect("chain lock")
-        .submit_block(block)
-        .expect("storage")
+    node.chain.lock().submit_block(block).expect("storage")
 }
 
 /// Compares a rejection: Core's "reason, debug" against kakehi's reason and
