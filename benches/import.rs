@@ -22,11 +22,11 @@
 //! 3; `KAKEHI_BENCH_SKIP_CORE=1` skips Core's engine). Prints every round
 //! and the best of each.
 
-#[path = "common/core.rs"]
-mod core_engine;
 #[path = "../tests/common/blockgen.rs"]
 #[allow(dead_code)]
 mod blockgen;
+#[path = "common/core.rs"]
+mod core_engine;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -148,9 +148,7 @@ fn main() {
     let txs: usize = records.iter().map(|r| r.block.txdata.len()).sum();
     drop(records);
     let (headers, assumed) = headers_beyond_the_tip(&file, &params, 2_100);
-    println!(
-        "regtest-a: {blocks} blocks, {txs} transactions (coinbases included), {runs} rounds"
-    );
+    println!("regtest-a: {blocks} blocks, {txs} transactions (coinbases included), {runs} rounds");
 
     let mut best = Best {
         per_block: f64::MAX,
@@ -169,7 +167,11 @@ fn main() {
         let assume = Some((assumed, headers.as_slice()));
         let (a, av) = kakehi_import(&file, &params, GroupLimits::NODE_DEFAULT, assume);
         assert!(av.blocks_assumed_valid >= 1_400, "{av:?}");
-        let c = if with_core { core_import(&file, workers) } else { f64::NAN };
+        let c = if with_core {
+            core_import(&file, workers)
+        } else {
+            f64::NAN
+        };
         println!(
             "round {round}: kakehi per block {p:.2} s, kakehi grouped {g:.2} s, \
              grouped assumevalid {a:.2} s, Core's engine {c:.2} s, decode only {d:.3} s"
@@ -183,7 +185,13 @@ fn main() {
         best.core = best.core.min(c);
         best.decode = best.decode.min(d);
     }
-    report(&best, blocks, txs as f64, runs, with_core.then_some(workers));
+    report(
+        &best,
+        blocks,
+        txs as f64,
+        runs,
+        with_core.then_some(workers),
+    );
 }
 
 /// Prints the best of each configuration and the same-run ratios.
@@ -196,9 +204,18 @@ fn report(best: &Best, blocks: f64, txs: f64, runs: usize, core_workers: Option<
         );
     };
     println!("best of {runs}:");
-    line("kakehi, every block durable, scripts verified", best.per_block);
-    line("kakehi, groups while catching up (kakehi import), scripts verified", best.grouped);
-    line("kakehi, groups, best chain assumed valid (stale blocks checked)", best.assumed);
+    line(
+        "kakehi, every block durable, scripts verified",
+        best.per_block,
+    );
+    line(
+        "kakehi, groups while catching up (kakehi import), scripts verified",
+        best.grouped,
+    );
+    line(
+        "kakehi, groups, best chain assumed valid (stale blocks checked)",
+        best.assumed,
+    );
     println!(
         "scripts: {} inputs verified in {:.2} s of verification (overlapping filter and MuHash work)",
         best.scripts.inputs_verified,
@@ -221,5 +238,8 @@ fn report(best: &Best, blocks: f64, txs: f64, runs: usize, core_workers: Option<
         );
     }
     println!("decode only (baseline): {:.3} s", best.decode);
-    println!("grouped vs per block: {:.2}x", best.per_block / best.grouped);
+    println!(
+        "grouped vs per block: {:.2}x",
+        best.per_block / best.grouped
+    );
 }

@@ -45,13 +45,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bitcoin::bip158::{BlockFilter, FilterHeader};
+use bitcoin::bip158::FilterHeader;
 use bitcoin::consensus::serialize;
 use bitcoin::hashes::Hash;
 use bitcoin::hex::DisplayHex;
 use bitcoin::{Block, BlockHash, OutPoint};
 
-use crate::chain::assumevalid::{AssumeValid, AssumeValidState, ScriptCheck};
+use crate::chain::assumevalid::{AssumeValid, AssumeValidState};
 use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
 use crate::chain::ChainParams;
 use crate::filters;
@@ -67,7 +67,7 @@ use crate::store::{
     META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_HEADERS, META_FLAT_SPENT, META_SOZU_BASE,
     META_SOZU_LAST, META_TIP,
 };
-use crate::validation::script::{block_script_flags, verify_block_scripts, BlockScriptError};
+use crate::validation::script::BlockScriptError;
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
 
 mod group;

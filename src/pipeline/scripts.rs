@@ -32,7 +32,7 @@ impl Chainstate {
     ///
     /// # Errors
     /// Storage failure.
-    fn reject_connecting(
+    pub(super) fn reject_connecting(
         &mut self,
         id: BlockId,
         entry: &IndexEntry,
@@ -89,13 +89,12 @@ impl Chainstate {
     /// [`PipelineError::ScriptEngine`] when the engine could not decide,
     /// [`PipelineError::Filter`], and [`PipelineError::Inconsistent`] when
     /// a verification thread panicked.
-    fn scripts_filter_delta(
+    pub(super) fn scripts_filter_delta(
         &mut self,
         block: &Block,
         entry: &IndexEntry,
         spent: &[SpentOutput],
-    ) -> Result<Result<(BlockFilter, BlockDelta), BlockScriptError>, PipelineError>
-    {
+    ) -> Result<Result<(BlockFilter, BlockDelta), BlockScriptError>, PipelineError> {
         let verify = matches!(self.script_check(entry), ScriptCheck::Verify(_));
         let flags = block_script_flags(self.index.params(), entry.height, &entry.hash);
         let threads = self.script_threads;
@@ -148,4 +147,3 @@ impl Chainstate {
         Ok(Ok((filter, delta)))
     }
 }
-
