@@ -22,10 +22,8 @@ use std::time::Instant;
 use bitcoin::consensus::serialize;
 use bitcoin::hashes::Hash;
 use bitcoin::secp256k1::{Keypair, Message, Secp256k1, SecretKey};
-use bitcoin::{
-    absolute, transaction, Amount, Block, OutPoint, Sequence, Transaction, TxIn, TxOut, Txid,
-};
-use blockgen::{coinbase, Kind, Wallet};
+use bitcoin::{Amount, Block, TxOut};
+use blockgen::{coinbase, signed_spend, Kind, Wallet};
 use kakehi::primitives::Coin;
 use kakehi::validation::script::{verify_block_scripts, ScriptFlags};
 use kakehi::validation::SpentOutput;
@@ -59,27 +57,7 @@ fn signed_block(wallet: &Wallet, kind: Kind, inputs: usize) -> (Block, Vec<Spent
     let mut spent = Vec::with_capacity(inputs);
     for t in 0..inputs.div_ceil(10) {
         let n = (inputs - t * 10).min(10);
-        let input: Vec<TxIn> = (0..n)
-            .map(|i| TxIn {
-                previous_output: OutPoint {
-                    txid: Txid::from_byte_array([(t % 251) as u8 + 1; 32]),
-                    vout: (t * 10 + i) as u32,
-                },
-                sequence: Sequence::MAX,
-                ..TxIn::default()
-            })
-            .collect();
-        let mut tx = Transaction {
-            version: transaction::Version::TWO,
-            lock_time: absolute::LockTime::ZERO,
-            input,
-            output: vec![TxOut {
-                value: Amount::from_sat(n as u64 * 99_000),
-                script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
-            }],
-        };
-        let prevouts = vec![(kind, prevout.clone()); n];
-        wallet.sign(&mut tx, &prevouts);
+        let tx = signed_spend(wallet, kind, &prevout, (t, n), n as u64 * 99_000);
         let txid = tx.compute_txid();
         for (vin, i) in tx.input.iter().enumerate() {
             spent.push(SpentOutput {

@@ -217,6 +217,40 @@ impl Wallet {
     }
 }
 
+/// A version-2 transaction of `n` inputs spending `prevout` (of `kind`)
+/// at the made-up outpoints (`[t % 251 + 1; 32]`, `t·10 + i`), paying
+/// `value` sats to the wallet's P2WPKH, signed: benchmark material (the
+/// outpoints exist nowhere; the scripts verify).
+pub fn signed_spend(
+    wallet: &Wallet,
+    kind: Kind,
+    prevout: &TxOut,
+    (t, n): (usize, usize),
+    value: u64,
+) -> Transaction {
+    let input = (0..n)
+        .map(|i| TxIn {
+            previous_output: OutPoint {
+                txid: bitcoin::Txid::from_byte_array([(t % 251) as u8 + 1; 32]),
+                vout: (t * 10 + i) as u32,
+            },
+            sequence: Sequence::MAX,
+            ..TxIn::default()
+        })
+        .collect();
+    let mut tx = Transaction {
+        version: transaction::Version::TWO,
+        lock_time: absolute::LockTime::ZERO,
+        input,
+        output: vec![TxOut {
+            value: Amount::from_sat(value),
+            script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
+        }],
+    };
+    wallet.sign(&mut tx, &vec![(kind, prevout.clone()); n]);
+    tx
+}
+
 /// A coinbase for `height`: scriptSig = BIP34 height push then `tag` (so
 /// that blocks at the same height differ), paying `outputs`.
 pub fn coinbase(height: u32, tag: u32, outputs: Vec<TxOut>) -> Transaction {

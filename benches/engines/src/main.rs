@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use bitcoin::consensus::serialize;
 use bitcoin::hashes::Hash;
-use bitcoin::{absolute, transaction, Amount, OutPoint, Sequence, Transaction, TxIn, TxOut, Txid};
+use bitcoin::{Amount, TxOut};
 use bitcoinkernel::prelude::*;
 use blockgen::{Kind, Wallet};
 use kakehi::validation::script::{PreparedTx, ScriptFlags, SpentTxOut};
@@ -24,27 +24,13 @@ fn txs(wallet: &Wallet, kind: Kind, n: usize) -> (Vec<Vec<u8>>, TxOut) {
     };
     let out = (0..n)
         .map(|t| {
-            let input = (0..10)
-                .map(|i| TxIn {
-                    previous_output: OutPoint {
-                        txid: Txid::from_byte_array([(t % 251) as u8 + 1; 32]),
-                        vout: (t * 10 + i) as u32,
-                    },
-                    sequence: Sequence::MAX,
-                    ..TxIn::default()
-                })
-                .collect();
-            let mut tx = Transaction {
-                version: transaction::Version::TWO,
-                lock_time: absolute::LockTime::ZERO,
-                input,
-                output: vec![TxOut {
-                    value: Amount::from_sat(990_000),
-                    script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
-                }],
-            };
-            wallet.sign(&mut tx, &vec![(kind, prevout.clone()); 10]);
-            serialize(&tx)
+            serialize(&blockgen::signed_spend(
+                wallet,
+                kind,
+                &prevout,
+                (t, 10),
+                990_000,
+            ))
         })
         .collect();
     (out, prevout)
@@ -76,7 +62,13 @@ fn main() {
         let spk = prevout.script_pubkey.as_bytes();
         let value = prevout.value.to_sat();
         let ours = rate(n * 10, || {
-            let spent = vec![SpentTxOut { value: prevout.value, script_pubkey: spk }; 10];
+            let spent = vec![
+                SpentTxOut {
+                    value: prevout.value,
+                    script_pubkey: spk
+                };
+                10
+            ];
             for tx in &txs {
                 let p = PreparedTx::new(tx, &spent).expect("prepare");
                 for i in 0..10 {
@@ -102,8 +94,9 @@ fn main() {
         });
         let kernel = rate(n * 10, || {
             let script = bitcoinkernel::ScriptPubkey::new(spk).expect("script");
-            let outs: Vec<bitcoinkernel::TxOut> =
-                (0..10).map(|_| bitcoinkernel::TxOut::new(&script, value as i64)).collect();
+            let outs: Vec<bitcoinkernel::TxOut> = (0..10)
+                .map(|_| bitcoinkernel::TxOut::new(&script, value as i64))
+                .collect();
             for tx in &txs {
                 let t = bitcoinkernel::Transaction::new(tx).expect("tx");
                 let data = bitcoinkernel::PrecomputedTransactionData::new(&t, &outs).expect("data");
