@@ -461,10 +461,17 @@ fn run_node(
         p2p: Some(p2p),
     };
     let stop2 = stop.clone();
+    let chain2 = chain.clone();
     runtime
         .block_on(async move {
+            // Until a shutdown request, or a storage failure that stopped
+            // writes (then blocks would only be downloaded and dropped).
             let shutdown = async move {
-                while !stop2.load(Ordering::SeqCst) {
+                while !(stop2.load(Ordering::SeqCst)
+                    || chain2
+                        .try_lock()
+                        .is_some_and(|cs| cs.write_failure().is_some()))
+                {
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
             };
@@ -476,6 +483,9 @@ fn run_node(
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!("P2P layer: {e}"),
         Err(e) => tracing::error!("P2P task: {e}"),
+    }
+    if let Some(e) = chain.lock().write_failure() {
+        anyhow::bail!("stopped on a storage failure: {e}");
     }
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)

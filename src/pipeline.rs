@@ -657,6 +657,15 @@ impl Chainstate {
         &self.datadir
     }
 
+    /// The storage error that stopped every write (a block boundary that
+    /// failed half-way: a full disk, an I/O error), if one did. Its message
+    /// names the file or store. A node that sees it must stop and be
+    /// restarted, which reconciles the stores (Core's `AbortNode` on a
+    /// fatal write error, `validation.cpp`).
+    pub fn write_failure(&self) -> Option<&Arc<PipelineError>> {
+        self.failed.as_ref()
+    }
+
     fn record(&self, id: BlockId) -> Option<BlockRecord> {
         let e = self.index.get(id)?;
         let m = self.meta.get(id.0 as usize)?;

@@ -2,7 +2,10 @@
 //! small tmpfs stops with an error naming the file it could not write;
 //! after the file system is grown (space freed), the same import resumes
 //! and ends in regtest-a's reference state (tip, UTXO dump, MuHash): no
-//! block lost, none half-written.
+//! block lost, none half-written. The same during a sync over P2P:
+//! `kakehi run --connect` stops (exit status 1) naming the file, instead of
+//! downloading blocks it can no longer store, and its datadir then resumes
+//! to the reference state.
 //!
 //! Needs root (it mounts a tmpfs); elsewhere it prints why and passes
 //! without checking anything.
@@ -10,12 +13,20 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bitcoin::Network;
 use common::{data, json};
 use kakehi::chain::ChainParams;
+use kakehi::import::import_files;
 use kakehi::node::{open_chainstate, DataDir};
+use parking_lot::Mutex;
+
+/// Upper bound of the syncing node's run until it stops on the full disk.
+const P2P_STOP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A tmpfs mounted for the test, unmounted on drop.
 struct Tmpfs {
@@ -87,7 +98,14 @@ fn fill_then_resume(size: &str) -> Option<String> {
     );
 
     fs.resize("512m");
-    let out = import(&datadir);
+    resume_to_reference(&datadir);
+    Some(stderr)
+}
+
+/// Imports regtest-a into `datadir` (after a failure) and checks the end
+/// state is regtest-a's reference: UTXO dump, tip, MuHash.
+fn resume_to_reference(datadir: &Path) {
+    let out = import(datadir);
     assert!(
         out.status.success(),
         "the import did not resume: {}",
@@ -95,7 +113,7 @@ fn fill_then_resume(size: &str) -> Option<String> {
     );
     let dump = Command::new(env!("CARGO_BIN_EXE_kakehi"))
         .args(["--network", "regtest", "--datadir"])
-        .arg(&datadir)
+        .arg(datadir)
         .arg("dump-utxos")
         .output()
         .unwrap();
@@ -104,7 +122,7 @@ fn fill_then_resume(size: &str) -> Option<String> {
         dump.stdout == std::fs::read(data("regtest-a/utxos.txt")).unwrap(),
         "UTXO set after the full disk differs from regtest-a's"
     );
-    let dir = DataDir::open(&datadir).unwrap();
+    let dir = DataDir::open(datadir).unwrap();
     let cs = open_chainstate(ChainParams::new(Network::Regtest), &dir)
         .unwrap()
         .snapshot();
@@ -116,7 +134,6 @@ fn fill_then_resume(size: &str) -> Option<String> {
         cs.utxo_stats().muhash,
         "7621cdc59b72640b7aa9d97d201aacf13027922448df03c13471c64abafe26d0"
     );
-    Some(stderr)
 }
 
 #[test]
@@ -134,4 +151,79 @@ fn full_disk_stops_naming_the_path_and_resumes_after_space_is_freed() {
             }
         }
     }
+}
+
+/// A node (the library) serving regtest-a over P2P on 127.0.0.1.
+fn serving_node() -> (common::ListeningP2p, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let datadir = DataDir::open(dir.path()).expect("datadir");
+    let chain = Arc::new(Mutex::new(
+        open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("chainstate"),
+    ));
+    let summary = import_files(
+        &chain,
+        &[data("regtest-a/blocks.dat")],
+        &AtomicBool::new(false),
+        false,
+    )
+    .expect("import regtest-a");
+    assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
+    (common::ListeningP2p::start(chain), dir)
+}
+
+#[test]
+fn full_disk_while_syncing_over_p2p_stops_the_node_naming_the_path() {
+    let Some(fs) = Tmpfs::mount("24m") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let (a, _a_dir) = serving_node();
+    let datadir = fs.path().join("datadir");
+    let logs = tempfile::tempdir().expect("tempdir");
+    let log = logs.path().join("b.log");
+    let started = Instant::now();
+    let mut b = Command::new(env!("CARGO_BIN_EXE_kakehi"))
+        .args(["--network", "regtest", "--datadir"])
+        .arg(&datadir)
+        .args(["run", "--http", "127.0.0.1:0", "--connect"])
+        .arg(a.addr.to_string())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("spawn kakehi run");
+    let status = loop {
+        if let Some(status) = b.try_wait().expect("try_wait") {
+            break status;
+        }
+        if started.elapsed() > P2P_STOP_TIMEOUT {
+            let _ = b.kill();
+            let _ = b.wait();
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
+            panic!(
+                "the node still runs {P2P_STOP_TIMEOUT:?} after its start on a full disk \
+                 ({} blocks downloaded and not stored); last lines: {tail:#?}",
+                text.matches("block not stored").count()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stopped_after = started.elapsed();
+    let stderr = std::fs::read_to_string(&log).expect("log");
+    assert!(!status.success(), "the sync fit in 24m: {stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("stopped on a storage failure")
+            && last.contains("No space left on device")
+            && last.contains(&datadir.display().to_string()),
+        "the last line does not say the disk is full and where: {last}"
+    );
+    eprintln!(
+        "stopped after {stopped_after:.1?} ({} blocks downloaded and not stored): {last}",
+        stderr.matches("block not stored").count()
+    );
+    drop(a);
+    fs.resize("512m");
+    resume_to_reference(&datadir);
 }
