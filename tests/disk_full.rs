@@ -14,16 +14,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bitcoin::Network;
 use common::{data, json};
 use kakehi::chain::ChainParams;
-use kakehi::import::import_files;
 use kakehi::node::{open_chainstate, DataDir};
-use parking_lot::Mutex;
 
 /// Upper bound of the syncing node's run until it stops on the full disk.
 const P2P_STOP_TIMEOUT: Duration = Duration::from_secs(120);
@@ -155,20 +152,11 @@ fn full_disk_stops_naming_the_path_and_resumes_after_space_is_freed() {
 
 /// A node (the library) serving regtest-a over P2P on 127.0.0.1.
 fn serving_node() -> (common::ListeningP2p, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let datadir = DataDir::open(dir.path()).expect("datadir");
-    let chain = Arc::new(Mutex::new(
-        open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("chainstate"),
-    ));
-    let summary = import_files(
-        &chain,
-        &[data("regtest-a/blocks.dat")],
-        &AtomicBool::new(false),
-        false,
-    )
-    .expect("import regtest-a");
+    let node = common::TestNode::new(Network::Regtest);
+    let summary = node.import(&[data("regtest-a/blocks.dat")]);
     assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
-    (common::ListeningP2p::start(chain), dir)
+    let common::TestNode { dir, chain, .. } = node;
+    (common::ListeningP2p::start(Arc::new(chain)), dir)
 }
 
 #[test]

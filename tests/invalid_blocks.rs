@@ -7,7 +7,10 @@
 //! that kakehi's tip is Core's, that its MuHash did not move unless the
 //! tip did (and equals the script's own UTXO set's), and that the sending
 //! peer was discouraged exactly when Core discourages it. The script's
-//! docstring lists the families; its output names every case.
+//! docstring lists the families; its output names every case. The script
+//! families (`--scripts`: scriptSig, P2SH, P2WSH, CLTV and CSV spends, each
+//! failing and passing) run too, since the pipeline runs Core's script
+//! interpreter.
 //!
 //! Then the node is reopened from its datadir: the tip and MuHash it
 //! served are what it kept. BIP30 runs on a second node whose BIP34 never
@@ -56,6 +59,8 @@ fn run(
         p2p.addr.port().to_string().into(),
         "--http".into(),
         http.addr.port().to_string().into(),
+        // The script families too: kakehi runs Core's script interpreter.
+        "--scripts".into(),
         check.into(),
     ];
     let out = common::python::run_script(&python, "invalid_blocks.py", &args, SCRIPT_TIMEOUT);
