@@ -32,6 +32,8 @@
 //!
 //! [validation]
 //! assumevalid = "0"              # 0 (verify every script) or a block hash; default: the network's
+//! [index]
+//! address = true                 # address/scripthash index (Esplora's /address routes)
 //! ```
 //!
 //! Unknown keys are refused (`deny_unknown_fields`): a typo must not be
@@ -244,6 +246,8 @@ pub struct Layer {
     pub sozu_shards: Option<u8>,
     /// The assumevalid block, or off.
     pub assumevalid: Option<AssumeValid>,
+    /// Address index on or off.
+    pub address_index: Option<bool>,
     /// `KAKEHI_*` variables no option reads (e.g. `KAKEHI_LONG`, which the
     /// long test modes use): not an error, the binary logs a warning naming
     /// them so a typo is visible.
@@ -267,6 +271,14 @@ struct FileConfig {
     sozu: FileSozu,
     #[serde(default)]
     validation: FileValidation,
+    #[serde(default)]
+    index: FileIndex,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileIndex {
+    address: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -367,6 +379,7 @@ impl Layer {
             log_filter: file.log.filter,
             sozu_shards: file.sozu.shards,
             assumevalid: file.validation.assumevalid,
+            address_index: file.index.address,
             unknown_env: Vec::new(),
         })
     }
@@ -388,6 +401,7 @@ impl Layer {
     /// | `KAKEHI_LOG_FILTER`, `RUST_LOG` | `log.filter` |
     /// | `KAKEHI_SOZU_SHARDS` | `sozu.shards` |
     /// | `KAKEHI_ASSUMEVALID` | `validation.assumevalid` |
+    /// | `KAKEHI_ADDRESS_INDEX` (`true`/`false`) | `index.address` |
     ///
     /// # Errors
     /// [`ConfigError::Env`] for a bad value. Unknown `KAKEHI_*` variables
@@ -434,6 +448,11 @@ impl Layer {
                 "SOZU_SHARDS" => layer.sozu_shards = Some(parse_shards(&value).map_err(bad)?),
                 "ASSUMEVALID" => {
                     layer.assumevalid = Some(value.parse().map_err(|e| bad(format!("{e}")))?)
+                }
+                "ADDRESS_INDEX" => {
+                    layer.address_index = Some(value.trim().parse().map_err(|_| {
+                        bad(format!("{value:?} is not true or false"))
+                    })?)
                 }
                 _ => layer.unknown_env.push(var.clone()),
             }
@@ -492,6 +511,18 @@ pub struct Config {
     pub sozu: SozuSection,
     /// `[validation]` section.
     pub validation: ValidationSection,
+    /// `[index]` section.
+    pub index: IndexSection,
+}
+
+/// `[index]`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IndexSection {
+    /// The address index (script hash → funding and spending rows; the
+    /// HTTP `/address` and `/scripthash` routes). Default true. Its disk
+    /// and time costs are in `docs/operations.md`. Turned on for a datadir
+    /// without it, it is built from the block files at start-up.
+    pub address: bool,
 }
 
 /// `[http]`.
@@ -584,6 +615,9 @@ impl Config {
             validation: ValidationSection {
                 assumevalid: pick(layers, |l| l.assumevalid.as_ref())
                     .unwrap_or_else(|| AssumeValid::default_for(&params)),
+            },
+            index: IndexSection {
+                address: pick(layers, |l| l.address_index.as_ref()).unwrap_or(true),
             },
         }
     }

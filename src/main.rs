@@ -84,6 +84,12 @@ struct Common {
     /// regtest] [env: KAKEHI_ASSUMEVALID]
     #[arg(long, global = true, value_name = "HASH|0")]
     assumevalid: Option<AssumeValid>,
+    /// Do not keep the address index (Esplora's /address and /scripthash
+    /// routes then answer 503; saves its disk, see docs/operations.md).
+    /// Turned on again later, it is rebuilt from the block files.
+    /// [default: on] [env: KAKEHI_ADDRESS_INDEX=false]
+    #[arg(long, global = true)]
+    no_address_index: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -179,6 +185,7 @@ impl Cli {
             log_format: self.common.log_format,
             log_filter: self.common.log_filter.clone(),
             assumevalid: self.common.assumevalid,
+            address_index: self.common.no_address_index.then_some(false),
             ..Layer::default()
         };
         if let Command::Run {
@@ -308,6 +315,16 @@ fn open_chainstate(config: &Config, datadir: &DataDir) -> anyhow::Result<Chainst
     match Chainstate::open(params, datadir.path(), Box::new(table)) {
         Ok(mut c) => {
             c.set_group_limits(GroupLimits::NODE_DEFAULT);
+            c.set_address_index(config.index.address, &mut |p| {
+                let percent = 100.0 * f64::from(p.height) / f64::from(p.tip_height.max(1));
+                tracing::info!(
+                    height = p.height,
+                    tip_height = p.tip_height,
+                    rows = p.rows,
+                    "building the address index: {percent:.1}%"
+                );
+            })
+            .context("building the address index from the block files")?;
             Ok(c)
         }
         Err(PipelineError::Index(IndexLoadError::WrongGenesis)) => anyhow::bail!(

@@ -64,18 +64,21 @@ use crate::sozu::{
 };
 use crate::store::{
     sync_concurrently, BlockRecord, FlatFiles, FlatPos, Store, StoreError, WriteBatch,
-    META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_HEADERS, META_FLAT_SPENT, META_SOZU_BASE,
+    META_ADDRESS_INDEX, META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_HEADERS, META_FLAT_SPENT, META_SOZU_BASE,
     META_SOZU_LAST, META_TIP,
 };
 use crate::validation::script::BlockScriptError;
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
 
+mod address_index;
 mod group;
 mod load;
 mod scripts;
 mod sealing;
 pub mod spent;
 use crate::store::headers::encode_headers;
+pub use address_index::BuildProgress;
+use address_index::AddressIndexState;
 pub use group::{GroupLimits, MAX_TIP_AGE_SECS};
 use group::{GroupEntry, PendingGroup};
 use spent::encode_spent;
@@ -322,6 +325,9 @@ pub struct Chainstate {
     /// The block last found invalid while connecting and the description of
     /// why (for the [`SubmitOutcome::Rejected`] of its submission).
     last_reject: Option<(BlockId, String)>,
+    /// Whether connects write address-index rows and whether the index is
+    /// complete (`pipeline/address_index.rs`).
+    address_index: AddressIndexState,
 }
 
 fn now_secs() -> u64 {
@@ -428,6 +434,7 @@ impl Chainstate {
             datadir: datadir.clone(),
             muhash: Arc::new(MuHash3072::new()),
             assume_valid: AssumeValid::default_for(&params),
+            address_index: false,
         };
         let mut cs = Chainstate {
             archive,
@@ -455,6 +462,10 @@ impl Chainstate {
             script_threads: std::thread::available_parallelism()
                 .unwrap_or(std::num::NonZeroUsize::MIN),
             last_reject: None,
+            address_index: AddressIndexState {
+                write: true,
+                complete: false,
+            },
         };
         if cs.store.meta(META_TIP)?.is_none() {
             // New datadir: persist genesis.
@@ -462,8 +473,12 @@ impl Chainstate {
             cs.put_record(&mut batch, BlockId(0));
             batch.put_active(0, BlockId(0));
             batch.put_meta(META_TIP, &0u32.to_be_bytes());
+            // The address index starts complete (genesis has no rows: its
+            // output is not spendable, Core never adds it to the UTXO set).
+            batch.put_meta(META_ADDRESS_INDEX, &[1]);
             cs.store.commit(batch)?;
         }
+        cs.load_address_index()?;
         cs.check_flat_lengths()?;
         cs.reconcile_table()?;
         cs.load_muhash()?;
@@ -610,6 +625,7 @@ impl Chainstate {
             datadir: self.datadir.clone(),
             muhash: self.muhash.clone(),
             assume_valid: self.assume_valid.setting(),
+            address_index: self.address_index.write && self.address_index.complete,
         }
     }
 
@@ -1169,11 +1185,15 @@ impl Chainstate {
         self.index.set_status(id, BlockStatus::Valid);
         self.set_active(&mut batch, id);
         self.put_record(&mut batch, id);
-        for (pos, tx) in block.txdata.iter().enumerate() {
-            batch.put_tx(tx.compute_txid(), id, pos as u32);
+        let txids: Vec<bitcoin::Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
+        for (pos, txid) in txids.iter().enumerate() {
+            batch.put_tx(*txid, id, pos as u32);
         }
         for s in &spent {
             batch.put_spend(s.outpoint, id, s.txid, s.vin);
+        }
+        if self.address_index.write {
+            address_index::put_block_rows(&mut batch, block, &txids, (id, entry.height), &spent);
         }
         batch.put_meta(META_FLAT_FILTERS, &flat_pos_bytes(self.filters.position()));
         batch.put_meta(META_FLAT_SPENT, &flat_pos_bytes(self.spent.position()));
@@ -1186,7 +1206,6 @@ impl Chainstate {
         let bytes = self.meta[id.0 as usize].data.map_or(0, |l| u64::from(l.len));
         let grouped = self.joins_group(entry.header.time, bytes, started);
         if grouped {
-            let txids: Vec<bitcoin::Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
             let add = GroupEntry {
                 tag,
                 bytes,

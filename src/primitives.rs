@@ -29,6 +29,14 @@ pub fn outpoint_key(outpoint: &OutPoint) -> OutPointKey {
     key
 }
 
+/// The script hash of a scriptPubKey: its SHA-256, in the digest's own
+/// byte order (Esplora's `/scripthash/:hash` and Electrum's
+/// `blockchain.scripthash.*` key; Electrum prints it reversed, Esplora
+/// does not). 32 bytes.
+pub fn script_hash(script_pubkey: &[u8]) -> [u8; 32] {
+    bitcoin::hashes::sha256::Hash::hash(script_pubkey).to_byte_array()
+}
+
 /// Decodes a 36-byte key back into an outpoint (inverse of [`outpoint_key`]).
 pub fn key_outpoint(key: &OutPointKey) -> OutPoint {
     let mut txid = [0u8; 32];

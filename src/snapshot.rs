@@ -23,6 +23,9 @@ use crate::sozu::{ChainView, UtxoReader, ViewStatus, PURGE_DEPTH};
 use crate::store::{FileLoc, FlatReader, Store};
 use crate::validation::SpentOutput;
 
+mod history;
+pub use history::{HistoryTx, ScriptStats, ScriptUtxo};
+
 /// Per-block data that is not part of the chain index proper.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct BlockMeta {
@@ -78,6 +81,9 @@ pub struct ChainSnapshot {
     /// Concurrent reads of the UTXO table's committed state (which may be
     /// ahead of this snapshot: entries are read under its view).
     pub(crate) utxo: Arc<dyn UtxoReader>,
+    /// The address index is complete and kept by the writer
+    /// (`pipeline/address_index.rs`): the history reads may be used.
+    pub(crate) address_index: bool,
     pub(crate) stats: PipelineStats,
     pub(crate) table_counters: Option<crate::sozu::SozuStats>,
     pub(crate) datadir: Arc<Path>,

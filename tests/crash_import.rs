@@ -97,7 +97,6 @@ fn kill_9_during_import_then_resume_reaches_the_reference_state() {
     };
     let full = timed_import();
     let noop = timed_import();
-    drop(calib);
     // Each round is killed after the start-up plus a random share of the
     // work averaging 1/kills of it, so the kills spread over the whole
     // import whatever the machine's speed.
@@ -195,6 +194,81 @@ fn kill_9_during_import_then_resume_reaches_the_reference_state() {
             "seed {seed}"
         );
     }
+    // The address index after every kill answers as the uninterrupted
+    // import's (the calibration datadir).
+    let reference = DataDir::open(calib.path()).unwrap();
+    let reference = open_chainstate(ChainParams::new(Network::Regtest), &reference)
+        .unwrap()
+        .snapshot();
+    assert!(cs.address_index() && reference.address_index());
+    assert!(
+        address_answers(&cs) == address_answers(&reference),
+        "address index differs after {killed_mid_import} kills (seed {seed})"
+    );
+}
+
+/// Script hashes of every 7th line of regtest-a's `utxos.txt` (their
+/// histories hold spent outputs too).
+fn sample_script_hashes() -> Vec<[u8; 32]> {
+    use bitcoin::hashes::{sha256, Hash};
+    let text = std::fs::read_to_string(data("regtest-a/utxos.txt")).unwrap();
+    text.lines()
+        .step_by(7)
+        .map(|l| {
+            let script = l.split_whitespace().nth(2).unwrap();
+            let script = bitcoin::ScriptBuf::from_hex(script).unwrap();
+            sha256::Hash::hash(script.as_bytes()).to_byte_array()
+        })
+        .collect()
+}
+
+/// What the address routes answer for the sample scripts: totals, UTXOs
+/// and the whole history in order.
+fn address_answers(cs: &kakehi::snapshot::ChainSnapshot) -> Vec<String> {
+    let mut answers = Vec::new();
+    for sh in sample_script_hashes() {
+        let summary = cs.script_summary(&sh).unwrap();
+        let txs = cs.script_txs(&sh, None, usize::MAX).unwrap();
+        answers.push(format!("{summary:?} {txs:?}"));
+    }
+    assert!(answers.iter().any(|a| a.contains("HistoryTx")));
+    answers
+}
+
+/// A datadir imported with `--no-address-index` has no index (the routes
+/// answer 503); the next start without the flag builds it from the block
+/// files, and it answers as an index kept from the start.
+#[test]
+fn address_index_built_from_the_block_files_equals_one_kept_from_the_start() {
+    let blocks = data("regtest-a/blocks.dat");
+    let (kept, later) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ok = kakehi(kept.path()).arg("import").arg(&blocks).status().unwrap();
+    assert!(ok.success());
+    let ok = kakehi(later.path())
+        .arg("--no-address-index")
+        .arg("import")
+        .arg(&blocks)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let open = |dir: &std::path::Path| {
+        let datadir = DataDir::open(dir).unwrap();
+        open_chainstate(ChainParams::new(Network::Regtest), &datadir)
+            .unwrap()
+            .snapshot()
+    };
+    assert!(!open(later.path()).address_index(), "no index after --no-address-index");
+    let out = kakehi(later.path())
+        .env("RUST_LOG", "info")
+        .arg("dump-utxos")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("building the address index: 100.0%"), "{log}");
+    let (kept, later) = (open(kept.path()), open(later.path()));
+    assert!(later.address_index());
+    assert!(address_answers(&kept) == address_answers(&later));
 }
 
 /// Copies every file of `from` into `to` (recreated), as a disk image of a

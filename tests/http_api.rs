@@ -1129,3 +1129,247 @@ mod random_requests {
         })
     }
 }
+
+/// One script's history as regtest-a's records imply it.
+#[derive(Default, Debug)]
+struct ScriptTruth {
+    /// (height, position, txid) of every transaction funding or spending it.
+    txs: std::collections::BTreeSet<(u32, u32, Txid)>,
+    funded: (u64, u64),
+    spent: (u64, u64),
+    /// Unspent outputs (outpoint, value).
+    utxos: std::collections::BTreeSet<(bitcoin::OutPoint, u64)>,
+}
+
+/// Truth per script hash for every output of the best chain: which
+/// outpoints are unspent comes from bcoin's `utxos.txt`, which are spent
+/// and by whom from `spent.txt`; values, scripts and positions from the
+/// best chain's blocks in `blocks.dat`.
+fn script_truths() -> HashMap<[u8; 32], (bitcoin::ScriptBuf, ScriptTruth)> {
+    let c = chain();
+    let mut outputs: HashMap<bitcoin::OutPoint, (u64, bitcoin::ScriptBuf, u32, u32)> =
+        HashMap::new();
+    let mut position: HashMap<Txid, (u32, u32)> = HashMap::new();
+    for (i, b) in c.blocks.iter().enumerate() {
+        let height = i as u32 + 1;
+        for (pos, (tx, txid)) in b.txdata.iter().zip(&c.txids[i]).enumerate() {
+            position.insert(*txid, (height, pos as u32));
+            for (vout, o) in tx.output.iter().enumerate() {
+                let op = bitcoin::OutPoint { txid: *txid, vout: vout as u32 };
+                outputs.insert(op, (o.value.to_sat(), o.script_pubkey.clone(), height, pos as u32));
+            }
+        }
+    }
+    let mut truths: HashMap<[u8; 32], (bitcoin::ScriptBuf, ScriptTruth)> = HashMap::new();
+    let mut entry = |op: &bitcoin::OutPoint| {
+        let (value, script, height, pos) = outputs.get(op).expect("outpoint of the best chain").clone();
+        let sh = bitcoin::hashes::sha256::Hash::hash(script.as_bytes()).to_byte_array();
+        let t = &mut truths.entry(sh).or_insert_with(|| (script, ScriptTruth::default())).1;
+        t.funded.0 += 1;
+        t.funded.1 += value;
+        t.txs.insert((height, pos, op.txid));
+        (sh, value)
+    };
+    let mut unspent = Vec::new();
+    for (op, _) in common::feed::utxo_lines() {
+        unspent.push((entry(&op), op));
+    }
+    let mut spends = Vec::new();
+    for (op, txid, _vin, _height) in spent_lines() {
+        spends.push((entry(&op), txid));
+    }
+    for ((sh, value), op) in unspent {
+        truths.get_mut(&sh).unwrap().1.utxos.insert((op, value));
+    }
+    for ((sh, value), txid) in spends {
+        let t = &mut truths.get_mut(&sh).unwrap().1;
+        t.spent.0 += 1;
+        t.spent.1 += value;
+        let (h, p) = position[&txid];
+        t.txs.insert((h, p, txid));
+    }
+    truths
+}
+
+/// Every page of a script's history through `esplora-client`, following
+/// `last_seen` until an empty page.
+fn all_history(c: &BlockingClient, script: &bitcoin::Script) -> Vec<Txid> {
+    let mut out: Vec<Txid> = Vec::new();
+    loop {
+        let page = c.get_scripthash_txs(script, out.last().copied()).unwrap();
+        assert!(page.len() <= 25, "{}", page.len());
+        if page.is_empty() {
+            return out;
+        }
+        out.extend(page.iter().map(|t| t.txid));
+    }
+}
+
+/// 200 scripts of regtest-a (the 20 busiest and 180 spread over the
+/// rest, by script hash): history, totals and UTXOs through esplora-client
+/// equal what bcoin's `utxos.txt` and `spent.txt` imply.
+#[test]
+fn address_index_matches_bcoins_utxo_and_spent_records_for_200_scripts() {
+    let truths = script_truths();
+    let mut by_size: Vec<(&[u8; 32], usize)> = truths.iter().map(|(k, v)| (k, v.1.txs.len())).collect();
+    by_size.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut chosen: Vec<[u8; 32]> = by_size.iter().take(20).map(|(k, _)| **k).collect();
+    let mut rest: Vec<[u8; 32]> = by_size[20..].iter().map(|(k, _)| **k).collect();
+    rest.sort();
+    let step = rest.len() / 180;
+    chosen.extend(rest.iter().step_by(step).take(180));
+    assert_eq!(chosen.len(), 200);
+    assert!(by_size[0].1 > 50, "the busiest script pages ({} txs)", by_size[0].1);
+    let c = client();
+    for sh in &chosen {
+        let (script, truth) = &truths[sh];
+        let want: Vec<Txid> = truth.txs.iter().rev().map(|t| t.2).collect();
+        assert_eq!(all_history(&c, script), want, "history of {script}");
+        let stats = c.get_scripthash_stats(script).unwrap().chain_stats;
+        assert_eq!(
+            (stats.funded_txo_count as u64, stats.funded_txo_sum.to_sat()),
+            truth.funded,
+            "{script}"
+        );
+        assert_eq!(
+            (stats.spent_txo_count as u64, stats.spent_txo_sum.to_sat()),
+            truth.spent,
+            "{script}"
+        );
+        assert_eq!(stats.tx_count as usize, truth.txs.len());
+        let utxos: std::collections::BTreeSet<_> = c
+            .get_scripthash_utxos(script)
+            .unwrap()
+            .into_iter()
+            .map(|u| (bitcoin::OutPoint { txid: u.txid, vout: u.vout }, u.value.to_sat()))
+            .collect();
+        assert_eq!(&utxos, &truth.utxos, "UTXOs of {script}");
+    }
+}
+
+/// Every address route through esplora-client, on an address of the
+/// busiest script that has one: same answers as the script-hash routes,
+/// and the page after a txid is the rest of the history; empty mempool.
+#[test]
+fn address_routes_through_esplora_client_agree_with_the_records() {
+    let truths = script_truths();
+    let (script, truth) = truths
+        .values()
+        .filter(|(s, _)| bitcoin::Address::from_script(s, Network::Regtest).is_ok())
+        .max_by_key(|(s, t)| (t.txs.len(), s.clone()))
+        .unwrap();
+    let address = bitcoin::Address::from_script(script, Network::Regtest).unwrap();
+    let c = client();
+    let want: Vec<Txid> = truth.txs.iter().rev().map(|t| t.2).collect();
+    assert!(want.len() > 25);
+    let first = c.get_address_txs(&address, None).unwrap();
+    assert_eq!(first.iter().map(|t| t.txid).collect::<Vec<_>>(), want[..25]);
+    let second = c.get_address_txs(&address, Some(want[24])).unwrap();
+    let n = (want.len() - 25).min(25);
+    assert_eq!(second.iter().map(|t| t.txid).collect::<Vec<_>>(), want[25..25 + n]);
+    // Full transactions with their prevouts and confirmation.
+    let (height, _, txid) = *truth.txs.iter().next_back().unwrap();
+    assert_eq!(first[0].txid, txid);
+    assert_eq!(first[0].status.block_height, Some(height));
+    assert!(first.iter().all(|t| t.vin.iter().all(|i| i.is_coinbase || i.prevout.is_some())));
+    let stats = c.get_address_stats(&address).unwrap();
+    assert_eq!(stats.chain_stats.tx_count as usize, truth.txs.len());
+    assert_eq!(stats.mempool_stats.tx_count, 0);
+    assert_eq!(stats.address, address);
+    let utxos = c.get_address_utxos(&address).unwrap();
+    assert_eq!(utxos.len(), truth.utxos.len());
+    assert!(utxos.iter().all(|u| u.status.confirmed && u.status.block_hash.is_some()));
+    assert!(c.get_mempool_address_txs(&address).unwrap().is_empty());
+    assert!(c.get_mempool_scripthash_txs(script).unwrap().is_empty());
+    let mempool = c.get_mempool_stats().unwrap();
+    assert_eq!((mempool.count, mempool.vsize), (0, 0));
+    assert!(c.get_mempool_txids().unwrap().is_empty());
+    assert!(c.get_mempool_recent_txs().unwrap().is_empty());
+    // `/txs/chain` without a txid is the first page, as `/txs`.
+    let sh = bitcoin::hashes::sha256::Hash::hash(script.as_bytes());
+    let (st, _, body) = get(&format!("/scripthash/{sh}/txs/chain"));
+    assert_eq!(st, 200);
+    let v: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
+    let ids: Vec<String> = v.iter().map(|t| t["txid"].as_str().unwrap().to_string()).collect();
+    assert_eq!(ids, want[..25].iter().map(|t| t.to_string()).collect::<Vec<_>>());
+    // A txid not in this history: an empty page, as Esplora.
+    let other = chain().txids[0][0];
+    assert!(c.get_address_txs(&address, Some(other)).unwrap().is_empty());
+}
+
+/// Addresses that do not parse or are of another network, and bad script
+/// hashes, get a JSON 400.
+#[test]
+fn bad_addresses_and_script_hashes_get_json_400() {
+    for path in [
+        "/address/bc1qar0srrr7xfkvy5l643lydnw9re59gtzzwf5mdq",
+        "/address/tb1qw508d6qejxtdg4y5r3zarvary0c5xw7kxpjzsx/txs",
+        "/address/1BvBMSEYstWetqTFn5Au4m4GFg7xJaNVN2/utxo",
+        "/address/bcrt1qnotanaddress/txs/chain",
+        "/address/xyz",
+        "/scripthash/00/txs",
+        "/scripthash/zz00000000000000000000000000000000000000000000000000000000000000",
+        "/address/bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080/txs/chain/nothex",
+    ] {
+        let (st, ctype, body) = get(path);
+        assert_eq!(st, 400, "{path}: {}", String::from_utf8_lossy(&body));
+        assert!(ctype.starts_with("application/json"), "{path}: {ctype}");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["code"], 400, "{path}");
+    }
+    // A valid regtest address nobody paid: empty history, zero stats.
+    let (st, _, body) = get("/address/bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080");
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["chain_stats"]["tx_count"], 0);
+    assert_eq!(v["address"], "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080");
+}
+
+/// `/fee-estimates` through esplora-client: the documented percentiles of
+/// the feerates paid in the last 6 blocks, computed here from blocks.dat.
+#[test]
+fn fee_estimates_are_the_documented_percentiles_of_recent_blocks() {
+    let c = chain();
+    let mut values: HashMap<bitcoin::OutPoint, u64> = HashMap::new();
+    let mut rates: Vec<(f64, u64)> = Vec::new();
+    let n = c.blocks.len();
+    for (i, b) in c.blocks.iter().enumerate() {
+        for (tx, txid) in b.txdata.iter().zip(&c.txids[i]) {
+            let inputs: u64 = tx
+                .input
+                .iter()
+                .filter_map(|i| values.get(&i.previous_output))
+                .sum();
+            if i + 6 >= n && !tx.is_coinbase() {
+                let out: u64 = tx.output.iter().map(|o| o.value.to_sat()).sum();
+                let vsize = tx.vsize() as u64;
+                rates.push(((inputs - out) as f64 / vsize as f64, vsize));
+            }
+            for (vout, o) in tx.output.iter().enumerate() {
+                values.insert(bitcoin::OutPoint { txid: *txid, vout: vout as u32 }, o.value.to_sat());
+            }
+        }
+    }
+    rates.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert!(!rates.is_empty());
+    let total: u64 = rates.iter().map(|r| r.1).sum();
+    let percentile = |p: f64| {
+        let mut seen = 0;
+        rates
+            .iter()
+            .find(|r| {
+                seen += r.1;
+                seen as f64 >= total as f64 * p / 100.0
+            })
+            .unwrap()
+            .0
+    };
+    let estimates = client().get_fee_estimates().unwrap();
+    assert_eq!(estimates.len(), 28);
+    for (target, p) in [(1u16, 50.0), (2, 25.0), (5, 10.0), (25, 2.0), (144, 0.0), (1008, 0.0)] {
+        let want = (percentile(p).max(1.0) * 1000.0).round() / 1000.0;
+        let got = estimates[&target].to_sat_per_kwu() as f64 / 250.0;
+        assert!((got - want).abs() < 0.01, "target {target}: {got} vs {want}");
+    }
+    assert!(estimates[&1] >= estimates[&25]);
+}

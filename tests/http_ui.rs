@@ -385,6 +385,20 @@ fn schemathesis_config() -> String {
         vouts.push(vout.to_string());
         txids.push(by.split_once(':').expect("txid:vin").0.to_string());
     }
+    // Scripts of regtest-a's UTXOs: their addresses and script hashes.
+    let f = std::fs::File::open(data("regtest-a/utxos.txt")).expect("utxos.txt");
+    let mut addresses = Vec::new();
+    let mut scripthashes = Vec::new();
+    for l in std::io::BufReader::new(f).lines().step_by(997) {
+        let l = l.expect("read");
+        let script = l.split_whitespace().nth(2).expect("script");
+        let script = bitcoin::ScriptBuf::from_hex(script).expect("hex");
+        use bitcoin::hashes::Hash;
+        scripthashes.push(bitcoin::hashes::sha256::Hash::hash(script.as_bytes()).to_string());
+        if let Ok(a) = bitcoin::Address::from_script(&script, bitcoin::Network::Regtest) {
+            addresses.push(a.to_string());
+        }
+    }
     let files: Vec<String> = hashes
         .iter()
         .zip(["json", "bin", "hex"].iter().cycle())
@@ -402,15 +416,22 @@ fn schemathesis_config() -> String {
          txids = {{ values = [{}] }}\n\
          vouts = {{ values = [{}] }}\n\
          files = {{ values = [{}] }}\n\
+         addresses = {{ values = [{}] }}\n\
+         scripthashes = {{ values = [{}] }}\n\
          [parameters]\n\
          \"path.hash\" = {{ dictionary = \"hashes\", probability = 0.5 }}\n\
          \"path.txid\" = {{ dictionary = \"txids\", probability = 0.5 }}\n\
          \"path.vout\" = {{ dictionary = \"vouts\", probability = 0.5 }}\n\
-         \"path.file\" = {{ dictionary = \"files\", probability = 0.5 }}\n",
+         \"path.file\" = {{ dictionary = \"files\", probability = 0.5 }}\n\
+         \"path.address\" = {{ dictionary = \"addresses\", probability = 0.5 }}\n\
+         \"path.scripthash\" = {{ dictionary = \"scripthashes\", probability = 0.5 }}\n\
+         \"path.last_seen_txid\" = {{ dictionary = \"txids\", probability = 0.5 }}\n",
         list(&hashes),
         list(&txids),
         vouts.join(", "),
-        list(&files)
+        list(&files),
+        list(&addresses),
+        list(&scripthashes)
     )
 }
 

@@ -22,10 +22,12 @@ use bitcoin::BlockHash;
 
 use crate::snapshot::{ChainSnapshot, Snapshots};
 
+mod address;
 pub mod archive;
 mod core_rest;
 mod core_tx;
 pub mod esplora;
+pub mod fees;
 mod light;
 pub mod metrics;
 mod server;
@@ -466,6 +468,10 @@ fn routes(list: &mut Vec<(&'static str, &'static str)>) -> Router<AppState> {
         get(esplora::tx_outspend),
     );
     r = add(r, "get", "/tx/{txid}/outspends", get(esplora::tx_outspends));
+    for (m, p, h) in address::route_table() {
+        r = add(r, m, p, h);
+    }
+    r = add(r, "get", "/fee-estimates", get(fees::fee_estimates));
     r = add(r, "get", "/chain/tips", get(chain_tips));
     r = add(r, "get", "/utxo/stats", get(utxo_stats));
     r = add(r, "get", "/health", get(health));

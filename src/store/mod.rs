@@ -11,9 +11,12 @@
 //! | `block_by_id` | `BlockId` u32 BE | [`BlockRecord`] |
 //! | `block_id_by_height` | height u32 BE | `BlockId` of the active chain |
 //! | `tx_position_by_txid_block` | txid (32) ‖ `BlockId` BE | position in block, u32 BE |
+//! | `spend_by_outpoint_block` | outpoint (36) ‖ `BlockId` BE | spending txid (32) ‖ vin u32 BE |
+//! | `history_by_script` | script hash (32) ‖ height ‖ `BlockId` ‖ position ‖ kind ‖ vout/vin | [`HistoryValue`] (`store::history`) |
 
 pub mod flatfile;
 pub mod headers;
+pub mod history;
 
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
@@ -25,6 +28,7 @@ use bitcoin::hashes::Hash;
 use bitcoin::{BlockHash, OutPoint, Txid};
 
 pub use flatfile::{sync_concurrently, FileLoc, FlatFileError, FlatFiles, FlatPos, FlatReader};
+pub use history::{HistoryKey, HistoryValue, RowKind};
 
 use crate::chain::index::BlockStatus;
 use crate::primitives::BlockId;
@@ -496,6 +500,10 @@ pub struct Trees {
     /// (active or stale; readers pick the active one). Since format 1.1:
     /// a datadir created by 1.0 lacks the rows of the blocks it connected.
     pub spend_by_outpoint_block: TypedTree<OutPointBlockKey, SpendRecord>,
+    /// The address index: funding and spending rows by script hash, in
+    /// chain order (`store::history`). Written when the address index is
+    /// on (meta key [`META_ADDRESS_INDEX`]).
+    pub history_by_script: TypedTree<HistoryKey, HistoryValue>,
 }
 
 /// A set of changes committed atomically ([`Store::commit`]); `#[must_use]`
@@ -508,12 +516,18 @@ pub struct WriteBatch {
     by_height: sled::Batch,
     txs: sled::Batch,
     spends: sled::Batch,
+    history: sled::Batch,
+    history_rows: usize,
 }
 
 impl WriteBatch {
     /// Sets a metadata value.
     pub fn put_meta(&mut self, name: &str, value: &[u8]) {
         self.meta.insert(name.as_bytes(), value);
+    }
+    /// Removes a metadata value.
+    pub fn remove_meta(&mut self, name: &str) {
+        self.meta.remove(name.as_bytes());
     }
     /// Writes a block record.
     pub fn put_block(&mut self, id: BlockId, record: &BlockRecord) {
@@ -539,6 +553,15 @@ impl WriteBatch {
             OutPointBlockKey { outpoint, block }.encode(),
             SpendRecord { txid, vin }.encode(),
         );
+    }
+    /// Writes one row of the address index.
+    pub fn put_history(&mut self, key: &HistoryKey, value: &HistoryValue) {
+        self.history.insert(key.encode(), value.encode());
+        self.history_rows += 1;
+    }
+    /// Rows of the address index this batch writes.
+    pub fn history_rows(&self) -> usize {
+        self.history_rows
     }
 }
 
@@ -575,6 +598,12 @@ pub const META_FLAT_HEADERS: &str = "flat_headers";
 /// naming another tip (a datadir from before it existed): rebuilt once from
 /// the UTXO table at open; no format change needed.
 pub const META_MUHASH: &str = "muhash";
+/// Meta key of the address index's state (`history_by_script`): absent =
+/// off or never built; `[1]` = complete (rows for every block of the active
+/// chain, kept by every later connect); `[0] ‖ next height u32 BE ‖ BlockId
+/// u32 BE of the block below it` = being built from the block files, up to
+/// there (a build resumes from it while that block is still active).
+pub const META_ADDRESS_INDEX: &str = "address_index";
 
 /// Page cache of the index database (sled's `cache_capacity`), bytes:
 /// 128 MiB. sled's own default (1 GiB) made a headers sync of 1M headers
@@ -620,6 +649,7 @@ impl Store {
             block_id_by_height: TypedTree::open(&db, "block_id_by_height")?,
             tx_position_by_txid_block: TypedTree::open(&db, "tx_position_by_txid_block")?,
             spend_by_outpoint_block: TypedTree::open(&db, "spend_by_outpoint_block")?,
+            history_by_script: TypedTree::open(&db, "history_by_script")?,
         };
         let store = Store {
             db,
@@ -677,13 +707,15 @@ impl Store {
             &t.block_id_by_height.tree,
             &t.tx_position_by_txid_block.tree,
             &t.spend_by_outpoint_block.tree,
+            &t.history_by_script.tree,
         )
-            .transaction(|(meta, blocks, by_height, txs, spends)| {
+            .transaction(|(meta, blocks, by_height, txs, spends, history)| {
                 meta.apply_batch(&batch.meta)?;
                 blocks.apply_batch(&batch.blocks)?;
                 by_height.apply_batch(&batch.by_height)?;
                 txs.apply_batch(&batch.txs)?;
                 spends.apply_batch(&batch.spends)?;
+                history.apply_batch(&batch.history)?;
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
             .map_err(|e| match e {

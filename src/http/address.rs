@@ -1,0 +1,322 @@
+//! Esplora's address and script-hash routes (Blockstream `API.md`, shapes
+//! and paging of electrs `src/rest.rs`), served from the address index
+//! (`store::history`, `snapshot/history.rs`), and its routes of an empty
+//! mempool: kakehi keeps no mempool, so every mempool part is empty.
+//!
+//! - `/address/:address` and `/scripthash/:hash`: `{address|scripthash,
+//!   chain_stats, mempool_stats}`;
+//! - `…/txs`: the first page of confirmed transactions (Esplora puts up to
+//!   50 mempool transactions first: none here), newest first, 25 per page
+//!   ([`TXS_PER_PAGE`]); `…/txs/chain[/:last_seen_txid]`: the page after
+//!   `last_seen_txid`; `…/txs/mempool`: `[]`;
+//! - `…/utxo`: the unspent outputs, `{txid, vout, status, value}`.
+//!
+//! An address is parsed by rust-bitcoin's `Address` and must be for the
+//! node's network (`require_network`): anything else is a 400. A script
+//! hash is the SHA-256 of the scriptPubKey in hex, digest order (64 hex).
+//! Without a complete address index (`--no-address-index`, or while it is
+//! built) these routes answer 503.
+
+use std::str::FromStr;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bitcoin::address::NetworkUnchecked;
+use bitcoin::hex::FromHex;
+use bitcoin::{Address, Txid};
+
+use super::esplora::{
+    block_spent, load_block, parse_txid, tx_value_with, TransactionValue, TxStatus,
+};
+use super::{read, ApiError, ApiResult, AppState};
+use crate::primitives::script_hash;
+use crate::snapshot::{ChainSnapshot, HistoryTx, ScriptStats};
+
+/// Confirmed transactions per page of `…/txs` and `…/txs/chain` (electrs
+/// `CHAIN_TXS_PER_PAGE`).
+pub const TXS_PER_PAGE: usize = 25;
+
+/// What the path names: an address or a script hash, as given.
+#[derive(Clone, Debug)]
+pub(super) enum Subject {
+    /// `/address/:address`.
+    Address(String),
+    /// `/scripthash/:hash`.
+    ScriptHash(String),
+}
+
+impl Subject {
+    /// The script hash it names, checked: 400 for an address that does
+    /// not parse or is of another network, or a hash that is not 64 hex.
+    pub(super) fn resolve(&self, cs: &ChainSnapshot) -> ApiResult<[u8; 32]> {
+        match self {
+            Subject::Address(a) => {
+                let unchecked = Address::<NetworkUnchecked>::from_str(a)
+                    .map_err(|e| ApiError::bad_request(format!("invalid address {a:?}: {e}")))?;
+                let network = cs.params().network;
+                let address = unchecked.require_network(network).map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "address {a:?} is not for this node's network ({})",
+                        cs.params().name()
+                    ))
+                })?;
+                Ok(script_hash(address.script_pubkey().as_bytes()))
+            }
+            Subject::ScriptHash(h) => {
+                if h.len() != 64 {
+                    return Err(ApiError::bad_request(format!(
+                        "invalid script hash {h:?}: expected 64 hex characters"
+                    )));
+                }
+                <[u8; 32]>::from_hex(h)
+                    .map_err(|_| ApiError::bad_request(format!("invalid script hash {h:?}")))
+            }
+        }
+    }
+
+    fn field(&self) -> (&'static str, &str) {
+        match self {
+            Subject::Address(a) => ("address", a),
+            Subject::ScriptHash(h) => ("scripthash", h),
+        }
+    }
+}
+
+/// The 503 of a node without a complete address index.
+fn check_index(cs: &ChainSnapshot) -> ApiResult<()> {
+    if cs.address_index() {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "address index not available (the node runs with --no-address-index, or is building it)",
+        ))
+    }
+}
+
+/// Esplora's `{address|scripthash, chain_stats, mempool_stats}`.
+pub(super) fn stats_json(subject: &Subject, stats: &ScriptStats) -> serde_json::Value {
+    let (field, name) = subject.field();
+    serde_json::json!({
+        field: name,
+        "chain_stats": stats,
+        "mempool_stats": ScriptStats::default(),
+    })
+}
+
+/// Esplora's JSON of the transactions `txs` (each block read once).
+pub(super) fn txs_json(cs: &ChainSnapshot, txs: &[HistoryTx]) -> ApiResult<Vec<TransactionValue>> {
+    let mut out = Vec::with_capacity(txs.len());
+    let mut i = 0;
+    while i < txs.len() {
+        let id = txs[i].block;
+        let e = cs.index().get(id).ok_or_else(|| {
+            ApiError::internal(format!("history row names unknown block {}", id.0))
+        })?;
+        let block = load_block(cs, e)?;
+        let spent = block_spent(cs, e)?;
+        while let Some(t) = txs.get(i).filter(|t| t.block == id) {
+            let tx = block
+                .txdata
+                .get(t.position as usize)
+                .filter(|tx| tx.compute_txid() == t.txid)
+                .ok_or_else(|| {
+                    ApiError::internal(format!(
+                        "history row puts {} at position {} of block {}, which holds another",
+                        t.txid, t.position, e.hash
+                    ))
+                })?;
+            out.push(tx_value_with(e, tx, &spent, cs.params().network));
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+async fn stats(s: AppState, subject: Subject) -> ApiResult<Response> {
+    read(&s, move |cs| {
+        let sh = subject.resolve(cs)?;
+        check_index(cs)?;
+        let (stats, _) = cs.script_summary(&sh).map_err(ApiError::internal)?;
+        Ok(Json(stats_json(&subject, &stats)).into_response())
+    })
+    .await
+}
+
+async fn txs(s: AppState, subject: Subject, last_seen: Option<String>) -> ApiResult<Response> {
+    let last_seen: Option<Txid> = last_seen.as_deref().map(parse_txid).transpose()?;
+    read(&s, move |cs| {
+        let sh = subject.resolve(cs)?;
+        check_index(cs)?;
+        let page = cs
+            .script_txs(&sh, last_seen.as_ref(), TXS_PER_PAGE)
+            .map_err(ApiError::internal)?;
+        Ok(Json(txs_json(cs, &page)?).into_response())
+    })
+    .await
+}
+
+async fn mempool_txs(s: AppState, subject: Subject) -> ApiResult<Response> {
+    read(&s, move |cs| {
+        subject.resolve(cs)?;
+        Ok(Json(Vec::<()>::new()).into_response())
+    })
+    .await
+}
+
+async fn utxo(s: AppState, subject: Subject) -> ApiResult<Response> {
+    read(&s, move |cs| {
+        let sh = subject.resolve(cs)?;
+        check_index(cs)?;
+        let (_, utxos) = cs.script_summary(&sh).map_err(ApiError::internal)?;
+        let mut list = Vec::with_capacity(utxos.len());
+        for u in utxos {
+            let status = cs.index().get(u.block).map(TxStatus::confirmed_in);
+            list.push(serde_json::json!({
+                "txid": u.outpoint.txid.to_string(),
+                "vout": u.outpoint.vout,
+                "status": status,
+                "value": u.value,
+            }));
+        }
+        Ok(Json(list).into_response())
+    })
+    .await
+}
+
+// ------------------------------------------------------------- handlers
+
+pub(super) async fn address(
+    State(s): State<AppState>,
+    Path(a): Path<String>,
+) -> ApiResult<Response> {
+    stats(s, Subject::Address(a)).await
+}
+
+pub(super) async fn address_txs(
+    State(s): State<AppState>,
+    Path(a): Path<String>,
+) -> ApiResult<Response> {
+    txs(s, Subject::Address(a), None).await
+}
+
+pub(super) async fn address_txs_after(
+    State(s): State<AppState>,
+    Path((a, last)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    txs(s, Subject::Address(a), Some(last)).await
+}
+
+pub(super) async fn address_txs_mempool(
+    State(s): State<AppState>,
+    Path(a): Path<String>,
+) -> ApiResult<Response> {
+    mempool_txs(s, Subject::Address(a)).await
+}
+
+pub(super) async fn address_utxo(
+    State(s): State<AppState>,
+    Path(a): Path<String>,
+) -> ApiResult<Response> {
+    utxo(s, Subject::Address(a)).await
+}
+
+pub(super) async fn scripthash(
+    State(s): State<AppState>,
+    Path(h): Path<String>,
+) -> ApiResult<Response> {
+    stats(s, Subject::ScriptHash(h)).await
+}
+
+pub(super) async fn scripthash_txs(
+    State(s): State<AppState>,
+    Path(h): Path<String>,
+) -> ApiResult<Response> {
+    txs(s, Subject::ScriptHash(h), None).await
+}
+
+pub(super) async fn scripthash_txs_after(
+    State(s): State<AppState>,
+    Path((h, last)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    txs(s, Subject::ScriptHash(h), Some(last)).await
+}
+
+pub(super) async fn scripthash_txs_mempool(
+    State(s): State<AppState>,
+    Path(h): Path<String>,
+) -> ApiResult<Response> {
+    mempool_txs(s, Subject::ScriptHash(h)).await
+}
+
+pub(super) async fn scripthash_utxo(
+    State(s): State<AppState>,
+    Path(h): Path<String>,
+) -> ApiResult<Response> {
+    utxo(s, Subject::ScriptHash(h)).await
+}
+
+/// `GET /mempool`: Esplora's mempool summary, empty (kakehi keeps no
+/// mempool).
+pub(super) async fn mempool() -> Response {
+    Json(serde_json::json!({
+        "count": 0,
+        "vsize": 0,
+        "total_fee": 0,
+        "fee_histogram": [],
+    }))
+    .into_response()
+}
+
+/// `GET /mempool/txids` and `/mempool/recent`: `[]`.
+pub(super) async fn mempool_empty_list() -> Response {
+    Json(Vec::<()>::new()).into_response()
+}
+
+/// The route table of this module: (method, path, handler).
+pub(super) fn route_table() -> Vec<(
+    &'static str,
+    &'static str,
+    axum::routing::MethodRouter<AppState>,
+)> {
+    use axum::routing::get;
+    vec![
+        ("get", "/address/{address}", get(address)),
+        ("get", "/address/{address}/txs", get(address_txs)),
+        ("get", "/address/{address}/txs/chain", get(address_txs)),
+        (
+            "get",
+            "/address/{address}/txs/chain/{last_seen_txid}",
+            get(address_txs_after),
+        ),
+        (
+            "get",
+            "/address/{address}/txs/mempool",
+            get(address_txs_mempool),
+        ),
+        ("get", "/address/{address}/utxo", get(address_utxo)),
+        ("get", "/scripthash/{scripthash}", get(scripthash)),
+        ("get", "/scripthash/{scripthash}/txs", get(scripthash_txs)),
+        (
+            "get",
+            "/scripthash/{scripthash}/txs/chain",
+            get(scripthash_txs),
+        ),
+        (
+            "get",
+            "/scripthash/{scripthash}/txs/chain/{last_seen_txid}",
+            get(scripthash_txs_after),
+        ),
+        (
+            "get",
+            "/scripthash/{scripthash}/txs/mempool",
+            get(scripthash_txs_mempool),
+        ),
+        ("get", "/scripthash/{scripthash}/utxo", get(scripthash_utxo)),
+        ("get", "/mempool", get(mempool)),
+        ("get", "/mempool/txids", get(mempool_empty_list)),
+        ("get", "/mempool/recent", get(mempool_empty_list)),
+    ]
+}

@@ -1,0 +1,123 @@
+//! `GET /fee-estimates` (Esplora's shape: confirmation target in blocks →
+//! feerate in sat/vB) from the feerates paid in recent blocks. kakehi has
+//! no mempool, so it cannot see what is waiting; it knows every input's
+//! value (the spent outputs of each connected block), so it knows what
+//! every confirmed transaction paid.
+//!
+//! Method: the non-coinbase transactions of the last [`FEE_WINDOW_BLOCKS`]
+//! active blocks, each with its feerate (fee / vsize) weighted by its
+//! vsize. Target `t` in 1..=25 maps to the weighted percentile
+//! `50 / t` (1 → the median of the block space, 2 → the 25th percentile,
+//! 25 → the 2nd), targets 144, 504 and 1008 to the lowest feerate paid;
+//! never below [`MIN_FEERATE`] (Core's default minimum relay feerate).
+//! Without any such transaction every target is [`MIN_FEERATE`].
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::esplora::{block_spent, load_block};
+use super::{read, ApiError, ApiResult, AppState};
+use crate::snapshot::ChainSnapshot;
+
+/// Recent active blocks whose transactions are sampled.
+pub const FEE_WINDOW_BLOCKS: u32 = 6;
+
+/// Lowest estimate, sat/vB (Core's `DEFAULT_MIN_RELAY_TX_FEE`, 1,000 sat/kvB).
+pub const MIN_FEERATE: f64 = 1.0;
+
+/// Esplora's confirmation targets, blocks.
+pub const TARGETS: [u16; 28] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 144,
+    504, 1008,
+];
+
+/// The weighted percentile (0..=50) a target maps to.
+pub fn target_percentile(target: u16) -> f64 {
+    if target > 25 {
+        0.0
+    } else {
+        50.0 / f64::from(target.max(1))
+    }
+}
+
+/// (feerate sat/vB, vsize vB) of every non-coinbase transaction of the
+/// last [`FEE_WINDOW_BLOCKS`] active blocks, sorted by feerate.
+fn recent_feerates(cs: &ChainSnapshot) -> ApiResult<Vec<(f64, u64)>> {
+    let index = cs.index();
+    let tip = index.tip_height();
+    let mut rates = Vec::new();
+    for h in tip.saturating_sub(FEE_WINDOW_BLOCKS - 1).max(1)..=tip {
+        let Some(e) = index.active_at(h) else {
+            continue;
+        };
+        let block = load_block(cs, e)?;
+        let spent = block_spent(cs, e)?;
+        let mut inputs: std::collections::HashMap<bitcoin::Txid, u64> = Default::default();
+        for s in &spent {
+            *inputs.entry(s.txid).or_default() += s.coin.value.to_sat();
+        }
+        for tx in block.txdata.iter().skip(1) {
+            let out: u64 = tx.output.iter().map(|o| o.value.to_sat()).sum();
+            let fee = inputs
+                .get(&tx.compute_txid())
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(out);
+            let vsize = tx.vsize() as u64;
+            rates.push((fee as f64 / vsize.max(1) as f64, vsize));
+        }
+    }
+    rates.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Ok(rates)
+}
+
+/// The vsize-weighted `p`-th percentile of sorted `rates` (0 = the lowest).
+pub fn weighted_percentile(rates: &[(f64, u64)], p: f64) -> Option<f64> {
+    let total: u64 = rates.iter().map(|r| r.1).sum();
+    let goal = total as f64 * p / 100.0;
+    let mut seen = 0u64;
+    for &(rate, vsize) in rates {
+        seen += vsize;
+        if seen as f64 >= goal {
+            return Some(rate);
+        }
+    }
+    rates.last().map(|r| r.0)
+}
+
+/// `GET /fee-estimates`.
+pub(super) async fn fee_estimates(State(s): State<AppState>) -> ApiResult<Response> {
+    read(&s, |cs| {
+        let rates = recent_feerates(cs)?;
+        let mut map = serde_json::Map::new();
+        for t in TARGETS {
+            let rate = weighted_percentile(&rates, target_percentile(t)).unwrap_or(MIN_FEERATE);
+            let rate = (rate.max(MIN_FEERATE) * 1000.0).round() / 1000.0;
+            let value = serde_json::Number::from_f64(rate)
+                .ok_or_else(|| ApiError::internal(format!("feerate {rate} is not finite")))?;
+            map.insert(t.to_string(), serde_json::Value::Number(value));
+        }
+        Ok(Json(map).into_response())
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_weigh_by_vsize_and_targets_decrease() {
+        let rates = [(1.0, 100), (5.0, 100), (20.0, 800)];
+        assert_eq!(weighted_percentile(&rates, 0.0), Some(1.0));
+        assert_eq!(weighted_percentile(&rates, 10.0), Some(1.0));
+        assert_eq!(weighted_percentile(&rates, 15.0), Some(5.0));
+        assert_eq!(weighted_percentile(&rates, 50.0), Some(20.0));
+        assert_eq!(weighted_percentile(&[], 50.0), None);
+        let ps: Vec<f64> = TARGETS.iter().map(|&t| target_percentile(t)).collect();
+        assert!(ps.windows(2).all(|w| w[0] >= w[1]), "{ps:?}");
+        assert_eq!(target_percentile(1), 50.0);
+        assert_eq!(target_percentile(1008), 0.0);
+    }
+}
