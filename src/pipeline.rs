@@ -684,7 +684,8 @@ impl Chainstate {
 
     fn record(&self, id: BlockId) -> Option<BlockRecord> {
         let e = self.index.get(id)?;
-        let m = self.meta.get(id.0 as usize)?;
+        let none = BlockMeta::default();
+        let m = self.meta.get(id.0 as usize).unwrap_or(&none);
         Some(BlockRecord {
             header: e.header,
             height: e.height,
@@ -708,8 +709,12 @@ impl Chainstate {
         }
     }
 
-    fn ensure_meta(&mut self) {
-        while self.meta.len() < self.index.len() {
+    /// Extends the per-block metadata to hold `id`. It covers the ids up
+    /// to the last block given any (data, a filter, a reject reason):
+    /// header-only entries after it, most of an index during a headers
+    /// sync, hold none (readers see no metadata, as for a default one).
+    fn ensure_meta(&mut self, id: BlockId) {
+        while self.meta.len() <= id.0 as usize {
             self.meta.push_back(BlockMeta::default());
         }
     }
@@ -803,7 +808,7 @@ impl Chainstate {
             Ok(id) => id,
             Err(e) => return Ok(self.reject(e.reject_reason(), e.to_string())),
         };
-        self.ensure_meta();
+        self.ensure_meta(id);
         let entry = self
             .index
             .get(id)
@@ -1328,7 +1333,6 @@ impl Chainstate {
             }
         }
         if !new_ids.is_empty() {
-            self.ensure_meta();
             // One record in the headers files, not a row per header.
             let items: Vec<(BlockId, bitcoin::block::Header)> = new_ids
                 .iter()

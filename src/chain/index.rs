@@ -11,6 +11,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+use parking_lot::RwLock;
+
 use bitcoin::block::Header;
 use bitcoin::pow::{CompactTarget, Target, Work};
 use bitcoin::BlockHash;
@@ -196,12 +198,37 @@ const MAX_TIMEWARP: u32 = 600;
 pub struct ChainIndex {
     params: Arc<ChainParams>,
     entries: imbl::Vector<IndexEntry>,
-    by_hash: imbl::HashMap<BlockHash, BlockId>,
+    by_hash: HashIds,
     /// The active chain: `active[h]` is the best block at height `h`.
     active: imbl::Vector<BlockId>,
     /// The most-work header not known to be invalid, first seen among
     /// equals (Core's `m_best_header`).
     best_header: BlockId,
+}
+
+/// hash → id of every entry of one index, shared by the writer's
+/// [`BlockIndex`] and every clone of its read core. Entries are only ever
+/// appended, with dense ids, so a clone holding `n` entries answers for the
+/// ids below `n` and ignores later ones: no copy per publish (a persistent
+/// map copied a path of nodes per insert after every published snapshot,
+/// most of a headers sync's time and memory churn at millions of headers).
+/// Readers take the read lock for one lookup; the writer takes the write
+/// lock for one insert.
+#[derive(Clone, Debug, Default)]
+struct HashIds(Arc<RwLock<HashMap<BlockHash, BlockId>>>);
+
+impl HashIds {
+    fn get(&self, hash: &BlockHash, len: usize) -> Option<BlockId> {
+        self.0
+            .read()
+            .get(hash)
+            .copied()
+            .filter(|id| (id.0 as usize) < len)
+    }
+
+    fn insert(&self, hash: BlockHash, id: BlockId) {
+        self.0.write().insert(hash, id);
+    }
 }
 
 /// The writer's block index: the read core ([`ChainIndex`], reached
@@ -255,7 +282,7 @@ impl BlockIndex {
             status: BlockStatus::Valid,
             prev: None,
         };
-        let mut by_hash = imbl::HashMap::new();
+        let by_hash = HashIds::default();
         by_hash.insert(hash, BlockId(0));
         let mut index = BlockIndex {
             core: ChainIndex {
@@ -284,7 +311,23 @@ impl BlockIndex {
         entries: Vec<IndexEntry>,
         tip: BlockId,
     ) -> Result<Self, IndexLoadError> {
-        let mut by_hash = imbl::HashMap::new();
+        let ids = entries.iter().map(|e| (e.hash, e.id)).collect();
+        Self::from_entries_and_ids(params, entries, ids, tip)
+    }
+
+    /// [`BlockIndex::from_entries`] with the hash → id map of `entries`
+    /// already built (the loader builds it to find parents), so it is not
+    /// built twice.
+    ///
+    /// # Errors
+    /// As [`BlockIndex::from_entries`]; [`IndexLoadError::DuplicateHash`]
+    /// when `ids` is not one hash per entry.
+    pub fn from_entries_and_ids(
+        params: ChainParams,
+        entries: Vec<IndexEntry>,
+        ids: HashMap<BlockHash, BlockId>,
+        tip: BlockId,
+    ) -> Result<Self, IndexLoadError> {
         for (i, e) in entries.iter().enumerate() {
             if e.id.0 as usize != i {
                 return Err(IndexLoadError::NotDense { id: e.id.0 });
@@ -294,8 +337,14 @@ impl BlockIndex {
                     return Err(IndexLoadError::ParentAfterChild { id: e.id.0 });
                 }
             }
-            by_hash.insert(e.hash, e.id);
         }
+        if ids.len() != entries.len() {
+            return Err(IndexLoadError::DuplicateHash {
+                entries: entries.len(),
+                hashes: ids.len(),
+            });
+        }
+        let by_hash = HashIds(Arc::new(RwLock::new(ids)));
         if entries.first().map(|g| g.hash) != Some(params.genesis_hash()) {
             return Err(IndexLoadError::WrongGenesis);
         }
@@ -663,7 +712,7 @@ impl ChainIndex {
 
     /// The id of `hash`, if known.
     pub fn id_of(&self, hash: &BlockHash) -> Option<BlockId> {
-        self.by_hash.get(hash).copied()
+        self.by_hash.get(hash, self.entries.len())
     }
 
     /// The entry of `hash`, if known.
@@ -899,6 +948,15 @@ pub enum IndexLoadError {
     /// Entry 0 is not this network's genesis block.
     #[error("block index does not start with this network's genesis block")]
     WrongGenesis,
+    /// Two entries have the same hash (the map of hashes is shorter than
+    /// the entries).
+    #[error("block index: {entries} entries but {hashes} distinct hashes")]
+    DuplicateHash {
+        /// Entries.
+        entries: usize,
+        /// Distinct hashes among them.
+        hashes: usize,
+    },
     /// The stored tip is not in the index.
     #[error("stored tip {id} is not in the block index")]
     UnknownTip {
@@ -1129,6 +1187,46 @@ mod tests {
             pos += 8 + len;
         }
         out
+    }
+
+    /// The hash → id map is shared by the writer and its published read
+    /// cores: a core published before a header was accepted must not find
+    /// it (its entries end before that id), the writer and later cores
+    /// must; an index rebuilt from the entries finds every one.
+    #[test]
+    fn published_cores_see_only_their_own_hashes() {
+        let headers = regtest_a_headers();
+        let mut index = BlockIndex::new(ChainParams::new(bitcoin::Network::Regtest));
+        let now = u64::from(u32::MAX);
+        let half = headers.len() / 2;
+        for h in &headers[..half] {
+            index.accept_header(h, now).expect("valid header");
+        }
+        let before = index.core().clone();
+        for h in &headers[half..] {
+            index.accept_header(h, now).expect("valid header");
+        }
+        let after = index.core().clone();
+        for (i, h) in headers.iter().enumerate() {
+            let hash = h.block_hash();
+            let id = index.id_of(&hash).expect("the writer knows every header");
+            assert_eq!(after.id_of(&hash), Some(id));
+            assert_eq!(before.id_of(&hash).is_some(), i < half, "header {i}");
+            assert_eq!(before.by_hash(&hash).is_some(), i < half, "header {i}");
+        }
+        let entries: Vec<IndexEntry> = index.entries().cloned().collect();
+        let tip = index.tip().id;
+        let rebuilt = BlockIndex::from_entries(index.params().clone(), entries.clone(), tip)
+            .expect("rebuilt");
+        for e in &entries {
+            assert_eq!(rebuilt.id_of(&e.hash), Some(e.id));
+        }
+        let mut twice = entries;
+        twice[1].hash = twice[2].hash;
+        assert!(matches!(
+            BlockIndex::from_entries(index.params().clone(), twice, tip),
+            Err(IndexLoadError::DuplicateHash { .. })
+        ));
     }
 
     /// The reference for [`BlockIndex::best_candidate`]: a full scan (the

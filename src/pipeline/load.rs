@@ -20,7 +20,8 @@ use crate::store::{BlockRecord, FlatPos, FlatReader, Store, META_TIP};
 use super::PipelineError;
 
 /// The entries being rebuilt, in id order, with a hash → id map for the
-/// parents of header-only entries.
+/// parents of header-only entries, and the metadata of the ids up to the
+/// last record.
 struct Loader {
     entries: Vec<IndexEntry>,
     metas: Vec<BlockMeta>,
@@ -41,10 +42,9 @@ impl Loader {
         Ok(())
     }
 
-    fn push(&mut self, entry: IndexEntry, meta: BlockMeta) {
+    fn push(&mut self, entry: IndexEntry) {
         self.ids.insert(entry.hash, entry.id);
         self.entries.push(entry);
-        self.metas.push(meta);
     }
 
     fn record(&mut self, id: BlockId, r: BlockRecord) -> Result<(), PipelineError> {
@@ -68,7 +68,12 @@ impl Loader {
             tx_count: r.tx_count,
             reject_reason: r.reject_reason,
         };
-        self.push(entry, meta);
+        // Metadata covers the ids up to the last record (see
+        // `Chainstate::ensure_meta`): none for the header-only entries
+        // after it.
+        self.metas.resize_with(id.0 as usize, BlockMeta::default);
+        self.metas.push(meta);
+        self.push(entry);
         Ok(())
     }
 
@@ -94,7 +99,7 @@ impl Loader {
             status: BlockStatus::HeadersOnly,
             prev: Some(parent.id),
         };
-        self.push(entry, BlockMeta::default());
+        self.push(entry);
         Ok(())
     }
 }
@@ -134,12 +139,15 @@ pub(super) fn load_index(
     headers: &FlatReader,
     headers_end: FlatPos,
 ) -> Result<(BlockIndex, imbl::Vector<BlockMeta>), PipelineError> {
-    let mut pending = read_headers(headers, headers_end)?.into_iter().peekable();
+    let pending = read_headers(headers, headers_end)?;
+    // Header-only entries are most of a large index: sized for them at
+    // once rather than grown (and copied) by doubling.
     let mut l = Loader {
-        entries: Vec::new(),
+        entries: Vec::with_capacity(pending.len() + 1),
         metas: Vec::new(),
-        ids: HashMap::new(),
+        ids: HashMap::with_capacity(pending.len() + 1),
     };
+    let mut pending = pending.into_iter().peekable();
     store
         .trees
         .block_by_id
@@ -170,7 +178,6 @@ pub(super) fn load_index(
         .ok_or_else(|| PipelineError::Inconsistent {
             reason: "no tip marker".into(),
         })?;
-    drop(l.ids);
-    let index = BlockIndex::from_entries(params.clone(), l.entries, tip)?;
+    let index = BlockIndex::from_entries_and_ids(params.clone(), l.entries, l.ids, tip)?;
     Ok((index, l.metas.into_iter().collect()))
 }

@@ -42,7 +42,7 @@ impl Chainstate {
     ) -> Result<bool, PipelineError> {
         tracing::warn!(height = entry.height, block_hash = %entry.hash, reason, "block invalid: {detail}");
         let changed = self.index.mark_invalid(id);
-        self.ensure_meta();
+        self.ensure_meta(id);
         self.meta[id.0 as usize].reject_reason = reason.to_string();
         for changed in changed {
             self.put_record(&mut batch, changed);
