@@ -415,6 +415,24 @@ fn same_seed_same_bytes_whatever_the_threads() {
     assert_ne!(blk(&a), blk(&c), "another seed, the same chain");
 }
 
+/// `--help` describes the generator, not the node (clap's bare `about`
+/// would take the crate's description from Cargo.toml).
+#[test]
+fn help_describes_the_generator() {
+    let o = Command::new(env!("CARGO_BIN_EXE_kakehi-chaingen"))
+        .arg("--help")
+        .output()
+        .expect("run kakehi-chaingen --help");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let help = text(&o.stdout);
+    let first = help.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("Writes a valid regtest chain"),
+        "first line of --help: {first:?}"
+    );
+    assert!(!help.contains(env!("CARGO_PKG_DESCRIPTION")), "{help}");
+}
+
 #[test]
 fn bad_flags_are_refused_with_clear_errors() {
     let tmp = tempfile::tempdir().expect("tempdir");

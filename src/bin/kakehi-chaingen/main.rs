@@ -35,7 +35,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Writes a valid regtest chain (blk files), its manifest and invalid
 /// blocks on its tip, deterministically from --seed.
 #[derive(Parser, Debug)]
-#[command(name = "kakehi-chaingen", version, about, long_about = None)]
+#[command(name = "kakehi-chaingen", version, long_about = None)]
 struct Cli {
     /// Chain size: ci (5,000 blocks, 200,000 UTXOs), testnet4 (120,000
     /// blocks, 5M UTXOs, 10M transactions), large (200,000 blocks, 20M UTXOs).
