@@ -1,18 +1,28 @@
 //! Import at scale: a generated chain (`kakehi-chaingen`'s blk files, e.g.
 //! `--profile testnet4`: 120,000 blocks, 5M live UTXOs) through the whole
-//! pipeline, block by block, with Bitcoin Core's own engine importing the
-//! same files in the same run as the anchor.
+//! pipeline, block by block, as `kakehi import` runs it (groups of blocks
+//! made durable together while catching up, `GroupLimits::NODE_DEFAULT`),
+//! with Bitcoin Core's own engine importing the same files in the same run
+//! as the anchor.
 //!
 //! Run: `KAKEHI_SCALE_CHAIN=DIR cargo bench --bench scale`, where DIR holds
 //! the generator's `blk*.dat` and `manifest.json`.
-//! `KAKEHI_SCALE_SKIP_CORE=1` skips the anchor.
+//! `KAKEHI_SCALE_SKIP_CORE=1` skips the anchor; `KAKEHI_SCALE_CORE_FILES=N`
+//! gives Core's engine only the first N block files (a prefix, when the
+//! whole chain would take too long), and the ratio is then taken against
+//! kakehi's time over the same files. `KAKEHI_SCALE_DATADIR=DIR` puts
+//! kakehi's temporary datadir under DIR (default: the system's temporary
+//! directory); it is deleted before Core's engine runs.
 //!
 //! Prints, for each tenth of the blocks: blocks/s, tx/s, inputs/s
 //! (non-coinbase inputs), milliseconds per block at p50 and p99, the
-//! process's RSS and the datadir's bytes; then the whole import, the end
-//! state against the manifest, each datadir component's bytes next to the
-//! raw block bytes, and Core's time (`pbk` `ChainstateManager.import_blocks`,
-//! default caches, scripts checked) with the ratio.
+//! process's RSS and the datadir's bytes; then the whole import (pipeline
+//! time, and wall time with the reading and decoding of the files), the end
+//! state against the manifest (tip, SHA-256 of the `dump-utxos` text, the
+//! filter header at every 1,000th height), each datadir component's bytes
+//! next to the raw block bytes, the time to reopen the datadir at the tip,
+//! and Core's time (`pbk` `ChainstateManager.import_blocks`, default caches,
+//! scripts checked) with the ratio.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -22,11 +32,12 @@ mod core_engine;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use bitcoin::hashes::{sha256, Hash, HashEngine};
 use bitcoin::Network;
 use kakehi::chain::ChainParams;
 use kakehi::import::read_file;
 use kakehi::node::{open_chainstate, DataDir};
-use kakehi::pipeline::SubmitOutcome;
+use kakehi::pipeline::{Chainstate, GroupLimits, SubmitOutcome};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -39,6 +50,22 @@ struct Tenth {
     inputs: u64,
     seconds: f64,
     block_ms: Vec<f64>,
+}
+
+/// What the whole import measured.
+#[derive(Default)]
+struct Totals {
+    blocks: u64,
+    txs: u64,
+    inputs: u64,
+    /// Time inside `submit_block`.
+    pipeline_seconds: f64,
+    /// Pipeline time at the end of each block file.
+    seconds_after_file: Vec<f64>,
+    /// inputs/s of the first and the last tenth.
+    first_rate: Option<f64>,
+    last_rate: Option<f64>,
+    rejected: u64,
 }
 
 fn main() {
@@ -58,101 +85,193 @@ fn main() {
     let total = count_records(&files);
     let raw_bytes: u64 = files.iter().map(|f| file_len(f)).sum();
     println!(
-        "chain: {} ({} files, {total} blocks, {:.0} MiB)",
+        "chain: {} ({} files, {total} blocks, {:.0} MiB; manifest: tip height {}, {} UTXOs, {} transactions)",
         dir.display(),
         files.len(),
-        mib(raw_bytes)
+        mib(raw_bytes),
+        manifest["tip_height"],
+        manifest["utxo_count"],
+        manifest["stats"]["transactions"]
     );
 
-    let datadir_tmp = tempfile::tempdir().expect("tempdir");
+    let datadir_tmp = match std::env::var_os("KAKEHI_SCALE_DATADIR") {
+        Some(parent) => tempfile::tempdir_in(parent),
+        None => tempfile::tempdir(),
+    }
+    .expect("tempdir");
     let datadir = DataDir::open(datadir_tmp.path()).expect("datadir");
     let mut chain = open_chainstate(params.clone(), &datadir).expect("open");
+    chain.set_group_limits(GroupLimits::NODE_DEFAULT);
+    let wall = Instant::now();
+    let mut totals = import(&mut chain, &files, &params, total, datadir_tmp.path());
+    let t = Instant::now();
+    chain.finish_seals().expect("last group and seals");
+    totals.pipeline_seconds += t.elapsed().as_secs_f64();
+    let wall = wall.elapsed().as_secs_f64();
+    print_totals(&totals, wall);
+    check_end_state(&mut chain, &manifest);
+    drop(chain);
+    print_components(datadir_tmp.path(), raw_bytes);
+    reopen(&params, &datadir);
+    drop(datadir);
+    drop(datadir_tmp);
+
+    if std::env::var_os("KAKEHI_SCALE_SKIP_CORE").is_none() {
+        run_core(&files, &totals, &manifest);
+    }
+}
+
+/// Submits every block of `files` to `chain`, printing a row per tenth.
+fn import(
+    chain: &mut Chainstate,
+    files: &[PathBuf],
+    params: &ChainParams,
+    total: u64,
+    datadir: &Path,
+) -> Totals {
     println!(
-        "{:>6} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8} {:>8} {:>10}",
-        "tenth",
-        "blocks",
-        "blocks/s",
-        "tx/s",
-        "inputs/s",
-        "p50 ms",
-        "p99 ms",
-        "RSS MiB",
-        "datadir MiB"
+        "{:>6} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8} {:>8} {:>11}",
+        "tenth", "blocks", "blocks/s", "tx/s", "inputs/s", "p50 ms", "p99 ms", "RSS MiB", "datadir MiB"
     );
     let tenth_size = total.div_ceil(10).max(1);
     let mut tenth = Tenth::default();
-    let (mut first, mut last) = (None, None);
-    let (mut all_blocks, mut all_inputs, mut all_seconds) = (0u64, 0u64, 0f64);
-    let mut rejected = 0u64;
-    let mut n = 0u64;
-    for file in &files {
-        for rec in read_file(file, &params).expect("read block file") {
-            let inputs: u64 = rec
-                .block
-                .txdata
-                .iter()
-                .skip(1)
-                .map(|t| t.input.len() as u64)
-                .sum();
+    let mut totals = Totals::default();
+    for file in files {
+        for rec in read_file(file, params).expect("read block file") {
+            let inputs: u64 = rec.block.txdata.iter().skip(1).map(|t| t.input.len() as u64).sum();
             let t = Instant::now();
             let outcome = chain.submit_block(&rec.block).expect("pipeline");
             let secs = t.elapsed().as_secs_f64();
             if matches!(outcome, SubmitOutcome::Rejected { .. }) {
-                rejected += 1;
+                totals.rejected += 1;
             }
             tenth.blocks += 1;
             tenth.txs += rec.block.txdata.len() as u64;
             tenth.inputs += inputs;
             tenth.seconds += secs;
             tenth.block_ms.push(secs * 1e3);
-            n += 1;
-            if n.is_multiple_of(tenth_size) || n == total {
+            totals.blocks += 1;
+            if totals.blocks.is_multiple_of(tenth_size) || totals.blocks == total {
                 let rate = tenth.inputs as f64 / tenth.seconds;
-                first.get_or_insert(rate);
-                last = Some(rate);
-                all_blocks += tenth.blocks;
-                all_inputs += tenth.inputs;
-                all_seconds += tenth.seconds;
-                print_tenth(n.div_ceil(tenth_size), &mut tenth, datadir_tmp.path());
+                totals.first_rate.get_or_insert(rate);
+                totals.last_rate = Some(rate);
+                totals.txs += tenth.txs;
+                totals.inputs += tenth.inputs;
+                totals.pipeline_seconds += tenth.seconds;
+                print_tenth(totals.blocks.div_ceil(tenth_size), &mut tenth, datadir);
             }
         }
+        totals.seconds_after_file.push(totals.pipeline_seconds + tenth.seconds);
     }
+    totals
+}
+
+fn print_totals(t: &Totals, wall: f64) {
+    println!(
+        "\nkakehi import: {} blocks, {} transactions, {} inputs in {:.1} s of pipeline time \
+         (last group and epoch seals included): {:.0} blocks/s, {:.0} tx/s, {:.0} inputs/s; \
+         wall time with reading and decoding the files: {wall:.1} s ({:.0} inputs/s); {} rejected; peak RSS {} MiB",
+        t.blocks,
+        t.txs,
+        t.inputs,
+        t.pipeline_seconds,
+        t.blocks as f64 / t.pipeline_seconds,
+        t.txs as f64 / t.pipeline_seconds,
+        t.inputs as f64 / t.pipeline_seconds,
+        t.inputs as f64 / wall,
+        t.rejected,
+        common::status_mib("VmHWM:")
+    );
+    if let (Some(f), Some(l)) = (t.first_rate, t.last_rate) {
+        println!("flat cost: inputs/s in the last tenth = {:.2}x the first", l / f);
+    }
+}
+
+/// Feeds what is written to a SHA-256 engine.
+struct HashWriter(sha256::HashEngine);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.input(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The tip, the UTXO dump's SHA-256 and the filter headers against the
+/// manifest.
+fn check_end_state(chain: &mut Chainstate, manifest: &serde_json::Value) {
+    let verdict = |same: bool| if same { "equals" } else { "DIFFERS FROM" };
     let tip = chain.index().tip();
     let want_tip = manifest["tip_hash"].as_str().unwrap_or_default();
-    println!(
-        "\nkakehi import: {all_blocks} blocks in {all_seconds:.1} s of pipeline time: {:.0} blocks/s, {:.0} inputs/s; {rejected} rejected",
-        all_blocks as f64 / all_seconds,
-        all_inputs as f64 / all_seconds
-    );
-    if let (Some(f), Some(l)) = (first, last) {
-        println!(
-            "flat cost: inputs/s in the last tenth = {:.2}x the first",
-            l / f
-        );
-    }
     println!(
         "tip: height {} {} ({} the manifest's)",
         tip.height,
         tip.hash,
-        if tip.hash.to_string() == want_tip {
-            "equals"
-        } else {
-            "DIFFERS FROM"
-        }
+        verdict(tip.hash.to_string() == want_tip)
     );
-    drop(chain);
-    print_components(datadir_tmp.path(), raw_bytes);
-
-    if std::env::var_os("KAKEHI_SCALE_SKIP_CORE").is_some() {
-        return;
-    }
-    let core = core_engine::import(&files, 0);
-    let core_secs = core["seconds"].as_f64().unwrap_or(f64::NAN);
+    let t = Instant::now();
+    let mut w = HashWriter(sha256::Hash::engine());
+    chain.dump_utxos(&mut w).expect("dump-utxos");
+    let sha = sha256::Hash::from_engine(w.0).to_string();
+    let utxos = chain.snapshot().utxo_stats().txouts;
     println!(
-        "Bitcoin Core's engine (pbk import_blocks, scripts checked): {core_secs:.1} s to height {} ({}); kakehi import vs Core: {:.2}x",
+        "UTXO set: {utxos} outputs (manifest {}), dump-utxos SHA-256 {sha} ({} the manifest's; dump took {:.1} s)",
+        manifest["utxo_count"],
+        verdict(manifest["utxos_sha256"].as_str() == Some(sha.as_str())),
+        t.elapsed().as_secs_f64()
+    );
+    let snapshot = chain.snapshot();
+    let (mut same, mut checked) = (0, 0);
+    for fh in manifest["filter_headers"].as_array().into_iter().flatten() {
+        let height = fh["height"].as_u64().unwrap_or(u64::MAX) as u32;
+        let got = snapshot
+            .index()
+            .active_at(height)
+            .and_then(|e| snapshot.filter(e.id).ok().flatten())
+            .map(|(_, header)| header.to_string());
+        checked += 1;
+        if got.as_deref() == fh["filter_header"].as_str() {
+            same += 1;
+        }
+    }
+    println!("filter headers: {same} of {checked} equal the manifest's (every 1,000th height)");
+}
+
+/// Reopens the datadir at the tip and prints how long it took.
+fn reopen(params: &ChainParams, datadir: &DataDir) {
+    let t = Instant::now();
+    let chain = open_chainstate(params.clone(), datadir).expect("reopen");
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "restart: reopening the datadir at height {} took {secs:.2} s (RSS {} MiB)",
+        chain.index().tip().height,
+        common::status_mib("VmRSS:")
+    );
+}
+
+/// Core's engine over all of `files` or the first `KAKEHI_SCALE_CORE_FILES`.
+fn run_core(files: &[PathBuf], totals: &Totals, manifest: &serde_json::Value) {
+    let n = std::env::var("KAKEHI_SCALE_CORE_FILES")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .map_or(files.len(), |n| n.clamp(1, files.len()));
+    let core = core_engine::import(&files[..n], 0);
+    let core_secs = core["seconds"].as_f64().unwrap_or(f64::NAN);
+    let kakehi_secs = if n == files.len() {
+        totals.pipeline_seconds
+    } else {
+        totals.seconds_after_file[n - 1]
+    };
+    let want_tip = manifest["tip_hash"].as_str().unwrap_or_default();
+    println!(
+        "Bitcoin Core's engine (pbk import_blocks, scripts checked), {n} of {} block files: {core_secs:.1} s to height {} ({}); kakehi over the same files: {kakehi_secs:.1} s; kakehi import vs Core: {:.2}x",
+        files.len(),
         core["height"],
-        if core["tip"].as_str() == Some(want_tip) { "tip equals the manifest's" } else { "tip DIFFERS" },
-        core_secs / all_seconds
+        if n < files.len() { "a prefix" } else if core["tip"].as_str() == Some(want_tip) { "tip equals the manifest's" } else { "tip DIFFERS" },
+        core_secs / kakehi_secs
     );
 }
 
