@@ -11,7 +11,12 @@
 //! of the chain, when the whole would not fit the disk or the time; the
 //! manifest, which describes the whole chain, is then only compared for
 //! the filter headers at least 100 blocks below the prefix's tip, and may
-//! be absent). `KAKEHI_SCALE_SKIP_CORE=1` skips the anchor; `KAKEHI_SCALE_CORE_FILES=N`
+//! be absent). `KAKEHI_SCALE_ASSUMEVALID=1` imports without verifying most
+//! scripts, as a node with an assumevalid block does: every header of the
+//! files is accepted first, and the best header chain's block 2,100 below
+//! its tip (more than Core's two weeks of proof-equivalent work) is the
+//! assumevalid block; without it every script is verified (regtest has no
+//! default assumevalid block). `KAKEHI_SCALE_SKIP_CORE=1` skips the anchor; `KAKEHI_SCALE_CORE_FILES=N`
 //! gives Core's engine only the first N block files (a prefix, when the
 //! whole chain would take too long), and the ratio is then taken against
 //! kakehi's time over the same files. `KAKEHI_SCALE_DATADIR=DIR` puts
@@ -37,7 +42,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use bitcoin::hashes::{sha256, Hash, HashEngine};
+use bitcoin::block::Header;
 use bitcoin::Network;
+use kakehi::chain::assumevalid::AssumeValid;
 use kakehi::chain::ChainParams;
 use kakehi::import::read_file;
 use kakehi::node::{open_chainstate, DataDir};
@@ -112,6 +119,11 @@ fn main() {
     let mut chain = open_chainstate(params.clone(), &datadir).expect("open");
     chain.set_group_limits(GroupLimits::NODE_DEFAULT);
     let wall = Instant::now();
+    if std::env::var_os("KAKEHI_SCALE_ASSUMEVALID").is_some() {
+        assume_valid(&mut chain, &files);
+    } else {
+        println!("scripts: every input's scripts verified (no assumevalid block)");
+    }
     let mut totals = import(&mut chain, &files, &params, total, datadir_tmp.path());
     let t = Instant::now();
     chain.finish_seals().expect("last group and seals");
@@ -194,6 +206,44 @@ fn print_totals(t: &Totals, wall: f64) {
     if let (Some(f), Some(l)) = (t.first_rate, t.last_rate) {
         println!("flat cost: inputs/s in the last tenth = {:.2}x the first", l / f);
     }
+}
+
+/// Accepts every header of `files` and makes the best header chain's
+/// block 2,100 below its tip the assumevalid block.
+fn assume_valid(chain: &mut Chainstate, files: &[PathBuf]) {
+    let t = Instant::now();
+    let mut headers = Vec::new();
+    for f in files {
+        let data = std::fs::read(f).expect("read block file");
+        let mut pos = 0usize;
+        while pos + 88 <= data.len() && data[pos..pos + 4] != [0, 0, 0, 0] {
+            let len =
+                u32::from_le_bytes([data[pos + 4], data[pos + 5], data[pos + 6], data[pos + 7]]);
+            headers.push(
+                bitcoin::consensus::deserialize::<Header>(&data[pos + 8..pos + 88])
+                    .expect("header"),
+            );
+            pos += 8 + len as usize;
+        }
+    }
+    for batch in headers.chunks(2_000) {
+        let out = chain.accept_headers(batch).expect("index database");
+        assert!(out.refused.is_none(), "refused: {:?}", out.refused);
+    }
+    let index = chain.index();
+    let best = index.best_header();
+    let block = index
+        .ancestor(best.id, best.height.saturating_sub(2_100))
+        .expect("ancestor")
+        .clone();
+    chain.set_assume_valid(AssumeValid::Block(block.hash));
+    println!(
+        "scripts: assumevalid block {} at height {} ({} headers accepted first in {:.1} s): scripts verified above it only",
+        block.hash,
+        block.height,
+        headers.len(),
+        t.elapsed().as_secs_f64()
+    );
 }
 
 /// Feeds what is written to a SHA-256 engine.

@@ -1148,8 +1148,8 @@ impl Chainstate {
         // Economic checks passed: now the scripts, while the filter and the
         // MuHash delta are built. Nothing is written before their verdict.
         let (filter, delta) = match self.scripts_filter_delta(block, &entry, &spent) {
-            Ok(Ok(summaries)) => summaries,
-            Ok(Err(e)) => {
+            Ok(scripts::ScriptsOutcome::Passed { filter, delta }) => (filter, *delta),
+            Ok(scripts::ScriptsOutcome::Failed(e)) => {
                 let reason = e.reject_reason().unwrap_or(validation::script::BLOCK_SCRIPT_FAILURE);
                 return self.reject_connecting(id, &entry, reason, &e, batch);
             }

@@ -83,7 +83,8 @@ impl Chainstate {
     /// Verifies `block`'s scripts with Core's interpreter (unless
     /// assumevalid skips them) on worker threads, while this thread builds
     /// the block's BIP-158 filter and MuHash delta from the same spent
-    /// outputs. `Ok(Err(_))` is a script failure: the block is invalid.
+    /// outputs. [`ScriptsOutcome::Failed`] is a script failure: the block
+    /// is invalid.
     ///
     /// # Errors
     /// [`PipelineError::ScriptEngine`] when the engine could not decide,
@@ -94,7 +95,7 @@ impl Chainstate {
         block: &Block,
         entry: &IndexEntry,
         spent: &[SpentOutput],
-    ) -> Result<Result<(BlockFilter, BlockDelta), BlockScriptError>, PipelineError> {
+    ) -> Result<ScriptsOutcome, PipelineError> {
         let verify = matches!(self.script_check(entry), ScriptCheck::Verify(_));
         let flags = block_script_flags(self.index.params(), entry.height, &entry.hash);
         let threads = self.script_threads;
@@ -132,7 +133,7 @@ impl Chainstate {
         };
         match verdict {
             Ok(()) => {}
-            Err(e @ BlockScriptError::Script { .. }) => return Ok(Err(e)),
+            Err(e @ BlockScriptError::Script { .. }) => return Ok(ScriptsOutcome::Failed(e)),
             Err(source) => {
                 return Err(PipelineError::ScriptEngine {
                     hash: entry.hash,
@@ -144,6 +145,24 @@ impl Chainstate {
             hash: entry.hash,
             source,
         })?;
-        Ok(Ok((filter, delta)))
+        Ok(ScriptsOutcome::Passed {
+            filter,
+            delta: Box::new(delta),
+        })
     }
+}
+
+/// What [`Chainstate::scripts_filter_delta`] found, when the engine could
+/// decide.
+pub(super) enum ScriptsOutcome {
+    /// Every script passed (or assumevalid skipped them): the block's
+    /// filter and MuHash delta.
+    Passed {
+        /// The block's BIP-158 basic filter.
+        filter: BlockFilter,
+        /// The UTXO set's MuHash change (boxed: the large variant).
+        delta: Box<BlockDelta>,
+    },
+    /// A script failed: the block is invalid.
+    Failed(BlockScriptError),
 }
