@@ -372,11 +372,12 @@ mod tests {
             let p = ChainParams::new(n);
             assert_eq!(p.genesis_block().block_hash(), p.genesis_hash(), "{n}");
         }
-        // Core's nMinimumChainWork for mainnet (chainparams.cpp), big-endian.
+        // Core 31.99's nMinimumChainWork for mainnet (kernel/chainparams.cpp),
+        // big-endian: 0x01128750f82f4c366153a3a030.
         let p = ChainParams::new(Network::Bitcoin);
-        assert_eq!(&p.minimum_chain_work[20..], &[
-            0xb1, 0xf3, 0xb9, 0x3b, 0x65, 0xb1, 0x6d, 0x03, 0x5a, 0x82, 0xbe, 0x84
+        assert_eq!(&p.minimum_chain_work[19..], &[
+            0x01, 0x12, 0x87, 0x50, 0xf8, 0x2f, 0x4c, 0x36, 0x61, 0x53, 0xa3, 0xa0, 0x30
         ]);
-        assert_eq!(p.minimum_chain_work[..20], [0u8; 20]);
+        assert_eq!(p.minimum_chain_work[..19], [0u8; 19]);
     }
 }
