@@ -70,7 +70,7 @@ impl GroupLimits {
     };
 
     /// The node's defaults: at most 1,000 blocks, 32 MiB of raw blocks and
-    /// 1 s per group (`[sync]` in `config/*.toml`).
+    /// 1 s per group. Fixed: no config option sets them yet.
     pub const NODE_DEFAULT: GroupLimits = GroupLimits {
         max_blocks: 1_000,
         max_bytes: 32 * 1024 * 1024,
