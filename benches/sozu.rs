@@ -552,7 +552,9 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn sozu_config() -> SozuConfig {
-    let ram_layers = env_usize("SOZU_BENCH_RAM_LAYERS", 2) as u8;
+    let ram_layers = std::env::var("SOZU_BENCH_RAM_LAYERS")
+        .ok()
+        .and_then(|v| v.parse::<u8>().ok());
     let layer0_bits = env_usize("SOZU_BENCH_LAYER0_BITS", 10) as u8;
     let shards = env_usize("SOZU_BENCH_SHARDS", 2) as u8;
     let growth_bits = env_usize(
@@ -574,8 +576,8 @@ fn sozu_config() -> SozuConfig {
         layer0_bits,
         growth_bits,
         ram_layers,
+        ram_mib: env_usize("SOZU_BENCH_RAM_MIB", DEFAULT_RAM_MIB),
         verify_on_open: false,
-        cache_pages: 1 << 16,
         checkpoint_bytes: (env_usize("SOZU_BENCH_CHECKPOINT_MIB", 256) as u64) << 20,
         ..SozuConfig::default()
     }

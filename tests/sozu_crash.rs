@@ -103,17 +103,17 @@ fn countdown_failures() {
     // Crashes that left a checkpoint's double write behind (the failure
     // hit a checkpoint, or came right after one).
     let mut in_checkpoint = 0u32;
+    // Crashes during a background checkpoint while commits went on.
+    let mut overlapping = 0u32;
     for seed in 0..rounds {
         let storage = MemStorage::new();
         // Odd seeds checkpoint at almost every commit, so failures land
-        // inside checkpoints too.
-        let cfg = if seed % 2 == 1 {
-            SozuConfig {
-                checkpoint_bytes: 4 << 10,
-                ..small_config()
-            }
-        } else {
-            small_config()
+        // inside checkpoints too; one seed in four runs its checkpoints
+        // inside the commits (deterministic), the others in the background.
+        let cfg = SozuConfig {
+            checkpoint_bytes: if seed % 2 == 1 { 4 << 10 } else { 256 << 10 },
+            background_checkpoints: seed % 4 != 3,
+            ..small_config()
         };
         let open = || {
             SozuTable::open_with_storage(Box::new(storage.clone()), cfg.clone())
@@ -134,6 +134,7 @@ fn countdown_failures() {
             {
                 in_checkpoint += 1;
             }
+            overlapping += u32::from(overlapped(&storage));
             table = open();
             let got = table.committed();
             model = if got == last.committed() {
@@ -168,7 +169,7 @@ fn countdown_failures() {
         table.commit(tag(id, h)).expect("commit after reopen");
     }
     eprintln!(
-        "countdown: {} reopened at the last commit, {} at the failing commit, {in_checkpoint} with a checkpoint file left",
+        "countdown: {} reopened at the last commit, {} at the failing commit, {in_checkpoint} with a checkpoint file left, {overlapping} during a background checkpoint that commits overlapped",
         outcomes[0], outcomes[1]
     );
     assert!(outcomes[0] > 0);
@@ -176,6 +177,46 @@ fn countdown_failures() {
         in_checkpoint > 0,
         "no failure hit a checkpoint: the double write went untested"
     );
+    assert!(
+        overlapping > 0,
+        "no failure hit a background checkpoint with commits going on"
+    );
+}
+
+/// Reads a file of the table, through the test's handle or from a
+/// directory.
+trait Files {
+    fn file(&self, name: &str) -> Vec<u8>;
+}
+
+impl Files for MemStorage {
+    fn file(&self, name: &str) -> Vec<u8> {
+        self.read_file(name).unwrap_or_default()
+    }
+}
+
+impl Files for std::path::PathBuf {
+    fn file(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.join(name)).unwrap_or_default()
+    }
+}
+
+/// Whether the files show a crash during a checkpoint while commits went
+/// on (`docs/sozu-format.md`, "Checkpoint"): the header names base b and
+/// the next generation's journal already holds commits (the checkpoint of
+/// b had not switched its header), or the checkpoint file of b is still
+/// there beside commits of b (it had switched, and not finished its home
+/// writes).
+fn overlapped(files: &dyn Files) -> bool {
+    let h = files.file("sozu.header");
+    let Some(b) = h.get(40..48).map(|g| u64::from_le_bytes(g.try_into().unwrap_or_default())) else {
+        return false;
+    };
+    let gen_of = |name: String| kakehi::sozu::journal::record_generation(&files.file(&name));
+    let next_commits = gen_of(format!("sozu.journal.{}", (b + 1) % 2)) == Some(b + 1);
+    let mid_home = gen_of(format!("sozu.ckpt.{}", b % 2)) == Some(b)
+        && gen_of(format!("sozu.journal.{}", b % 2)) == Some(b);
+    next_commits || mid_home
 }
 
 /// The generation in a table's header file and the name of its
@@ -364,7 +405,9 @@ impl ChainView for All {
 
 fn kill_config() -> SozuConfig {
     SozuConfig {
-        checkpoint_bytes: 512 << 10,
+        // Small: checkpoints start every ~10 commits, and a kill often
+        // lands in one while the next commits go on.
+        checkpoint_bytes: 96 << 10,
         layer0_bits: 4,
         ..small_config()
     }
@@ -405,6 +448,7 @@ fn kill_minus_9() {
     let mut rng = Rng::new(seed);
     let start = Instant::now();
     let mut last_reported = 0u32;
+    let mut overlaps = 0u32;
     for round in 0..kills {
         let mut child = Command::new(&exe)
             .args(["--exact", "kill_child", "--nocapture", "--test-threads=1"])
@@ -430,6 +474,7 @@ fn kill_minus_9() {
                 last_reported = last_reported.max(n.trim().parse().expect("height"));
             }
         }
+        overlaps += u32::from(overlapped(&dir.path().to_path_buf()));
         let mut t = SozuTable::open(dir.path(), kill_config())
             .unwrap_or_else(|e| panic!("round {round}: reopen after kill failed: {e}"));
         let k = t.committed().map_or(0, |c| c.height);
@@ -455,10 +500,14 @@ fn kill_minus_9() {
         );
     }
     eprintln!(
-        "{kills} kills in {:?}, final committed block {model_h}",
+        "{kills} kills in {:?}, final committed block {model_h}, {overlaps} during a background checkpoint that commits overlapped",
         start.elapsed()
     );
     assert!(model_h > 0, "the child never committed");
+    assert!(
+        overlaps > 0,
+        "no kill hit a background checkpoint with commits going on"
+    );
 }
 
 // ------------------------------------------------- concurrent readers
@@ -558,6 +607,9 @@ fn built() -> MemStorage {
         t.commit(tag(id, id)).expect("commit");
     }
     t.commit(tag(99, 99)).expect("empty commit");
+    // Checkpoints run in the background and skip a commit while busy: the
+    // last one is made sure of.
+    t.checkpoint_now().expect("checkpoint");
     let stats = t.stats().expect("stats");
     assert!(stats.layers.len() >= 3, "{stats:?}");
     storage
@@ -639,9 +691,9 @@ fn wrong_magic_and_version() {
         open_err(&s),
         SozuError::UnsupportedVersion { major: 9, .. }
     ));
-    // Tables of formats 1 and 2 (journal deltas only against journal
-    // images) are refused.
-    for old in [1, 2] {
+    // Tables of formats 1 to 3 are refused (3: journal page deltas,
+    // checkpoints inside commits).
+    for old in [1, 2, 3] {
         h[12] = old;
         s.write_file("sozu.header", h.clone());
         assert!(matches!(
@@ -671,12 +723,13 @@ fn damaged_journal_record_before_later_commits_is_corrupt() {
         t.commit(tag(id, id)).expect("commit");
     }
     drop(t);
-    let mut j = storage.read_file("sozu.journal").expect("journal");
+    // A new table's first generation is 1: its journal is sozu.journal.1.
+    let mut j = storage.read_file("sozu.journal.1").expect("journal");
     j[100] ^= 0xff; // inside the first record
-    storage.write_file("sozu.journal", j);
+    storage.write_file("sozu.journal.1", j);
     match open_err(&storage) {
         SozuError::Corrupt { path, offset, .. } => {
-            assert!(path.ends_with("sozu.journal"));
+            assert!(path.ends_with("sozu.journal.1"));
             assert_eq!(offset, 0);
         }
         e => panic!("unexpected error {e}"),
@@ -721,7 +774,8 @@ fn any_header_byte_changed_under_a_valid_checksum_never_panics() {
     // The journal emptied (as a checkpoint leaves it), so that open takes
     // the geometry from this header alone, not from a journal record's.
     let base = built();
-    base.write_file("sozu.journal", Vec::new());
+    base.write_file("sozu.journal.0", Vec::new());
+    base.write_file("sozu.journal.1", Vec::new());
     let files = base.snapshot();
     let h0 = base.read_file("sozu.header").expect("header");
     let (mut accepted, mut refused) = (0, 0);

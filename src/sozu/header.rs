@@ -1,16 +1,20 @@
-//! The table header and the redo-journal records (byte layouts in
-//! `docs/sozu-format.md`).
+//! The table header: geometry, hash key, allocation and the last commit
+//! (byte layout in `docs/sozu-format.md`, "Header"). It is the file
+//! `sozu.header` (the checkpointed base) and the tail of every journal
+//! record (the state as of that commit).
 
-use super::page::MAX_GROWTH_BITS;
+use super::page::{MAX_GROWTH_BITS, MAX_PAGE_SIZE, MIN_PAGE_SIZE};
 use super::types::{BlockId, CommitTag};
 
 /// Magic at byte 4 of the header.
 pub const HEADER_MAGIC: [u8; 8] = *b"SOZUTBL\0";
-/// Major format version: a mismatch refuses to open. 3: journal page
-/// deltas may rest on the page files' images, and checkpoints double-write
-/// through `sozu.ckpt` (2: every page's first journal item in a generation
-/// was a whole image; 1: no written-children mask).
-pub const FORMAT_MAJOR: u16 = 3;
+/// Major format version: a mismatch refuses to open. 4: pages edited in
+/// place and journaled as edits (spills by reference), checkpoints in the
+/// background over two journal files, records files in compacted
+/// segments; 3: journal page deltas on the page files' images, checkpoints
+/// double-written inside a commit; 2: every page's first journal item in a
+/// generation was a whole image; 1: no written-children mask.
+pub const FORMAT_MAJOR: u16 = 4;
 /// Minor format version.
 pub const FORMAT_MINOR: u16 = 0;
 /// Size of the header image in bytes.
@@ -19,10 +23,27 @@ pub const HEADER_LEN: usize = 4096;
 pub const MAX_LAYERS: usize = 32;
 /// Most shards a table can have.
 pub const MAX_SHARDS: usize = 8;
-/// Magic of a journal commit record.
-pub const RECORD_MAGIC: [u8; 4] = *b"SZJR";
-/// Size of a journal record's fixed header in bytes.
-pub const RECORD_HEADER_LEN: usize = 48;
+/// Bytes of one shard's state in the header.
+const SHARD_STATE_LEN: usize = 320;
+/// "None" in the header's segment fields.
+const NO_SEGMENT: u32 = u32::MAX;
+
+/// The out-of-line scripts of one shard (`docs/sozu-format.md`, "Records
+/// files"): the segment appended to, and the one being compacted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RecordsState {
+    /// Segment new records are appended to.
+    pub current: u32,
+    /// Its length in bytes.
+    pub current_len: u64,
+    /// Bytes of its records whose entries were purged.
+    pub current_dead: u64,
+    /// A sealed segment whose live records are being copied into the
+    /// current one, with its length and the offset reached.
+    pub compacting: Option<(u32, u64, u64)>,
+    /// A compacted segment to delete at the next checkpoint.
+    pub delete: Option<u32>,
+}
 
 /// Per-shard allocation state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,15 +51,15 @@ pub struct ShardState {
     /// Child groups allocated per layer (index 0 unused: layer 0 is fully
     /// allocated).
     pub groups: [u64; MAX_LAYERS],
-    /// Length of the shard's records file in bytes (out-of-line scripts).
-    pub records_len: u64,
+    /// Its records files.
+    pub records: RecordsState,
 }
 
 impl Default for ShardState {
     fn default() -> Self {
         Self {
             groups: [0; MAX_LAYERS],
-            records_len: 0,
+            records: RecordsState::default(),
         }
     }
 }
@@ -56,13 +77,14 @@ pub struct Header {
     pub shards: u8,
     /// SipHash-2-4 key.
     pub key: [u8; 16],
-    /// Checkpoint generation: journal records of another generation are not replayed.
+    /// In `sozu.header`: the base generation (the page files hold the
+    /// state at its start); in a journal record: the record's generation.
     pub generation: u64,
     /// Sequence number of the last commit.
     pub commit_seq: u64,
     /// Tag of the last commit.
     pub tag: Option<CommitTag>,
-    /// Per-shard allocation (`shards` items).
+    /// Per-shard state (`shards` items).
     pub shard_state: Vec<ShardState>,
 }
 
@@ -77,6 +99,59 @@ pub enum HeaderError {
     Version(u16, u16),
     /// A field out of range.
     Field(&'static str),
+}
+
+fn opt_segment(v: u32) -> Option<u32> {
+    (v != NO_SEGMENT).then_some(v)
+}
+
+fn encode_shard(b: &mut [u8], st: &ShardState) {
+    for (l, g) in st.groups.iter().enumerate() {
+        b[l * 8..l * 8 + 8].copy_from_slice(&g.to_le_bytes());
+    }
+    let r = &st.records;
+    let (old, old_len, cursor) = r.compacting.unwrap_or((NO_SEGMENT, 0, 0));
+    b[256..260].copy_from_slice(&r.current.to_le_bytes());
+    b[260..264].copy_from_slice(&old.to_le_bytes());
+    b[264..268].copy_from_slice(&r.delete.unwrap_or(NO_SEGMENT).to_le_bytes());
+    b[272..280].copy_from_slice(&r.current_len.to_le_bytes());
+    b[280..288].copy_from_slice(&r.current_dead.to_le_bytes());
+    b[288..296].copy_from_slice(&old_len.to_le_bytes());
+    b[296..304].copy_from_slice(&cursor.to_le_bytes());
+}
+
+fn decode_shard(b: &[u8]) -> Result<ShardState, HeaderError> {
+    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let u64_at = |i: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[i..i + 8]);
+        u64::from_le_bytes(a)
+    };
+    let mut st = ShardState::default();
+    for l in 0..MAX_LAYERS {
+        st.groups[l] = u64_at(l * 8);
+        if st.groups[l] > 1 << 40 {
+            return Err(HeaderError::Field("group count"));
+        }
+    }
+    let r = &mut st.records;
+    r.current = u32_at(256);
+    r.current_len = u64_at(272);
+    r.current_dead = u64_at(280);
+    r.compacting = opt_segment(u32_at(260)).map(|s| (s, u64_at(288), u64_at(296)));
+    r.delete = opt_segment(u32_at(264));
+    let bad_segment = |s: u32| s >= 1 << 24;
+    if bad_segment(r.current)
+        || r.compacting.is_some_and(|(s, len, at)| bad_segment(s) || at > len || s >= r.current)
+        || r.delete.is_some_and(bad_segment)
+        || r.current_dead > r.current_len
+        || r.current_len >= 1 << 40
+        || u32_at(268) != 0
+        || b[304..SHARD_STATE_LEN].iter().any(|&x| x != 0)
+    {
+        return Err(HeaderError::Field("records state"));
+    }
+    Ok(st)
 }
 
 impl Header {
@@ -100,12 +175,8 @@ impl Header {
             b[68..100].copy_from_slice(&t.block_hash);
         }
         for (s, st) in self.shard_state.iter().enumerate() {
-            let base = 128 + s * (MAX_LAYERS * 8 + 8);
-            for (l, g) in st.groups.iter().enumerate() {
-                b[base + l * 8..base + l * 8 + 8].copy_from_slice(&g.to_le_bytes());
-            }
-            let r = base + MAX_LAYERS * 8;
-            b[r..r + 8].copy_from_slice(&st.records_len.to_le_bytes());
+            let base = 128 + s * SHARD_STATE_LEN;
+            encode_shard(&mut b[base..base + SHARD_STATE_LEN], st);
         }
         let crc = crc32fast::hash(&b[4..]);
         b[..4].copy_from_slice(&crc.to_le_bytes());
@@ -139,7 +210,8 @@ impl Header {
         }
         let page_size = u32_at(16);
         let (layer0_bits, growth_bits, shards) = (b[20], b[21], b[22]);
-        if !(512..=1 << 20).contains(&page_size) || !page_size.is_power_of_two() {
+        let ps = page_size as usize;
+        if !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&ps) || !ps.is_power_of_two() {
             return Err(HeaderError::Field("page size"));
         }
         if !(1..=32).contains(&layer0_bits) || !(1..=MAX_GROWTH_BITS).contains(&growth_bits) {
@@ -167,19 +239,12 @@ impl Header {
             }
             _ => return Err(HeaderError::Field("tag flag")),
         };
-        let mut shard_state = Vec::new();
-        for s in 0..shards as usize {
-            let base = 128 + s * (MAX_LAYERS * 8 + 8);
-            let mut st = ShardState::default();
-            for l in 0..MAX_LAYERS {
-                st.groups[l] = u64_at(base + l * 8);
-                if st.groups[l] > 1 << 40 {
-                    return Err(HeaderError::Field("group count"));
-                }
-            }
-            st.records_len = u64_at(base + MAX_LAYERS * 8);
-            shard_state.push(st);
-        }
+        let shard_state = (0..shards as usize)
+            .map(|s| {
+                let base = 128 + s * SHARD_STATE_LEN;
+                decode_shard(&b[base..base + SHARD_STATE_LEN])
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Header {
             page_size,
             layer0_bits,
@@ -192,209 +257,55 @@ impl Header {
             shard_state,
         })
     }
+
+    /// Whether `other` has this header's geometry and key (a journal
+    /// record's header must).
+    pub fn same_table(&self, other: &Header) -> bool {
+        self.page_size == other.page_size
+            && self.layer0_bits == other.layer0_bits
+            && self.growth_bits == other.growth_bits
+            && self.shards == other.shards
+            && self.key == other.key
+    }
 }
 
-/// One page image in a journal record.
-#[derive(Clone, Debug)]
-pub struct PageImage {
-    /// Shard.
-    pub shard: u8,
-    /// Layer.
-    pub layer: u8,
-    /// Page number in the layer file.
-    pub page: u64,
-    /// The encoded page (padded to the page size), or with `delta` the
-    /// page delta ([`super::page::page_delta`]).
-    pub image: std::sync::Arc<Vec<u8>>,
-    /// `image` is a delta against the page's previous image in this
-    /// checkpoint generation, not a whole page.
-    pub delta: bool,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// One records-file extent in a journal record.
-#[derive(Clone, Debug)]
-pub struct Extent {
-    /// Shard.
-    pub shard: u8,
-    /// Byte offset in the shard's records file.
-    pub offset: u64,
-    /// The bytes.
-    pub data: Vec<u8>,
-}
-
-/// A decoded commit record.
-#[derive(Clone, Debug)]
-pub struct CommitRecord {
-    /// Checkpoint generation it belongs to.
-    pub generation: u64,
-    /// Commit sequence number.
-    pub seq: u64,
-    /// Page images.
-    pub pages: Vec<PageImage>,
-    /// Records-file extents.
-    pub extents: Vec<Extent>,
-    /// The header after this commit.
-    pub header: Vec<u8>,
-}
-
-/// Length of a page image without its trailing zero bytes (the journal
-/// stores only that prefix; replay pads it back with zeros).
-pub fn trimmed_len(image: &[u8]) -> usize {
-    image.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1)
-}
-
-/// Encodes a commit record into `b` (cleared first): the caller keeps one
-/// buffer across commits, so a record of a few MB does not fault in fresh
-/// memory every block.
-pub fn encode_record(rec: &CommitRecord, b: &mut Vec<u8>) {
-    let used: Vec<usize> = rec
-        .pages
-        .iter()
-        .map(|p| {
-            if p.delta {
-                p.image.len()
-            } else {
-                trimmed_len(&p.image)
-            }
-        })
-        .collect();
-    let body_len: usize = used.iter().map(|u| 16 + u).sum::<usize>()
-        + rec.extents.iter().map(|e| 24 + e.data.len()).sum::<usize>()
-        + HEADER_LEN;
-    b.clear();
-    b.reserve(RECORD_HEADER_LEN + body_len + 4);
-    b.extend_from_slice(&RECORD_MAGIC);
-    b.extend_from_slice(&[0u8; 4]);
-    b.extend_from_slice(&rec.generation.to_le_bytes());
-    b.extend_from_slice(&rec.seq.to_le_bytes());
-    b.extend_from_slice(&(body_len as u64).to_le_bytes());
-    b.extend_from_slice(&(rec.pages.len() as u32).to_le_bytes());
-    b.extend_from_slice(&(rec.extents.len() as u32).to_le_bytes());
-    b.extend_from_slice(&[0u8; 8]);
-    let hcrc = crc32fast::hash(&b[8..RECORD_HEADER_LEN]);
-    b[4..8].copy_from_slice(&hcrc.to_le_bytes());
-    for (p, u) in rec.pages.iter().zip(used) {
-        b.push(p.shard);
-        b.push(p.layer);
-        b.push(u8::from(p.delta));
-        b.push(0);
-        b.extend_from_slice(&(u as u32).to_le_bytes());
-        b.extend_from_slice(&p.page.to_le_bytes());
-        b.extend_from_slice(&p.image[..u]);
+    #[test]
+    fn round_trip_and_exact_bytes() {
+        let mut st = ShardState::default();
+        st.groups[3] = 7;
+        st.records = RecordsState {
+            current: 2,
+            current_len: 500,
+            current_dead: 20,
+            compacting: Some((1, 900, 300)),
+            delete: Some(0),
+        };
+        let h = Header {
+            page_size: 4096,
+            layer0_bits: 10,
+            growth_bits: 1,
+            shards: 2,
+            key: [5; 16],
+            generation: 3,
+            commit_seq: 44,
+            tag: Some(CommitTag {
+                block: BlockId(9),
+                height: 8,
+                block_hash: [7; 32],
+            }),
+            shard_state: vec![ShardState::default(), st],
+        };
+        let b = h.encode();
+        assert_eq!(&b[4..12], b"SOZUTBL\0");
+        assert_eq!(&b[12..14], &[4, 0]);
+        let s1 = 128 + 320;
+        assert_eq!(&b[s1 + 24..s1 + 32], &7u64.to_le_bytes());
+        assert_eq!(&b[s1 + 256..s1 + 268], &[2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&b[128 + 260..128 + 268], &[0xff; 8]);
+        assert_eq!(Header::decode(&b).unwrap(), h);
     }
-    for e in &rec.extents {
-        b.push(e.shard);
-        b.extend_from_slice(&[0u8; 7]);
-        b.extend_from_slice(&e.offset.to_le_bytes());
-        b.extend_from_slice(&(e.data.len() as u32).to_le_bytes());
-        b.extend_from_slice(&[0u8; 4]);
-        b.extend_from_slice(&e.data);
-    }
-    b.extend_from_slice(&rec.header);
-    let crc = crc32fast::hash(b);
-    b.extend_from_slice(&crc.to_le_bytes());
-}
-
-/// Result of trying to parse a record at some offset of the journal.
-#[derive(Debug)]
-pub enum Parsed {
-    /// A complete, checksummed record and its total length in bytes.
-    Ok(CommitRecord, usize),
-    /// Not a valid record here (torn tail, garbage, or end of file).
-    Invalid,
-}
-
-/// The generation in the fixed head of a record at the start of `b`, if
-/// that head (48 bytes) is intact, whatever its body.
-pub fn record_generation(b: &[u8]) -> Option<u64> {
-    let head = b.get(..RECORD_HEADER_LEN)?;
-    let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-    (head[..4] == RECORD_MAGIC && crc == crc32fast::hash(&head[8..])).then(|| {
-        let mut g = [0u8; 8];
-        g.copy_from_slice(&head[8..16]);
-        u64::from_le_bytes(g)
-    })
-}
-
-/// Parses one record starting at the beginning of `b`.
-pub fn parse_record(b: &[u8], page_size: usize) -> Parsed {
-    if b.len() < RECORD_HEADER_LEN || b[..4] != RECORD_MAGIC {
-        return Parsed::Invalid;
-    }
-    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-    let u64_at = |i: usize| {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&b[i..i + 8]);
-        u64::from_le_bytes(a)
-    };
-    if u32_at(4) != crc32fast::hash(&b[8..RECORD_HEADER_LEN]) {
-        return Parsed::Invalid;
-    }
-    let body_len = u64_at(24);
-    let total = match usize::try_from(body_len)
-        .ok()
-        .and_then(|l| l.checked_add(RECORD_HEADER_LEN + 4))
-    {
-        Some(t) if t <= b.len() => t,
-        _ => return Parsed::Invalid,
-    };
-    if u32_at(total - 4) != crc32fast::hash(&b[..total - 4]) {
-        return Parsed::Invalid;
-    }
-    let (n_pages, n_ext) = (u32_at(32) as usize, u32_at(36) as usize);
-    let mut at = RECORD_HEADER_LEN;
-    let end = total - 4;
-    let mut pages = Vec::new();
-    for _ in 0..n_pages {
-        if at + 16 > end {
-            return Parsed::Invalid;
-        }
-        let used = u32_at(at + 4) as usize;
-        let kind = b[at + 2];
-        if used > page_size || at + 16 + used > end || kind > 1 || b[at + 3] != 0 {
-            return Parsed::Invalid;
-        }
-        let mut image = b[at + 16..at + 16 + used].to_vec();
-        if kind == 0 {
-            image.resize(page_size, 0);
-        }
-        pages.push(PageImage {
-            shard: b[at],
-            layer: b[at + 1],
-            page: u64_at(at + 8),
-            image: std::sync::Arc::new(image),
-            delta: kind == 1,
-        });
-        at += 16 + used;
-    }
-    let mut extents = Vec::new();
-    for _ in 0..n_ext {
-        if at + 24 > end {
-            return Parsed::Invalid;
-        }
-        let len = u32_at(at + 16) as usize;
-        if at + 24 + len > end {
-            return Parsed::Invalid;
-        }
-        extents.push(Extent {
-            shard: b[at],
-            offset: u64_at(at + 8),
-            data: b[at + 24..at + 24 + len].to_vec(),
-        });
-        at += 24 + len;
-    }
-    if at + HEADER_LEN != end {
-        return Parsed::Invalid;
-    }
-    let header = b[at..end].to_vec();
-    Parsed::Ok(
-        CommitRecord {
-            generation: u64_at(8),
-            seq: u64_at(16),
-            pages,
-            extents,
-            header,
-        },
-        total,
-    )
 }

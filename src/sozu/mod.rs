@@ -72,15 +72,37 @@
 //! and the byte layout are in `docs/sozu-format.md`; measurements in
 //! `BENCHMARKS.md`.
 
+mod checkpoint;
+mod commit;
+pub mod config;
+mod files;
+mod geo;
 pub mod header;
+pub mod journal;
+mod lookup;
 pub mod model;
+mod ops;
 pub mod page;
+mod purge;
+mod reader;
+mod records;
+mod recovery;
+mod shard;
+mod spill;
+mod stats;
 pub mod storage;
-pub mod table;
+mod store;
+mod summary;
+mod table;
 pub mod types;
+mod walk;
+mod write;
 
+pub use config::{LayerConfig, SozuConfig, DEFAULT_RAM_MIB};
+pub use reader::SozuReader;
+pub use stats::{LayerStats, SozuStats};
 pub use storage::{FsStorage, MemStorage, Storage};
-pub use table::{LayerConfig, LayerStats, SozuConfig, SozuReader, SozuStats, SozuTable};
+pub use table::SozuTable;
 pub use types::*;
 
 use std::sync::Arc;

@@ -58,6 +58,11 @@ pub trait Storage: Send {
     /// # Errors
     /// I/O failure: durability is then unknown.
     fn sync(&mut self, name: &str) -> io::Result<()>;
+    /// Deletes the file (a missing file is not an error).
+    ///
+    /// # Errors
+    /// I/O failure.
+    fn remove(&mut self, name: &str) -> io::Result<()>;
     /// Atomically replaces `to` with `from`.
     ///
     /// # Errors
@@ -150,6 +155,13 @@ impl Storage for FsStorage {
     }
     fn sync(&mut self, name: &str) -> io::Result<()> {
         self.file(name)?.sync_data()
+    }
+    fn remove(&mut self, name: &str) -> io::Result<()> {
+        self.files.remove(name);
+        match std::fs::remove_file(self.dir.join(name)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
     }
     fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {
         self.files.remove(from);
@@ -387,6 +399,13 @@ impl Storage for MemStorage {
             f.durable = f.data.clone();
             f.pending.clear();
         }
+        Ok(())
+    }
+    fn remove(&mut self, name: &str) -> io::Result<()> {
+        // Deleted at once and for good: the table only deletes files it no
+        // longer needs, so a deletion a power loss undid would only leave
+        // garbage behind.
+        self.op()?.files.remove(name);
         Ok(())
     }
     fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {

@@ -122,24 +122,12 @@ impl Entry {
     /// asked of `oracle` (the table tests every entry of a bucket it
     /// rewrites, and asks once).
     pub fn is_purgeable_at(&self, oracle: &dyn BlockOracle, tip: u32) -> bool {
-        let deep = |h: u32| h.saturating_add(PURGE_DEPTH) <= tip;
-        let permanently_consumed = || {
-            self.consumed
-                .iter()
-                .any(|c| oracle.best_height(c.block).is_some_and(deep))
-        };
-        // The stored production height (the producing block's height) is
-        // tested first: a recent production cannot be dead, and most
-        // entries a write looks at are recent, so most need no oracle call.
-        let dead = || {
-            !self.produced.is_empty()
-                && self.produced.iter().all(|p| {
-                    deep(p.height)
-                        && oracle.best_height(p.block).is_none()
-                        && oracle.height(p.block).is_some_and(deep)
-                })
-        };
-        permanently_consumed() || dead()
+        is_purgeable(
+            self.produced.iter().copied(),
+            self.consumed.iter().copied(),
+            oracle,
+            tip,
+        )
     }
 
     /// Whether the entry is consumed on the best chain (the first key of the
@@ -150,6 +138,32 @@ impl Entry {
             .iter()
             .any(|c| oracle.best_height(c.block).is_some())
     }
+}
+
+/// The seed's hard-delete rule over an entry's lifecycle records, judged
+/// against the best chain whose tip is at height `tip`: permanently
+/// consumed (a consumption on the best chain at least [`PURGE_DEPTH`]
+/// deep) or dead (every production on blocks off the best chain at least
+/// [`PURGE_DEPTH`] below the tip, so no allowed reorg can bring them
+/// back). [`Entry::is_purgeable_at`] and the table's in-place pages both
+/// use it.
+pub fn is_purgeable(
+    mut produced: impl Iterator<Item = Production> + Clone,
+    mut consumed: impl Iterator<Item = Consumption>,
+    oracle: &dyn BlockOracle,
+    tip: u32,
+) -> bool {
+    let deep = |h: u32| h.saturating_add(PURGE_DEPTH) <= tip;
+    if consumed.any(|c| oracle.best_height(c.block).is_some_and(deep)) {
+        return true;
+    }
+    // The stored production height (the producing block's height) is
+    // tested first: a recent production cannot be dead, and most entries
+    // a write looks at are recent, so most need no oracle call.
+    produced.clone().next().is_some()
+        && produced.all(|p| {
+            deep(p.height) && oracle.best_height(p.block).is_none() && oracle.height(p.block).is_some_and(deep)
+        })
 }
 
 /// Depth in blocks after which spent and dead entries are hard-deleted and

@@ -266,13 +266,15 @@ pub fn small_config() -> SozuConfig {
                 alpha: 0.7,
             },
         ],
-        ram_layers: 2,
+        ram_mib: 1,
+        ram_layers: Some(2),
         inline_script_max: 100,
         checkpoint_bytes: 256 << 10,
+        background_checkpoints: true,
         verify_on_open: true,
         shards: 1,
-        cache_pages: 16,
         spill_fewest_children: true,
+        records_compact_min: 4 << 10,
     }
 }
 

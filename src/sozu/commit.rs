@@ -1,0 +1,220 @@
+//! The block-boundary commit and the checkpoint cycle around it
+//! (`docs/sozu-format.md`, "Journal" and "Checkpoint").
+//!
+//! A commit appends one record to the current generation's journal — each
+//! shard's page edits since the last commit, the records-file bytes
+//! appended, the new header — and fsyncs it: the only fsync of a commit.
+//! Then each shard publishes its changed pages to readers at once.
+//!
+//! When the current generation's journal (or the memory its pages hold)
+//! has grown past its bound and no checkpoint is running, the commit first
+//! starts a new generation in the other journal file and hands the
+//! pages the old one changed to the checkpointer; a later commit that
+//! finds the checkpoint finished lets those pages leave memory.
+
+use std::sync::Arc;
+
+use super::checkpoint::Job;
+use super::files::journal_file;
+use super::journal::{self, Body, Extent, Record};
+use super::records::segment_file;
+use super::recovery::PendingCheckpoint;
+use super::store::io_err;
+use super::table::{run_per_shard, SozuTable};
+use super::types::CommitTag;
+use super::SozuError;
+
+impl SozuTable {
+    pub(super) fn commit_inner(&mut self, tag: CommitTag) -> Result<(), SozuError> {
+        self.finish_checkpoint(false)?;
+        if self.checkpointer.is_idle() {
+            if let Some(p) = self.pending.take() {
+                self.start_pending(p)?;
+            } else if self.journal.bytes >= self.options.checkpoint_bytes
+                || self.unflushed() > self.plan.unflushed_bytes
+            {
+                self.rotate()?;
+            }
+        }
+        let mut header = self.committed.clone();
+        header.commit_seq += 1;
+        header.tag = Some(tag);
+        header.generation = self.journal.generation;
+        header.shard_state = self.shards.iter().map(|s| s.state).collect();
+        let mut ops = Vec::with_capacity(self.shards.len());
+        let mut extents = Vec::new();
+        let mut records = Vec::with_capacity(self.shards.len());
+        for s in &mut self.shards {
+            ops.push((s.id, s.log.take()));
+            let r = s.records.take();
+            extents.extend(r.iter().map(|(location, data)| Extent {
+                shard: s.id,
+                location: *location,
+                data: data.clone(),
+            }));
+            records.push(vec![r]);
+        }
+        let rec = Record {
+            generation: header.generation,
+            seq: header.commit_seq,
+            body: Body::Ops(ops),
+            extents,
+            header: header.encode(),
+        };
+        journal::encode(&rec, &mut self.record_buf);
+        self.append_record()?;
+        self.committed = header;
+        self.counters.commits += 1;
+        let written = run_per_shard(&mut self.shards, records, |s, mut r| {
+            let n = s.store.dirty_count() as u64;
+            s.counters.pages_written += n;
+            s.store.publish(r.pop().unwrap_or_default());
+            *s.store.published.state.write() = s.state;
+            Ok(n)
+        })?;
+        self.counters.last_block.1 = written.iter().sum();
+        Ok(())
+    }
+
+    /// Appends the encoded record to the journal and makes it durable.
+    fn append_record(&mut self) -> Result<(), SozuError> {
+        let st = self.storage.as_mut();
+        let name = journal_file(self.journal.generation);
+        if self.journal.truncate {
+            st.set_len(name, self.journal.pos)
+                .map_err(|e| io_err(st, name, e))?;
+        }
+        st.write_at(name, self.journal.pos, &self.record_buf)
+            .map_err(|e| io_err(st, name, e))?;
+        st.sync(name).map_err(|e| io_err(st, name, e))?;
+        let n = self.record_buf.len() as u64;
+        self.journal.truncate = false;
+        self.journal.pos += n;
+        self.journal.bytes += n;
+        self.counters.journal_bytes += n;
+        Ok(())
+    }
+
+    fn unflushed(&self) -> u64 {
+        self.shards.iter().map(|s| s.store.unflushed()).sum()
+    }
+
+    /// Starts a new generation and checkpoints the one that ends.
+    fn rotate(&mut self) -> Result<(), SozuError> {
+        if self.base != self.journal.generation {
+            return Err(SozuError::Poisoned);
+        }
+        let generation = self.journal.generation + 1;
+        let mut header = self.committed.clone();
+        header.generation = generation;
+        let mut delete = Vec::new();
+        let mut pages = Vec::new();
+        let mut records = Vec::new();
+        for s in &mut self.shards {
+            pages.push(s.store.take_generation());
+            records.push(
+                s.store
+                    .published
+                    .records
+                    .read()
+                    .iter()
+                    .map(|(l, d)| (*l, d.clone()))
+                    .collect(),
+            );
+            if let Some(seg) = s.state.records.delete.take() {
+                delete.push(segment_file(s.id, seg));
+            }
+        }
+        self.journal.generation = generation;
+        self.journal.pos = 0;
+        self.journal.truncate = true;
+        self.journal.bytes = 0;
+        self.start(Job {
+            generation,
+            header: header.encode(),
+            pages,
+            records,
+            delete,
+            page_size: self.geo.page_size,
+        })
+    }
+
+    /// Starts the checkpoint recovery found unfinished.
+    fn start_pending(&mut self, p: PendingCheckpoint) -> Result<(), SozuError> {
+        let job = Job {
+            generation: p.header.generation,
+            header: p.header.encode(),
+            pages: p.pages,
+            records: p.records,
+            delete: Vec::new(),
+            page_size: self.geo.page_size,
+        };
+        self.start(job)
+    }
+
+    fn start(&mut self, job: Job) -> Result<(), SozuError> {
+        let st = self
+            .storage
+            .try_clone()
+            .map_err(|e| io_err(self.storage.as_ref(), super::files::HEADER_FILE, e))?;
+        self.checkpointer.start(st, job, self.options.background);
+        Ok(())
+    }
+
+    /// Applies a finished checkpoint (waiting for it if `wait`): its base
+    /// is the page files', and the pages it wrote leave memory.
+    ///
+    /// # Errors
+    /// The checkpoint's error.
+    pub(super) fn finish_checkpoint(&mut self, wait: bool) -> Result<(), SozuError> {
+        let done = if wait {
+            self.checkpointer.wait()
+        } else {
+            self.checkpointer.poll()
+        };
+        let Some((job, result)) = done else {
+            return Ok(());
+        };
+        result?;
+        self.base = job.generation;
+        for (s, (pages, records)) in self.shards.iter_mut().zip(job.pages.iter().zip(&job.records)) {
+            s.store.checkpointed(pages);
+            let mut r = s.store.published.records.write();
+            for (l, d) in records {
+                if r.get(l).is_some_and(|x| Arc::ptr_eq(x, d)) {
+                    r.remove(l);
+                }
+            }
+        }
+        self.counters.checkpoints += 1;
+        Ok(())
+    }
+
+    /// Checkpoints now (`docs/sozu-format.md`, "Checkpoint") rather than
+    /// when the journal grows past [`super::SozuConfig::checkpoint_bytes`],
+    /// and waits for it: every committed page moves into the page files.
+    /// The committed state is the same before and after; a block written
+    /// and not yet committed stays pending. For a backup of the page files,
+    /// or to keep a checkpoint out of a measured window (`benches/sozu.rs`).
+    ///
+    /// # Errors
+    /// Storage failure; the table is then poisoned and must be reopened.
+    pub fn checkpoint_now(&mut self) -> Result<(), SozuError> {
+        self.check_poison()?;
+        let r = self.checkpoint_now_inner();
+        if r.is_err() {
+            self.poisoned = true;
+        }
+        r
+    }
+
+    fn checkpoint_now_inner(&mut self) -> Result<(), SozuError> {
+        self.finish_checkpoint(true)?;
+        if let Some(p) = self.pending.take() {
+            self.start_pending(p)?;
+            self.finish_checkpoint(true)?;
+        }
+        self.rotate()?;
+        self.finish_checkpoint(true)
+    }
+}

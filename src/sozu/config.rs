@@ -1,0 +1,231 @@
+//! [`SozuConfig`]: the table's tuning, and how its memory budget is split
+//! (`docs/sozu-format.md`, "Memory").
+
+use super::page::{MAX_GROWTH_BITS, MAX_PAGE_SIZE, MIN_PAGE_SIZE};
+use super::SozuError;
+
+/// Capacity and keep-ratio of one layer (seed 000, "Tuning the flow between
+/// layers").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerConfig {
+    /// Bytes of encoded entries a bucket of this layer holds before it
+    /// overflows (at most `page_size - 32`; larger values are clamped).
+    pub capacity: usize,
+    /// α: fraction of `capacity` kept in an overflowing bucket after the
+    /// spill, in [0, 1).
+    pub alpha: f64,
+}
+
+/// Default memory budget of a table, MiB ([`SozuConfig::ram_mib`]).
+pub const DEFAULT_RAM_MIB: usize = 512;
+
+/// Configuration of a [`super::SozuTable`]. `page_size`, `layer0_bits`,
+/// `growth_bits` and `shards` are fixed when the table is created and read
+/// back from its header afterwards (the values given at a later open are
+/// ignored); the others apply to each open.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SozuConfig {
+    /// Bucket (page) size in bytes, a power of two in 512..=32,768; 4,096
+    /// by default.
+    pub page_size: usize,
+    /// log2 of the number of layer-0 buckets (default 12: 4,096 buckets, 16 MiB).
+    pub layer0_bits: u8,
+    /// g: layer i+1 has 2^g times the buckets of layer i, in 1..=4
+    /// (default 1: two children per bucket, so the deepest layer in use,
+    /// which is never full, is at most about half of all pages;
+    /// `BENCHMARKS.md`, Sozu round 5, measured 1 against 2 and 3).
+    pub growth_bits: u8,
+    /// Per-layer capacity and α, from layer 0 down; the last item applies to
+    /// every deeper layer. Default: 3,000 / 3,600 / 4,000 bytes with α 0.5 /
+    /// 0.75 / 0.9 — room in the top layers for a block's new outputs, full
+    /// pages below.
+    pub layers: Vec<LayerConfig>,
+    /// Memory budget of the table's pages, MiB (default
+    /// [`DEFAULT_RAM_MIB`]): five eighths pin the top layers in memory (as
+    /// many whole layers as fit), one eighth caches other pages by
+    /// recency, a quarter holds pages committed and not yet checkpointed
+    /// (a checkpoint starts when they exceed it). The page summaries (about
+    /// 3 bytes per entry) come on top.
+    pub ram_mib: usize,
+    /// Overrides the number of pinned top layers that `ram_mib` gives
+    /// (tests: 0 sends every lookup through the page cache and summaries).
+    pub ram_layers: Option<u8>,
+    /// Scripts longer than this many bytes are stored out of line in the
+    /// records files (default 100; at most 1,000).
+    pub inline_script_max: usize,
+    /// A checkpoint starts at the first commit after the journal of the
+    /// current generation grows past this many bytes (default 64 MiB).
+    pub checkpoint_bytes: u64,
+    /// Whether checkpoints run on a background thread while commits go on
+    /// (default true); false runs them inside the commit that starts them.
+    pub background_checkpoints: bool,
+    /// Whether open reads and verifies every page (default true; costs one
+    /// sequential read of the table, and builds every page summary).
+    pub verify_on_open: bool,
+    /// Number of shards by hash prefix (power of two, ≤ 8; 1 = off).
+    pub shards: u8,
+    /// Spill policy (`docs/sozu-format.md`, "Spill policy"): true (default)
+    /// sends an overflowing bucket's spill to as few children as possible,
+    /// chosen by the seed's order; false follows seed 000 literally.
+    pub spill_fewest_children: bool,
+    /// A records segment is compacted once at least this many bytes long
+    /// and more than half dead (default 16 MiB; `docs/sozu-format.md`,
+    /// "Records files").
+    pub records_compact_min: u64,
+}
+
+impl Default for SozuConfig {
+    fn default() -> Self {
+        Self {
+            page_size: 4096,
+            layer0_bits: 12,
+            growth_bits: 1,
+            layers: vec![
+                LayerConfig {
+                    capacity: 3000,
+                    alpha: 0.5,
+                },
+                LayerConfig {
+                    capacity: 3600,
+                    alpha: 0.75,
+                },
+                LayerConfig {
+                    capacity: 4000,
+                    alpha: 0.9,
+                },
+            ],
+            ram_mib: DEFAULT_RAM_MIB,
+            ram_layers: None,
+            inline_script_max: 100,
+            checkpoint_bytes: 64 << 20,
+            background_checkpoints: true,
+            verify_on_open: true,
+            shards: 1,
+            spill_fewest_children: true,
+            records_compact_min: 16 << 20,
+        }
+    }
+}
+
+impl SozuConfig {
+    /// Checks the options that apply to every open.
+    ///
+    /// # Errors
+    /// [`SozuError::Config`].
+    pub(super) fn check(&self) -> Result<(), SozuError> {
+        if self.inline_script_max > 1000 || self.layers.is_empty() {
+            return Err(SozuError::Config {
+                reason: "inline_script_max over 1000 or no layer config",
+            });
+        }
+        if self
+            .layers
+            .iter()
+            .any(|l| !(0.0..1.0).contains(&l.alpha) || l.capacity < 256)
+        {
+            return Err(SozuError::Config {
+                reason: "layer alpha must be in [0,1), capacity ≥ 256 bytes",
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the options fixed at creation.
+    ///
+    /// # Errors
+    /// [`SozuError::Config`].
+    pub(super) fn check_geometry(&self) -> Result<(), SozuError> {
+        let ps = self.page_size;
+        if !ps.is_power_of_two() || !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&ps) {
+            return Err(SozuError::Config {
+                reason: "page_size must be a power of two in 512..=32768",
+            });
+        }
+        if !(1..=32).contains(&self.layer0_bits)
+            || !(1..=MAX_GROWTH_BITS).contains(&self.growth_bits)
+        {
+            return Err(SozuError::Config {
+                reason: "layer0_bits in 1..=32, growth_bits in 1..=4",
+            });
+        }
+        let s = self.shards;
+        if s == 0 || s > 8 || !s.is_power_of_two() || s.trailing_zeros() > u32::from(self.layer0_bits)
+        {
+            return Err(SozuError::Config {
+                reason: "shards must be a power of two ≤ 8 and ≤ layer-0 buckets",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How a table's memory budget is spent (per table, all shards together).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct MemoryPlan {
+    /// Top layers pinned in memory.
+    pub(super) ram_layers: u8,
+    /// Bytes of clean disk pages the caches keep (split across shards).
+    pub(super) cache_bytes: u64,
+    /// Bytes of committed disk pages not yet checkpointed beyond which a
+    /// checkpoint starts.
+    pub(super) unflushed_bytes: u64,
+}
+
+impl MemoryPlan {
+    /// The plan for `cfg` over a table of the given geometry: as many whole
+    /// top layers as fit five eighths of the budget (layer 0 always), one
+    /// eighth for the caches, a quarter for unflushed pages.
+    pub(super) fn new(cfg: &SozuConfig, page_size: usize, b0: u32, g: u32, max_layer: u8) -> Self {
+        let budget = (cfg.ram_mib as u64) << 20;
+        let pinned = budget / 8 * 5;
+        let ram_layers = cfg.ram_layers.unwrap_or_else(|| {
+            let mut total = 0u64;
+            let mut n = 0u8;
+            while n <= max_layer {
+                let bits = b0 + u32::from(n) * g;
+                let pages = 1u64.checked_shl(bits).unwrap_or(u64::MAX);
+                total = total.saturating_add(pages.saturating_mul(page_size as u64));
+                if total > pinned && n > 0 {
+                    break;
+                }
+                n += 1;
+            }
+            n
+        });
+        Self {
+            ram_layers: ram_layers.min(max_layer.saturating_add(1)),
+            cache_bytes: (budget / 8).max(64 * page_size as u64),
+            unflushed_bytes: (budget / 4).max(256 * page_size as u64),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_pins_whole_layers() {
+        let cfg = SozuConfig {
+            ram_mib: 512,
+            ..SozuConfig::default()
+        };
+        // b0 = 10, g = 1: 1,024 + 2,048 + … pages of 4 KiB; 320 MiB pinned
+        // hold layers 0–5 (63 × 1,024 pages = 252 MiB), not layer 6 too.
+        let p = MemoryPlan::new(&cfg, 4096, 10, 1, 20);
+        assert_eq!(p.ram_layers, 6);
+        assert_eq!(p.cache_bytes, 64 << 20);
+        assert_eq!(p.unflushed_bytes, 128 << 20);
+        // Layer 0 is pinned whatever the budget; an override wins.
+        let tiny = SozuConfig {
+            ram_mib: 1,
+            ..cfg.clone()
+        };
+        assert_eq!(MemoryPlan::new(&tiny, 4096, 12, 1, 20).ram_layers, 1);
+        let over = SozuConfig {
+            ram_layers: Some(0),
+            ..cfg
+        };
+        assert_eq!(MemoryPlan::new(&over, 4096, 10, 1, 20).ram_layers, 0);
+    }
+}

@@ -1,0 +1,207 @@
+use super::*;
+use crate::sozu::types::outpoint_key;
+use bitcoin::OutPoint;
+
+fn slot(i: u8, script_len: usize) -> Slot {
+    Slot {
+        entry: Entry {
+            outpoint: OutPoint {
+                txid: Txid::from_byte_array([i; 32]),
+                vout: i as u32,
+            },
+            coin: Coin {
+                value: bitcoin::Amount::from_sat(5000),
+                script_pubkey: vec![0x51; script_len],
+                height: 7,
+                coinbase: i.is_multiple_of(2),
+            },
+            produced: vec![Production {
+                block: BlockId(3),
+                height: 7,
+            }],
+            consumed: vec![Consumption {
+                block: BlockId(9),
+                txid: Txid::from_byte_array([0xee; 32]),
+                vin: 1,
+            }],
+        },
+        external: None,
+    }
+}
+
+fn decoded(slots: Vec<Slot>) -> Decoded {
+    Decoded {
+        head: PageHead {
+            count: slots.len() as u16,
+            max_child_height: 0x0102_0304,
+            purge_hint: 777,
+            children: 5,
+            child_mask: 0b1010,
+        },
+        slots,
+    }
+}
+
+#[test]
+fn round_trip_and_exact_header_bytes() {
+    let d = decoded(vec![slot(1, 22), slot(2, 0)]);
+    let mem = encode(&d).unwrap();
+    let disk = seal(&mem, 4096).unwrap();
+    assert_eq!(&disk[4..8], b"SZBK");
+    assert_eq!(disk[8], 4);
+    assert_eq!(&disk[10..12], &[2, 0]);
+    assert_eq!(&disk[12..16], &[0; 4]);
+    assert_eq!(&disk[16..20], &[4, 3, 2, 1]);
+    assert_eq!(&disk[20..24], &777u32.to_le_bytes());
+    assert_eq!(&disk[24..32], &[5, 0, 0, 0, 0, 0, 0b1010, 0]);
+    // entry: key txid bytes then vout big-endian
+    assert_eq!(&disk[32..64], &[1u8; 32]);
+    assert_eq!(&disk[64..68], &[0, 0, 0, 1]);
+    assert_eq!(mem.len(), 32 + (53 + 22 + 8 + 40) + (53 + 8 + 40));
+    assert_eq!(decode_disk(&disk, 4096).unwrap(), d);
+}
+
+#[test]
+fn flipped_bit_is_a_checksum_error() {
+    let disk = seal(&encode(&decoded(vec![slot(1, 30)])).unwrap(), 4096).unwrap();
+    let mut bad = disk.clone();
+    bad[100] ^= 0x10;
+    assert!(matches!(open_disk(&bad, 4096), Err(PageError::Checksum { .. })));
+    assert!(matches!(open_disk(&disk[..2048], 4096), Err(PageError::WrongSize { .. })));
+}
+
+#[test]
+fn too_large_is_refused() {
+    let d = decoded((0..60).map(|i| slot(i, 30)).collect());
+    let mem = encode(&d).unwrap();
+    assert!(matches!(seal(&mem, 4096), Err(EncodeError::TooLarge { .. })));
+}
+
+/// In-place edits agree with editing the decoded entries: records land in
+/// sorted order, duplicates are refused, removal keeps the others' order.
+#[test]
+fn edits_in_place() {
+    let mut p = encode(&decoded(vec![slot(1, 22), slot(2, 0), slot(3, 5)])).unwrap();
+    let c = Consumption {
+        block: BlockId(4),
+        txid: Txid::from_byte_array([1; 32]),
+        vin: 0,
+    };
+    assert!(insert_consumption(&mut p, 1, &consumption_bytes(&c)).unwrap());
+    assert!(!insert_consumption(&mut p, 1, &consumption_bytes(&c)).unwrap());
+    let prod = Production {
+        block: BlockId(3),
+        height: 6,
+    };
+    assert!(insert_production(&mut p, 2, &encode_production(&prod)).unwrap());
+    assert!(insert_consumption(&mut p, 9, &consumption_bytes(&c)).is_err());
+    validate(&p).unwrap();
+    let d = decode(&p);
+    assert_eq!(d.slots[1].entry.consumed[0], c);
+    assert_eq!(d.slots[2].entry.produced, vec![prod, slot(3, 0).entry.produced[0]]);
+    let gone = remove(&mut p, &[0, 2]).unwrap();
+    assert_eq!(EntryRef::parse(&gone).unwrap().key(), &outpoint_key(&slot(1, 0).entry.outpoint));
+    assert_eq!(head(&p).count, 1);
+    assert_eq!(decode(&p).slots[0].entry.outpoint, slot(2, 0).entry.outpoint);
+    assert!(remove(&mut p, &[1]).is_err());
+    assert!(remove(&mut p, &[0, 0]).is_err());
+    validate(&p).unwrap();
+}
+
+proptest::proptest! {
+    /// The fuzz target's property, run on mutated valid pages in CI.
+    #[test]
+    fn mutated_pages_never_panic_and_round_trip(
+        flips in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..8),
+        n in 0u8..20,
+    ) {
+        let d = decoded((0..n).map(|i| slot(i, 22 + i as usize)).collect());
+        let mut page = seal(&encode(&d).unwrap(), 4096).unwrap();
+        for (at, x) in flips {
+            page[at] ^= x;
+        }
+        if let Ok(mem) = open_unchecked(&page) {
+            let again = seal(&encode(&decode(&mem)).unwrap(), 4096).unwrap();
+            proptest::prop_assert_eq!(&again[4..], &page[4..]);
+        }
+        let _ = open_disk(&page, 4096);
+        // The reader's keyed lookup, past the checksum: never panics, and
+        // agrees with the whole decode wherever that succeeds.
+        let crc = crc32fast::hash(&page[4..]);
+        page[..4].copy_from_slice(&crc.to_le_bytes());
+        let keys: Vec<OutPointKey> = (0..n).map(|i| outpoint_key(&slot(i, 0).entry.outpoint)).collect();
+        let found = find_in_disk_page(&page, 4096, &keys);
+        if let Ok(d) = decode_disk(&page, 4096) {
+            proptest::prop_assert_eq!(found.unwrap(), expected_find(&d, &keys));
+        }
+    }
+
+    /// `find_in_disk_page` returns what a whole decode finds, key by key,
+    /// in the order asked, for keys present, absent and asked twice.
+    #[test]
+    fn find_agrees_with_decode(
+        n in 0u8..30,
+        asked in proptest::collection::vec(0u8..40, 0..12),
+    ) {
+        let d = decoded((0..n).map(|i| slot(i, 22 + i as usize % 9)).collect());
+        let page = seal(&encode(&d).unwrap(), 4096).unwrap();
+        let keys: Vec<OutPointKey> = asked.iter().map(|&i| outpoint_key(&slot(i, 0).entry.outpoint)).collect();
+        let got = find_in_disk_page(&page, 4096, &keys).unwrap();
+        proptest::prop_assert_eq!(got.found.iter().filter(|f| f.is_some()).count(), asked.iter().filter(|&&i| i < n).count());
+        proptest::prop_assert_eq!(got, expected_find(&d, &keys));
+    }
+
+    /// Any sequence of in-place edits leaves a valid page equal to the
+    /// same edits made on the decoded entries.
+    #[test]
+    fn edits_agree_with_decoded_model(
+        n in 1u8..20,
+        ops in proptest::collection::vec((0u8..3, 0usize..40, 0u8..200), 0..30),
+    ) {
+        let mut model = decoded((0..n).map(|i| slot(i, 22 + i as usize % 5)).collect());
+        let mut p = encode(&model).unwrap();
+        for (op, at, x) in ops {
+            let len = model.slots.len();
+            if len == 0 { break; }
+            let i = at % len;
+            match op {
+                0 => {
+                    let c = Consumption { block: BlockId(u32::from(x)), txid: Txid::from_byte_array([x; 32]), vin: u32::from(x) };
+                    let e = &mut model.slots[i].entry;
+                    if e.consumed.len() < 255 {
+                        let added = insert_consumption(&mut p, i as u16, &consumption_bytes(&c)).unwrap();
+                        proptest::prop_assert_eq!(added, !e.consumed.contains(&c));
+                        e.merge_records(&[], &[c]);
+                    }
+                }
+                1 => {
+                    let pr = Production { block: BlockId(u32::from(x) * 7), height: u32::from(x) };
+                    insert_production(&mut p, i as u16, &encode_production(&pr)).unwrap();
+                    model.slots[i].entry.merge_records(&[pr], &[]);
+                }
+                _ => {
+                    remove(&mut p, &[i as u16]).unwrap();
+                    model.slots.remove(i);
+                }
+            }
+        }
+        model.head.count = model.slots.len() as u16;
+        validate(&p).unwrap();
+        proptest::prop_assert_eq!(decode(&p), model);
+    }
+}
+
+fn expected_find(d: &Decoded, keys: &[OutPointKey]) -> PageFind {
+    PageFind {
+        head: d.head,
+        found: keys
+            .iter()
+            .map(|k| {
+                d.slots
+                    .iter()
+                    .find(|s| outpoint_key(&s.entry.outpoint) == *k)
+                    .cloned()
+            })
+            .collect(),
+    }
+}

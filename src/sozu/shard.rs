@@ -1,0 +1,168 @@
+//! One shard of the table as the writer holds it: its pages, the edits
+//! since the last commit, its allocation state, its records and counters.
+//! Shards are independent (a key's hash prefix names its shard), so each
+//! works on its own thread.
+
+use std::sync::Arc;
+
+use super::geo::{Addr, Descent, Geo};
+use super::header::ShardState;
+use super::lookup::{self, LookupCounts, PageView, Query};
+use super::ops::{OpError, OpLog};
+use super::page::EntryRef;
+use super::records::{self, Records};
+use super::store::{corrupt, PageStore};
+use super::types::Entry;
+use super::SozuError;
+
+/// Counters of one shard since open.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Counters {
+    pub(super) pages_read: u64,
+    pub(super) pages_written: u64,
+    pub(super) deep_lookups: u64,
+    pub(super) deep_lookup_pages: u64,
+    pub(super) spills: u64,
+    pub(super) children_allocated: u64,
+    pub(super) purges: u64,
+    /// Pages whose entries were all tested for a purge (their purge hint
+    /// was reached).
+    pub(super) purge_checks: u64,
+    pub(super) records_moved: u64,
+}
+
+impl Counters {
+    pub(super) fn add(&mut self, o: &Counters) {
+        self.pages_read += o.pages_read;
+        self.pages_written += o.pages_written;
+        self.deep_lookups += o.deep_lookups;
+        self.deep_lookup_pages += o.deep_lookup_pages;
+        self.spills += o.spills;
+        self.children_allocated += o.children_allocated;
+        self.purges += o.purges;
+        self.purge_checks += o.purge_checks;
+        self.records_moved += o.records_moved;
+    }
+    fn add_lookup(&mut self, c: LookupCounts) {
+        self.pages_read += c.pages_read;
+        self.deep_lookups += c.deep_lookups;
+        self.deep_lookup_pages += c.deep_lookup_pages;
+    }
+}
+
+/// An edit the writer made that its own page refused: a bug, not bad
+/// input; the table must be reopened.
+pub(super) fn op_err(e: OpError) -> SozuError {
+    match e {
+        OpError::Load(e) => *e,
+        other => SozuError::Corrupt {
+            path: "(writer's page edit)".into(),
+            offset: 0,
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// One shard.
+pub(super) struct Shard {
+    pub(super) id: u8,
+    pub(super) store: PageStore,
+    pub(super) log: OpLog,
+    pub(super) state: ShardState,
+    pub(super) records: Records,
+    pub(super) counters: Counters,
+}
+
+impl PageView for PageStore {
+    fn check(&mut self, addr: Addr, sigs: &[u16], may: &mut Vec<bool>) -> Option<Descent> {
+        PageStore::check(self, addr, sigs, may)
+    }
+    fn read(&mut self, addr: Addr) -> Result<Arc<Vec<u8>>, SozuError> {
+        self.page(addr)
+    }
+}
+
+impl Shard {
+    /// The entry `e` with its out-of-line script read.
+    ///
+    /// # Errors
+    /// Storage failure or a damaged record.
+    pub(super) fn resolve(&mut self, e: EntryRef<'_>) -> Result<Entry, SozuError> {
+        let mut slot = e.to_slot();
+        if let Some((ext, len)) = slot.external {
+            slot.entry.coin.script_pubkey = records::read_script(
+                self.store.storage.as_mut(),
+                (self.id, &self.store.published),
+                Some(self.records.pending()),
+                e.key(),
+                ext,
+                len as usize,
+            )?;
+        }
+        Ok(slot.entry)
+    }
+
+    /// Batched lookup of `queries` in the current state (uncommitted edits
+    /// included); `found(query index, page, slot, entry)` for each hit.
+    ///
+    /// # Errors
+    /// Storage failure or corruption, or an error of `found`.
+    pub(super) fn locate(
+        &mut self,
+        geo: &Geo,
+        queries: &[Query],
+        found: &mut lookup::Found<'_>,
+        paths: Option<&mut [Vec<u64>]>,
+    ) -> Result<(), SozuError> {
+        let c = lookup::descend(geo, queries, &mut self.store, found, paths)?;
+        self.counters.add_lookup(c);
+        Ok(())
+    }
+
+    /// The entries of `queries` (`None` where absent), scripts resolved.
+    ///
+    /// # Errors
+    /// Storage failure or corruption.
+    pub(super) fn get(&mut self, geo: &Geo, queries: &[Query]) -> Result<Vec<Option<Entry>>, SozuError> {
+        let mut slots = vec![None; queries.len()];
+        self.locate(
+            geo,
+            queries,
+            &mut |qi, _, _, e| {
+                slots[qi] = Some(e.to_slot());
+                Ok(())
+            },
+            None,
+        )?;
+        slots
+            .into_iter()
+            .zip(queries)
+            .map(|(s, q)| match s {
+                Some(mut s) => {
+                    if let Some((ext, len)) = s.external {
+                        s.entry.coin.script_pubkey = records::read_script(
+                            self.store.storage.as_mut(),
+                            (self.id, &self.store.published),
+                            Some(self.records.pending()),
+                            &q.key,
+                            ext,
+                            len as usize,
+                        )?;
+                    }
+                    Ok(Some(s.entry))
+                }
+                None => Ok(None),
+            })
+            .collect()
+    }
+
+}
+
+/// Reports an entry that a lookup found and a later edit cannot.
+pub(super) fn vanished(layer: u8, page: u64) -> SozuError {
+    corrupt(
+        format!("(layer {layer} page {page})").into(),
+        0,
+        "entry vanished between lookup and edit",
+    )
+}

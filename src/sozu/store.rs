@@ -1,0 +1,356 @@
+//! One shard's pages as the writer holds them, and the part it publishes
+//! to concurrent readers (`docs/sozu-format.md`, "Memory" and "Concurrent
+//! readers").
+//!
+//! Where the writer finds a page, first to last: `dirty` (edited since the
+//! last commit), `committed` (its committed image in memory: every page of
+//! the pinned top layers, and disk pages committed since their last
+//! checkpoint), the recency cache of clean disk pages, the page file. An
+//! edit copies the committed image on write (`Arc::make_mut`), so the
+//! committed image stays whole for readers and for a checkpoint in flight.
+
+use std::collections::BTreeMap;
+use std::hash::BuildHasherDefault;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
+
+use super::geo::{Addr, Descent, SignatureKey};
+use super::ops::Pages;
+use super::page;
+use super::storage::Storage;
+use super::summary::{PageSummary, Summaries};
+use super::SozuError;
+
+/// The file of layer `layer` of shard `shard`.
+pub(super) fn layer_file(shard: u8, layer: u8) -> String {
+    format!("s{shard}-layer-{layer:02}.pages")
+}
+
+pub(super) fn io_err(st: &dyn Storage, name: &str, source: std::io::Error) -> SozuError {
+    SozuError::Io {
+        path: st.path_of(name),
+        source,
+    }
+}
+
+pub(super) fn corrupt(path: PathBuf, offset: u64, reason: impl Into<String>) -> SozuError {
+    SozuError::Corrupt {
+        path,
+        offset,
+        reason: reason.into(),
+    }
+}
+
+/// What a shard shares with its readers: committed page images in memory,
+/// committed records not yet in their files, summaries of committed
+/// pages, and an epoch that every publication and eviction bumps (a reader
+/// whose file read straddles one reads again).
+#[derive(Debug, Default)]
+pub(super) struct Published {
+    pub(super) pages: RwLock<FxHashMap<Addr, Arc<Vec<u8>>>>,
+    pub(super) records: RwLock<BTreeMap<u64, Arc<Vec<u8>>>>,
+    pub(super) summaries: RwLock<Summaries>,
+    /// The shard's allocation and records state as of the last commit.
+    pub(super) state: RwLock<super::header::ShardState>,
+    epoch: AtomicU64,
+}
+
+impl Published {
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+    pub(super) fn bump(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+    pub(super) fn page(&self, addr: &Addr) -> Option<Arc<Vec<u8>>> {
+        self.pages.read().get(addr).cloned()
+    }
+}
+
+/// Weighs a cached page by its bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct PageWeighter;
+
+impl quick_cache::Weighter<Addr, Arc<Vec<u8>>> for PageWeighter {
+    fn weight(&self, _: &Addr, page: &Arc<Vec<u8>>) -> u64 {
+        page.len() as u64 + 64
+    }
+}
+
+type PageCache = quick_cache::unsync::Cache<
+    Addr,
+    Arc<Vec<u8>>,
+    PageWeighter,
+    BuildHasherDefault<FxHasher>,
+    quick_cache::unsync::DefaultLifecycle<Addr, Arc<Vec<u8>>>,
+>;
+
+/// Reads page `addr` of shard `shard` from its file and checks it:
+/// `None` when the page was never written (past the end, or a hole).
+///
+/// # Errors
+/// [`SozuError::Corrupt`] for a written page that fails its checks, I/O.
+pub(super) fn read_page_file(
+    st: &mut dyn Storage,
+    shard: u8,
+    (layer, page_no): Addr,
+    page_size: usize,
+) -> Result<Option<Vec<u8>>, SozuError> {
+    let name = layer_file(shard, layer);
+    let offset = page_no.saturating_mul(page_size as u64);
+    let mut buf = vec![0u8; page_size];
+    match st.read_at(&name, offset, &mut buf) {
+        Ok(()) => {}
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::NotFound
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(io_err(st, &name, e)),
+    }
+    if buf.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    page::open_disk(&buf, page_size)
+        .map(Some)
+        .map_err(|e| corrupt(st.path_of(&name), offset, e.to_string()))
+}
+
+/// [`read_page_file`] for a page that must exist.
+pub(super) fn read_existing_page(
+    st: &mut dyn Storage,
+    shard: u8,
+    addr: Addr,
+    page_size: usize,
+) -> Result<Vec<u8>, SozuError> {
+    read_page_file(st, shard, addr, page_size)?.ok_or_else(|| {
+        corrupt(
+            st.path_of(&layer_file(shard, addr.0)),
+            addr.1.saturating_mul(page_size as u64),
+            "page missing (file truncated, or a hole where a page was written)",
+        )
+    })
+}
+
+/// One shard's pages, as the writer holds them.
+pub(super) struct PageStore {
+    pub(super) shard: u8,
+    pub(super) storage: Box<dyn Storage>,
+    page_size: usize,
+    ram_layers: u8,
+    signature_key: SignatureKey,
+    dirty: FxHashMap<Addr, Arc<Vec<u8>>>,
+    committed: FxHashMap<Addr, Arc<Vec<u8>>>,
+    cache: PageCache,
+    pub(super) published: Arc<Published>,
+    /// Pages committed in the current generation (the next checkpoint's).
+    generation: FxHashSet<Addr>,
+    /// Bytes of disk-layer pages held in `committed` (not checkpointed).
+    unflushed: u64,
+    /// Page reads from the files.
+    pub(super) file_reads: u64,
+}
+
+impl PageStore {
+    /// A store over `committed` (the committed images recovery found, RAM
+    /// layers loaded), whose pages of `generation` belong to the current
+    /// generation.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        shard: u8,
+        storage: Box<dyn Storage>,
+        (page_size, ram_layers, signature_key): (usize, u8, SignatureKey),
+        committed: FxHashMap<Addr, Arc<Vec<u8>>>,
+        generation: FxHashSet<Addr>,
+        published: Arc<Published>,
+        cache_bytes: u64,
+    ) -> Self {
+        let est = (cache_bytes / page_size as u64).max(16) as usize;
+        let unflushed = committed
+            .iter()
+            .filter(|(a, _)| a.0 >= ram_layers)
+            .map(|(_, p)| p.len() as u64)
+            .sum();
+        *published.pages.write() = committed.clone();
+        Self {
+            shard,
+            storage,
+            page_size,
+            ram_layers,
+            signature_key,
+            dirty: FxHashMap::default(),
+            committed,
+            cache: PageCache::with(
+                est,
+                cache_bytes.max(1),
+                PageWeighter,
+                BuildHasherDefault::default(),
+                Default::default(),
+            ),
+            published,
+            generation,
+            unflushed,
+            file_reads: 0,
+        }
+    }
+
+    /// Pages edited since the last commit.
+    pub(super) fn dirty_count(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// The current content of a page (uncommitted edits included).
+    ///
+    /// # Errors
+    /// Storage failure; [`SozuError::Corrupt`] for a damaged or missing page.
+    pub(super) fn page(&mut self, addr: Addr) -> Result<Arc<Vec<u8>>, SozuError> {
+        if let Some(p) = self.dirty.get(&addr).or_else(|| self.committed.get(&addr)) {
+            return Ok(p.clone());
+        }
+        if let Some(p) = self.cache.get(&addr) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(self.read_file(addr)?);
+        self.cache.insert(addr, p.clone());
+        Ok(p)
+    }
+
+    /// A committed page from its file; its summary is recorded if missing.
+    fn read_file(&mut self, addr: Addr) -> Result<Vec<u8>, SozuError> {
+        self.file_reads += 1;
+        let p = read_existing_page(self.storage.as_mut(), self.shard, addr, self.page_size)?;
+        if addr.0 >= self.ram_layers && !self.published.summaries.read().contains(addr) {
+            let s = PageSummary::of(&p, &self.signature_key);
+            self.published.summaries.write().set(addr, s);
+        }
+        Ok(p)
+    }
+
+    /// Signature check of a committed, unedited page (see
+    /// [`Summaries::check`]); `None` for a dirty page or one without a
+    /// summary.
+    pub(super) fn check(&self, addr: Addr, sigs: &[u16], may: &mut Vec<bool>) -> Option<Descent> {
+        if addr.0 < self.ram_layers || self.dirty.contains_key(&addr) {
+            return None;
+        }
+        self.published.summaries.read().check(addr, sigs, may)
+    }
+
+    /// Makes this commit's edits the committed state and publishes them to
+    /// readers (each shard's commit at once: records first, then every page
+    /// under one lock, then the summaries).
+    pub(super) fn publish(&mut self, records: Vec<(u64, Arc<Vec<u8>>)>) {
+        let dirty: Vec<(Addr, Arc<Vec<u8>>)> = self.dirty.drain().collect();
+        if !records.is_empty() {
+            self.published.records.write().extend(records);
+        }
+        {
+            let mut pages = self.published.pages.write();
+            for (addr, p) in &dirty {
+                pages.insert(*addr, p.clone());
+            }
+        }
+        let summaries: Vec<(Addr, PageSummary)> = dirty
+            .iter()
+            .filter(|(a, _)| a.0 >= self.ram_layers)
+            .map(|(a, p)| (*a, PageSummary::of(p, &self.signature_key)))
+            .collect();
+        {
+            let mut s = self.published.summaries.write();
+            for (addr, summary) in summaries {
+                s.set(addr, summary);
+            }
+        }
+        self.published.bump();
+        for (addr, p) in dirty {
+            if addr.0 >= self.ram_layers {
+                self.unflushed += p.len() as u64;
+            }
+            if let Some(old) = self.committed.insert(addr, p) {
+                if addr.0 >= self.ram_layers {
+                    self.unflushed -= old.len() as u64;
+                }
+            }
+            self.generation.insert(addr);
+        }
+    }
+
+    /// Bytes of disk-layer pages committed and not checkpointed.
+    pub(super) fn unflushed(&self) -> u64 {
+        self.unflushed
+    }
+
+    /// The pages committed in the current generation with their images,
+    /// for a checkpoint; the next generation starts empty.
+    pub(super) fn take_generation(&mut self) -> Vec<(Addr, Arc<Vec<u8>>)> {
+        let mut out: Vec<(Addr, Arc<Vec<u8>>)> = self
+            .generation
+            .drain()
+            .filter_map(|a| self.committed.get(&a).map(|p| (a, p.clone())))
+            .collect();
+        out.sort_unstable_by_key(|(a, _)| *a);
+        out
+    }
+
+    /// A checkpoint wrote and synced `images` into the page files: disk
+    /// pages whose committed image is still that one leave memory for the
+    /// cache (readers now find the same bytes in the file).
+    pub(super) fn checkpointed(&mut self, images: &[(Addr, Arc<Vec<u8>>)]) {
+        let gone: Vec<(Addr, Arc<Vec<u8>>)> = images
+            .iter()
+            .filter(|(a, img)| {
+                a.0 >= self.ram_layers
+                    && self.committed.get(a).is_some_and(|c| Arc::ptr_eq(c, img))
+            })
+            .cloned()
+            .collect();
+        {
+            let mut pages = self.published.pages.write();
+            for (a, _) in &gone {
+                pages.remove(a);
+            }
+        }
+        self.published.bump();
+        for (a, img) in gone {
+            self.committed.remove(&a);
+            self.unflushed -= img.len() as u64;
+            self.cache.insert(a, img);
+        }
+    }
+
+    /// Bytes of page images this store holds in memory (committed, dirty,
+    /// cached).
+    pub(super) fn memory(&self) -> u64 {
+        let sum = |m: &FxHashMap<Addr, Arc<Vec<u8>>>| m.values().map(|p| p.len() as u64).sum::<u64>();
+        sum(&self.committed) + sum(&self.dirty) + self.cache.weight()
+    }
+}
+
+impl Pages for PageStore {
+    fn edit(&mut self, addr: Addr) -> Result<&mut Vec<u8>, SozuError> {
+        if !self.dirty.contains_key(&addr) {
+            let p = match self.committed.get(&addr) {
+                Some(p) => p.clone(),
+                None => match self.cache.remove(&addr) {
+                    Some((_, p)) => p,
+                    None => Arc::new(self.read_file(addr)?),
+                },
+            };
+            self.dirty.insert(addr, p);
+        }
+        let p = self.dirty.get_mut(&addr).ok_or(SozuError::Poisoned)?;
+        Ok(Arc::make_mut(p))
+    }
+    fn create(&mut self, addr: Addr) -> Result<&mut Vec<u8>, SozuError> {
+        self.cache.remove(&addr);
+        self.dirty.insert(addr, Arc::new(page::new_page()));
+        self.edit(addr)
+    }
+}

@@ -1,0 +1,486 @@
+//! Writing one block into a shard (seed 000's `WriteSozu` and
+//! `MergeEntries`), every page change an [`Op`] of the journal.
+//!
+//! 1. Keys that may be present (every spent key, and new outputs not
+//!    `known_absent`) are located by one batched descent; new keys go to
+//!    layer 0.
+//! 2. Pages are then rewritten layer by layer from the top, each once per
+//!    block: records merged into entries in place, new entries appended;
+//!    entries tested for a hard delete when the page's purge hint is due
+//!    ([`super::purge`]); and if the page exceeds its layer's capacity, a
+//!    spill ([`super::spill`]) moves entries to children, which the next
+//!    layer's pass visits.
+
+use std::collections::BTreeMap;
+
+use bitcoin::OutPoint;
+
+use super::geo::{Addr, Geo};
+use super::lookup::Query;
+use super::ops::Op;
+use super::page::{self, ScriptField, NO_PURGE};
+use super::purge;
+use super::records;
+use super::shard::{op_err, vanished, Shard};
+use super::spill::{self, SpillEntry, SpillInput};
+use super::types::{
+    is_purgeable, BlockId, BlockOracle, Coin, Consumption, Entry, OutPointKey, Production,
+    PURGE_DEPTH,
+};
+use super::SozuError;
+
+/// One key's changes in a block.
+pub(super) struct KeyOp {
+    pub(super) key: OutPointKey,
+    pub(super) outpoint: OutPoint,
+    pub(super) h: u64,
+    /// A production: its coin, and whether the caller proved it absent.
+    pub(super) create: Option<(Coin, bool)>,
+    pub(super) consumed: Vec<Consumption>,
+}
+
+/// What every page rewrite of a block needs to know.
+pub(super) struct BlockCtx<'a> {
+    pub(super) geo: &'a Geo,
+    pub(super) block: BlockId,
+    pub(super) height: u32,
+    pub(super) oracle: &'a dyn BlockOracle,
+    /// The best tip's height.
+    pub(super) tip: u32,
+    /// [`super::SozuConfig::records_compact_min`].
+    pub(super) compact_min: u64,
+}
+
+/// A merge into an existing entry.
+struct Merge {
+    key: OutPointKey,
+    /// The coin to check, for a production.
+    coin: Option<Coin>,
+    produced: Option<Production>,
+    consumed: Vec<Consumption>,
+}
+
+/// One page's work in a block.
+#[derive(Default)]
+struct PageWork {
+    merges: Vec<Merge>,
+    /// New entries, encoded.
+    inserts: Vec<Vec<u8>>,
+    /// Raise of the max-production-height below (a deep entry produced
+    /// again: height-floored lookups must still reach it).
+    raise: u32,
+}
+
+type Work = Vec<BTreeMap<u64, PageWork>>;
+
+impl Shard {
+    /// Applies one block's changes to this shard's keys, handing every
+    /// entry it hard-deletes to `purged`.
+    ///
+    /// # Errors
+    /// [`SozuError::MissingEntry`], [`SozuError::CoinMismatch`],
+    /// [`SozuError::BucketFull`], storage failure. The shard is then in an
+    /// unspecified state and the table must be reopened.
+    pub(super) fn write_block(
+        &mut self,
+        ctx: &BlockCtx<'_>,
+        ops: Vec<KeyOp>,
+        purged: &mut dyn FnMut(Entry),
+    ) -> Result<(), SozuError> {
+        let mut work = self.gather(ctx, ops)?;
+        for layer in 0..=ctx.geo.max_layer {
+            let this = std::mem::take(&mut work[layer as usize]);
+            if this.is_empty() {
+                if work.iter().all(BTreeMap::is_empty) {
+                    break;
+                }
+                continue;
+            }
+            for (page, w) in this {
+                self.rewrite(ctx, (layer, page), w, &mut work, purged)?;
+            }
+        }
+        self.compact_records(ctx.geo, ctx.compact_min)
+    }
+
+    /// Step 1: locates what may be present and sorts the work by page.
+    fn gather(&mut self, ctx: &BlockCtx<'_>, ops: Vec<KeyOp>) -> Result<Work, SozuError> {
+        let geo = ctx.geo;
+        // Outputs that may be present can only be recent re-productions
+        // (BIP30): the lookup stops where nothing that recent went below.
+        let floor = ctx.tip.min(ctx.height).saturating_sub(PURGE_DEPTH);
+        let idx: Vec<usize> = (0..ops.len())
+            .filter(|&i| !matches!(ops[i].create, Some((_, true))))
+            .collect();
+        let queries: Vec<Query> = idx
+            .iter()
+            .map(|&i| Query {
+                key: ops[i].key,
+                h: ops[i].h,
+                min_height: if ops[i].create.is_some() { floor } else { 0 },
+            })
+            .collect();
+        let mut found: Vec<Option<Addr>> = vec![None; queries.len()];
+        let mut paths = vec![Vec::new(); queries.len()];
+        self.locate(
+            geo,
+            &queries,
+            &mut |qi, addr, _, _| {
+                found[qi] = Some(addr);
+                Ok(())
+            },
+            Some(&mut paths),
+        )?;
+        let mut at: Vec<Option<(Addr, Vec<u64>)>> = (0..ops.len()).map(|_| None).collect();
+        for ((i, f), p) in idx.into_iter().zip(found).zip(paths) {
+            at[i] = f.map(|a| (a, p));
+        }
+        let mut work: Work = (0..=geo.max_layer).map(|_| BTreeMap::new()).collect();
+        let production = Production {
+            block: ctx.block,
+            height: ctx.height,
+        };
+        for (op, at) in ops.into_iter().zip(at) {
+            self.plan(ctx, &mut work, op, at, production)?;
+        }
+        Ok(work)
+    }
+
+    /// Files one key's change under the page that will take it.
+    fn plan(
+        &mut self,
+        ctx: &BlockCtx<'_>,
+        work: &mut Work,
+        op: KeyOp,
+        at: Option<(Addr, Vec<u64>)>,
+        production: Production,
+    ) -> Result<(), SozuError> {
+        match (at, op.create) {
+            (Some(((layer, page), path)), create) => {
+                if create.is_some() {
+                    for (l, p) in path.iter().enumerate() {
+                        let w = work[l].entry(*p).or_default();
+                        w.raise = w.raise.max(ctx.height);
+                    }
+                }
+                let produced = create.is_some().then_some(production);
+                work[layer as usize]
+                    .entry(page)
+                    .or_default()
+                    .merges
+                    .push(Merge {
+                        key: op.key,
+                        coin: create.map(|(c, _)| c),
+                        produced,
+                        consumed: op.consumed,
+                    });
+            }
+            (None, Some((coin, _))) => {
+                let e = Entry {
+                    outpoint: op.outpoint,
+                    coin,
+                    produced: vec![production],
+                    consumed: op.consumed,
+                };
+                let bytes = self.encode_new(ctx.geo, &e)?;
+                let page = ctx.geo.layer0_page(op.h);
+                work[0].entry(page).or_default().inserts.push(bytes);
+            }
+            (None, None) => {
+                return Err(SozuError::MissingEntry {
+                    outpoint: op.outpoint,
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// A new entry's bytes; a long script goes to the records file.
+    fn encode_new(&mut self, geo: &Geo, e: &Entry) -> Result<Vec<u8>, SozuError> {
+        let script = &e.coin.script_pubkey;
+        let field = if script.len() > geo.inline_script_max {
+            let key = super::types::outpoint_key(&e.outpoint);
+            let ext = self.records.append(&mut self.state.records, &key, script);
+            ScriptField::External(ext, script.len() as u16)
+        } else {
+            ScriptField::Inline(script)
+        };
+        let mut out = Vec::with_capacity(page::ENTRY_FIXED_LEN + 16 + script.len().min(100) + 48);
+        page::encode_entry(e, field, &mut out).map_err(|_| SozuError::ScriptTooLong {
+            outpoint: e.outpoint,
+            len: script.len(),
+        })?;
+        Ok(out)
+    }
+
+    fn apply(&mut self, op: Op<'_>) -> Result<(), SozuError> {
+        self.log.apply(&mut self.store, op).map_err(op_err)
+    }
+
+    /// Step 2 for one page: merges, inserts, header, purge, spill.
+    fn rewrite(
+        &mut self,
+        ctx: &BlockCtx<'_>,
+        addr: Addr,
+        w: PageWork,
+        work: &mut Work,
+        purged: &mut dyn FnMut(Entry),
+    ) -> Result<(), SozuError> {
+        self.apply(Op::Page(addr))?;
+        let mut added = false;
+        for m in &w.merges {
+            added |= self.merge(addr, &m.key, m.coin.as_ref(), m.produced, &m.consumed)?;
+        }
+        for bytes in &w.inserts {
+            added |= self.insert(addr, bytes)?;
+        }
+        self.update_head(ctx, addr, w.raise, added)?;
+        self.counters.pages_written += 1;
+        let p = self.store.page(addr)?;
+        let due = page::head(&p).purge_hint <= ctx.tip;
+        drop(p);
+        if due {
+            self.purge(ctx, addr, purged)?;
+        }
+        let p = self.store.page(addr)?;
+        let over = page::payload_len(&p) > ctx.geo.layer_cfg(addr.0).capacity;
+        drop(p);
+        if over && addr.0 < ctx.geo.max_layer {
+            self.spill(ctx, addr, work)?;
+        }
+        if self.store.page(addr)?.len() > ctx.geo.page_size {
+            return Err(SozuError::BucketFull {
+                layer: addr.0,
+                page: addr.1,
+            });
+        }
+        Ok(())
+    }
+
+    /// Merges records into the entry of `key` in page `addr` (checking the
+    /// coin of a production); whether a record was added.
+    fn merge(
+        &mut self,
+        addr: Addr,
+        key: &OutPointKey,
+        coin: Option<&Coin>,
+        produced: Option<Production>,
+        consumed: &[Consumption],
+    ) -> Result<bool, SozuError> {
+        let p = self.store.page(addr)?;
+        let (slot, e) = page::find(&p, key).ok_or_else(|| vanished(addr.0, addr.1))?;
+        if let Some(coin) = coin {
+            let same_script = match e.external() {
+                None => e.inline_script() == coin.script_pubkey.as_slice(),
+                Some(_) => self.resolve(e)?.coin.script_pubkey == coin.script_pubkey,
+            };
+            if e.value() != coin.value.to_sat() || !same_script {
+                return Err(SozuError::CoinMismatch {
+                    outpoint: super::types::key_outpoint(key),
+                });
+            }
+        }
+        let new_p: Vec<Production> = produced
+            .filter(|x| !e.productions().any(|y| y == *x))
+            .into_iter()
+            .collect();
+        let new_c: Vec<Consumption> = consumed
+            .iter()
+            .filter(|x| !e.consumptions().any(|y| y == **x))
+            .copied()
+            .collect();
+        drop(p);
+        for x in &new_p {
+            let record = page::encode_production(x);
+            self.apply(Op::Produce { slot, record })?;
+        }
+        for x in &new_c {
+            let record = page::consumption_bytes(x);
+            self.apply(Op::Consume { slot, record })?;
+        }
+        Ok(!new_p.is_empty() || !new_c.is_empty())
+    }
+
+    /// Appends a new entry, or merges its records into an entry of the
+    /// same key already in the page (unicity).
+    fn insert(&mut self, addr: Addr, bytes: &[u8]) -> Result<bool, SozuError> {
+        let p = self.store.page(addr)?;
+        let present = page::find(&p, &bytes[..36]).is_some();
+        drop(p);
+        if !present {
+            self.apply(Op::Insert(bytes))?;
+            return Ok(true);
+        }
+        let e = page::EntryRef::parse(bytes).map_err(|_| vanished(addr.0, addr.1))?;
+        let mut key = [0u8; 36];
+        key.copy_from_slice(e.key());
+        let consumed: Vec<Consumption> = e.consumptions().collect();
+        let mut added = false;
+        for p in e.productions() {
+            added |= self.merge(addr, &key, None, Some(p), &[])?;
+        }
+        Ok(self.merge(addr, &key, None, None, &consumed)? || added)
+    }
+
+    /// Raises the page's max production height below and lowers its purge
+    /// hint for records added at this block's height.
+    fn update_head(
+        &mut self,
+        ctx: &BlockCtx<'_>,
+        addr: Addr,
+        raise: u32,
+        added: bool,
+    ) -> Result<(), SozuError> {
+        let h = page::head(&self.store.page(addr)?);
+        let max = h.max_child_height.max(raise);
+        let hint = match (added, purge::record_hint(ctx.height, ctx.tip)) {
+            (true, Some(x)) => h.purge_hint.min(x),
+            _ => h.purge_hint,
+        };
+        if (max, hint) != (h.max_child_height, h.purge_hint) {
+            self.apply(Op::Head {
+                max_child_height: max,
+                purge_hint: hint,
+                children: h.children_field(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Tests every entry of the page for a hard delete; deletes the
+    /// purgeable ones and sets the hint from the others.
+    fn purge(
+        &mut self,
+        ctx: &BlockCtx<'_>,
+        addr: Addr,
+        purged: &mut dyn FnMut(Entry),
+    ) -> Result<(), SozuError> {
+        self.counters.purge_checks += 1;
+        let p = self.store.page(addr)?;
+        let mut slots = Vec::new();
+        let mut hint = NO_PURGE;
+        let mut dead = Vec::new();
+        for (slot, (_, e)) in page::entries(&p).enumerate() {
+            if is_purgeable(e.productions(), e.consumptions(), ctx.oracle, ctx.tip) {
+                slots.push(slot as u16);
+                if let Some(ext) = e.external() {
+                    records::mark_dead(&mut self.state.records, ext, e.script_len());
+                }
+                dead.push(self.resolve(e)?);
+            } else {
+                hint = hint.min(purge::entry_hint(e, ctx.oracle, ctx.tip));
+            }
+        }
+        let h = page::head(&p);
+        drop(p);
+        if !slots.is_empty() {
+            self.apply(Op::Delete(slots.into()))?;
+        }
+        self.counters.purges += dead.len() as u64;
+        dead.into_iter().for_each(purged);
+        self.apply(Op::Head {
+            max_child_height: h.max_child_height,
+            purge_hint: hint,
+            children: h.children_field(),
+        })
+    }
+
+    /// Moves the entries the spill policy picks into the children (seed
+    /// 000's `GetSpill`, with the fewest-children policy).
+    fn spill(&mut self, ctx: &BlockCtx<'_>, addr: Addr, work: &mut Work) -> Result<(), SozuError> {
+        let geo = ctx.geo;
+        let (layer, _) = addr;
+        let p = self.store.page(addr)?;
+        let head = page::head(&p);
+        let cfg = geo.layer_cfg(layer);
+        let entries: Vec<SpillEntry> = page::entries(&p)
+            .map(|(_, e)| {
+                let mut key = [0u8; 36];
+                key.copy_from_slice(e.key());
+                SpillEntry {
+                    consumed_on_best: e
+                        .consumptions()
+                        .any(|c| ctx.oracle.best_height(c.block).is_some()),
+                    max_height: e.max_production_height(),
+                    child: geo.child_index(geo.hash(&key), layer + 1) as usize,
+                    key,
+                    len: e.len(),
+                }
+            })
+            .collect();
+        let moved = spill::choose(&SpillInput {
+            entries: &entries,
+            target: (cfg.alpha * cfg.capacity as f64) as usize,
+            fanout: 1 << geo.g,
+            written: head.child_mask,
+            fewest_children: geo.spill_fewest_children,
+        });
+        // Per child: (slots, lowest purge hint, highest production height).
+        let mut by_child: BTreeMap<usize, (Vec<u16>, u32, u32)> = BTreeMap::new();
+        let all: Vec<page::EntryRef<'_>> = page::entries(&p).map(|(_, e)| e).collect();
+        for &i in &moved {
+            let c = by_child.entry(entries[i].child).or_insert((Vec::new(), NO_PURGE, 0));
+            c.0.push(i as u16);
+            c.1 = c.1.min(purge::entry_hint(all[i], ctx.oracle, ctx.tip));
+            c.2 = c.2.max(entries[i].max_height);
+        }
+        drop(all);
+        drop(p);
+        if by_child.is_empty() {
+            return Ok(());
+        }
+        self.move_to_children(ctx, addr, head, by_child, work)
+    }
+
+    fn move_to_children(
+        &mut self,
+        ctx: &BlockCtx<'_>,
+        addr: Addr,
+        head: page::PageHead,
+        by_child: BTreeMap<usize, (Vec<u16>, u32, u32)>,
+        work: &mut Work,
+    ) -> Result<(), SozuError> {
+        let (layer, _) = addr;
+        let mut children = head.children;
+        if children == 0 {
+            let groups = &mut self.state.groups[layer as usize + 1];
+            children = *groups + 1;
+            *groups += 1;
+            self.counters.children_allocated += 1;
+        }
+        let (mut mask, mut max_height) = (head.child_mask, head.max_child_height);
+        let mut gone: Vec<u16> = Vec::new();
+        for (c, (slots, hint, height)) in by_child {
+            let child = (children - 1)
+                .saturating_mul(1 << ctx.geo.g)
+                .saturating_add(c as u64);
+            let init = mask & (1 << c) == 0;
+            mask |= 1 << c;
+            let existing = if init {
+                NO_PURGE
+            } else {
+                page::head(&self.store.page((layer + 1, child))?).purge_hint
+            };
+            // Slots shift down as earlier children's entries leave.
+            let now: Vec<u16> = slots
+                .iter()
+                .map(|&s| s - gone.iter().filter(|&&g| g < s).count() as u16)
+                .collect();
+            self.apply(Op::Spill {
+                child,
+                init,
+                child_hint: existing.min(hint),
+                slots: now.into(),
+            })?;
+            self.counters.spills += slots.len() as u64;
+            gone.extend(slots);
+            max_height = max_height.max(height);
+            work[layer as usize + 1].entry(child).or_default();
+        }
+        self.apply(Op::Head {
+            max_child_height: max_height,
+            purge_hint: head.purge_hint,
+            children: children | (u64::from(mask) << page::CHILDREN_GROUP_BITS),
+        })
+    }
+}
