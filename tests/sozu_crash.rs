@@ -209,7 +209,10 @@ impl Files for std::path::PathBuf {
 /// writes).
 fn overlapped(files: &dyn Files) -> bool {
     let h = files.file("sozu.header");
-    let Some(b) = h.get(40..48).map(|g| u64::from_le_bytes(g.try_into().unwrap_or_default())) else {
+    let Some(b) = h
+        .get(40..48)
+        .map(|g| u64::from_le_bytes(g.try_into().unwrap_or_default()))
+    else {
         return false;
     };
     let gen_of = |name: String| kakehi::sozu::journal::record_generation(&files.file(&name));

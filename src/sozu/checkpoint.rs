@@ -102,11 +102,16 @@ fn double_write(st: &mut dyn Storage, job: &Job, ckpt: &str) -> Result<(), SozuE
             generation: job.generation,
             seq: i as u64 + 1,
             body: Body::Images(part.to_vec()),
-            extents: if i == last { extents.clone() } else { Vec::new() },
+            extents: if i == last {
+                extents.clone()
+            } else {
+                Vec::new()
+            },
             header: job.header.clone(),
         };
         journal::encode(&rec, &mut buf);
-        st.write_at(ckpt, at, &buf).map_err(|e| io_err(st, ckpt, e))?;
+        st.write_at(ckpt, at, &buf)
+            .map_err(|e| io_err(st, ckpt, e))?;
         at += buf.len() as u64;
     }
     st.sync(ckpt).map_err(|e| io_err(st, ckpt, e))

@@ -177,7 +177,11 @@ impl SozuTable {
         };
         result?;
         self.base = job.generation;
-        for (s, (pages, records)) in self.shards.iter_mut().zip(job.pages.iter().zip(&job.records)) {
+        for (s, (pages, records)) in self
+            .shards
+            .iter_mut()
+            .zip(job.pages.iter().zip(&job.records))
+        {
             s.store.checkpointed(pages);
             let mut r = s.store.published.records.write();
             for (l, d) in records {

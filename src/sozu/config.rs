@@ -149,7 +149,10 @@ impl SozuConfig {
             });
         }
         let s = self.shards;
-        if s == 0 || s > 8 || !s.is_power_of_two() || s.trailing_zeros() > u32::from(self.layer0_bits)
+        if s == 0
+            || s > 8
+            || !s.is_power_of_two()
+            || s.trailing_zeros() > u32::from(self.layer0_bits)
         {
             return Err(SozuError::Config {
                 reason: "shards must be a power of two ≤ 8 and ≤ layer-0 buckets",

@@ -142,7 +142,8 @@ fn decode_shard(b: &[u8]) -> Result<ShardState, HeaderError> {
     r.delete = opt_segment(u32_at(264));
     let bad_segment = |s: u32| s >= 1 << 24;
     if bad_segment(r.current)
-        || r.compacting.is_some_and(|(s, len, at)| bad_segment(s) || at > len || s >= r.current)
+        || r.compacting
+            .is_some_and(|(s, len, at)| bad_segment(s) || at > len || s >= r.current)
         || r.delete.is_some_and(bad_segment)
         || r.current_dead > r.current_len
         || r.current_len >= 1 << 40
@@ -304,7 +305,10 @@ mod tests {
         assert_eq!(&b[12..14], &[4, 0]);
         let s1 = 128 + 320;
         assert_eq!(&b[s1 + 24..s1 + 32], &7u64.to_le_bytes());
-        assert_eq!(&b[s1 + 256..s1 + 268], &[2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            &b[s1 + 256..s1 + 268],
+            &[2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]
+        );
         assert_eq!(&b[128 + 260..128 + 268], &[0xff; 8]);
         assert_eq!(Header::decode(&b).unwrap(), h);
     }

@@ -110,7 +110,13 @@ pub(super) fn descend(
 }
 
 impl Batch<'_, '_> {
-    fn go_down(&mut self, d: Descent, (layer, page): Addr, qi: usize, next: &mut Vec<(u64, usize)>) {
+    fn go_down(
+        &mut self,
+        d: Descent,
+        (layer, page): Addr,
+        qi: usize,
+        next: &mut Vec<(u64, usize)>,
+    ) {
         let q = &self.queries[qi];
         if let Some(child) = self.geo.child_of(d, q.h, layer, q.min_height) {
             if let Some(p) = self.paths.as_deref_mut() {
@@ -154,7 +160,7 @@ impl Batch<'_, '_> {
         let mut hit = vec![false; group.len()];
         for (slot, (_, e)) in page::entries(&p).enumerate() {
             for (k, &(_, qi)) in group.iter().enumerate() {
-                if !hit[k] && self.queries[qi].key[..] == *e.key() {
+                if !hit[k] && page::key_eq(&self.queries[qi].key, e.key()) {
                     hit[k] = true;
                     (self.found)(qi, addr, slot as u16, e)?;
                 }

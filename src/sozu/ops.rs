@@ -274,6 +274,8 @@ fn edit_err(addr: Addr) -> impl Fn(PageError) -> OpError {
 }
 
 /// Applies `op` to `pages`; `cur` is the current page (set by `Page`).
+/// `at`, when given, is the byte offset of the entry a `Produce` or
+/// `Consume` names (the writer knows it; replay finds it by slot).
 ///
 /// # Errors
 /// [`OpError`]: no current page, an edit the page cannot take, a page
@@ -282,6 +284,7 @@ pub(super) fn apply(
     pages: &mut dyn Pages,
     cur: &mut Option<Addr>,
     op: &Op<'_>,
+    at: Option<usize>,
 ) -> Result<(), OpError> {
     if let Op::Page(addr) = op {
         *cur = Some(*addr);
@@ -305,10 +308,11 @@ pub(super) fn apply(
         }
         Op::Insert(entry) => page::append(pages.edit(addr).map_err(load)?, entry).map_err(err)?,
         Op::Produce { slot, record } => {
-            page::insert_production(pages.edit(addr).map_err(load)?, *slot, record).map_err(err)?;
+            page::insert_production(pages.edit(addr).map_err(load)?, (*slot, at), record)
+                .map_err(err)?;
         }
         Op::Consume { slot, record } => {
-            page::insert_consumption(pages.edit(addr).map_err(load)?, *slot, record)
+            page::insert_consumption(pages.edit(addr).map_err(load)?, (*slot, at), record)
                 .map_err(err)?;
         }
         Op::Delete(slots) => {
@@ -373,13 +377,26 @@ impl OpLog {
     /// # Errors
     /// As [`apply`].
     pub(super) fn apply(&mut self, pages: &mut dyn Pages, op: Op<'_>) -> Result<(), OpError> {
+        self.apply_at(pages, op, None)
+    }
+
+    /// [`OpLog::apply`] with the byte offset of the entry the op names.
+    ///
+    /// # Errors
+    /// As [`apply`].
+    pub(super) fn apply_at(
+        &mut self,
+        pages: &mut dyn Pages,
+        op: Op<'_>,
+        at: Option<usize>,
+    ) -> Result<(), OpError> {
         if let Op::Page(addr) = op {
             if self.cur == Some(addr) {
                 return Ok(());
             }
         }
         let mut cur = self.cur;
-        apply(pages, &mut cur, &op)?;
+        apply(pages, &mut cur, &op, at)?;
         encode(&op, &mut self.bytes);
         self.cur = cur;
         Ok(())
@@ -405,7 +422,7 @@ pub(super) fn replay(pages: &mut dyn Pages, b: &[u8]) -> Result<(), OpError> {
     let mut at = 0;
     while at < b.len() {
         let (op, next) = decode(b, at)?;
-        apply(pages, &mut cur, &op).map_err(|e| match e {
+        apply(pages, &mut cur, &op, None).map_err(|e| match e {
             OpError::Decode { what, .. } => OpError::Decode { at, what },
             other => other,
         })?;
@@ -423,7 +440,9 @@ mod tests {
     struct Map(FxHashMap<Addr, Vec<u8>>);
     impl Pages for Map {
         fn edit(&mut self, addr: Addr) -> Result<&mut Vec<u8>, super::super::SozuError> {
-            self.0.get_mut(&addr).ok_or(super::super::SozuError::Poisoned)
+            self.0
+                .get_mut(&addr)
+                .ok_or(super::super::SozuError::Poisoned)
         }
         fn create(&mut self, addr: Addr) -> Result<&mut Vec<u8>, super::super::SozuError> {
             self.0.insert(addr, page::new_page());
@@ -467,18 +486,52 @@ mod tests {
         }
         let mut rec = [9u8; 40];
         rec[0] = 0;
-        log.apply(&mut writer, Op::Consume { slot: 1, record: rec }).unwrap();
-        log.apply(&mut writer, Op::Consume { slot: 1, record: [0xff; 40] }).unwrap();
-        log.apply(&mut writer, Op::Produce { slot: 0, record: [1, 0, 0, 0, 9, 0, 0, 0] }).unwrap();
         log.apply(
             &mut writer,
-            Op::Spill { child: 5, init: true, child_hint: 140, slots: Cow::Borrowed(&[0, 2]) },
+            Op::Consume {
+                slot: 1,
+                record: rec,
+            },
         )
         .unwrap();
-        log.apply(&mut writer, Op::Head { max_child_height: 9, purge_hint: 100, children: 3 | 1 << 48 })
-            .unwrap();
+        log.apply(
+            &mut writer,
+            Op::Consume {
+                slot: 1,
+                record: [0xff; 40],
+            },
+        )
+        .unwrap();
+        log.apply(
+            &mut writer,
+            Op::Produce {
+                slot: 0,
+                record: [1, 0, 0, 0, 9, 0, 0, 0],
+            },
+        )
+        .unwrap();
+        log.apply(
+            &mut writer,
+            Op::Spill {
+                child: 5,
+                init: true,
+                child_hint: 140,
+                slots: Cow::Borrowed(&[0, 2]),
+            },
+        )
+        .unwrap();
+        log.apply(
+            &mut writer,
+            Op::Head {
+                max_child_height: 9,
+                purge_hint: 100,
+                children: 3 | 1 << 48,
+            },
+        )
+        .unwrap();
         log.apply(&mut writer, Op::Page((1, 5))).unwrap();
-        log.apply(&mut writer, Op::Delete(Cow::Borrowed(&[1]))).unwrap();
+        log.apply(&mut writer, Op::Delete(Cow::Borrowed(&[1])))
+            .unwrap();
         let mut replayed = Map(start);
         replay(&mut replayed, log.bytes()).unwrap();
         assert_eq!(replayed.0, writer.0);
@@ -495,9 +548,15 @@ mod tests {
     #[test]
     fn bad_ops_are_errors_not_panics() {
         let mut m = Map::default();
-        assert!(matches!(replay(&mut m, &[INSERT, 1, 2]), Err(OpError::Decode { .. })));
+        assert!(matches!(
+            replay(&mut m, &[INSERT, 1, 2]),
+            Err(OpError::Decode { .. })
+        ));
         assert!(matches!(replay(&mut m, &[INIT]), Err(OpError::NoPage)));
-        assert!(matches!(replay(&mut m, &[0xee]), Err(OpError::Decode { .. })));
+        assert!(matches!(
+            replay(&mut m, &[0xee]),
+            Err(OpError::Decode { .. })
+        ));
         let mut b = Vec::new();
         encode(&Op::Page((0, 0)), &mut b);
         encode(&Op::Init, &mut b);

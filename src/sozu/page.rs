@@ -191,21 +191,23 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 ///
 /// # Errors
 /// [`PageError::Malformed`] when it overruns `buf`.
+#[inline]
 pub fn entry_len(buf: &[u8], at: usize) -> Result<usize, PageError> {
-    let fixed = buf
-        .get(at..at.saturating_add(ENTRY_FIXED_LEN))
-        .ok_or(bad(at, "entry overruns its buffer"))?;
+    next_len(buf, at).ok_or_else(|| bad(at, "entry overruns its buffer"))
+}
+
+/// [`entry_len`] without the error: the walk's inner step.
+#[inline(always)]
+fn next_len(buf: &[u8], at: usize) -> Option<usize> {
+    let fixed = buf.get(at..at.checked_add(ENTRY_FIXED_LEN)?)?;
     let (np, nc) = (fixed[49] as usize, fixed[50] as usize);
     let script = if fixed[48] & 2 != 0 {
         EXTERNAL_REF_LEN
     } else {
-        u16_at(fixed, 51) as usize
+        u16::from_le_bytes([fixed[51], fixed[52]]) as usize
     };
     let len = ENTRY_FIXED_LEN + script + PRODUCTION_LEN * np + CONSUMPTION_LEN * nc;
-    if at + len > buf.len() {
-        return Err(bad(at, "entry overruns its buffer"));
-    }
-    Ok(len)
+    (at + len <= buf.len()).then_some(len)
 }
 
 /// One entry, read in place (no allocation): its bytes are a whole entry
@@ -328,9 +330,7 @@ impl<'a> EntryRef<'a> {
     pub fn to_slot(&self) -> Slot {
         let mut key = [0u8; 36];
         key.copy_from_slice(self.key());
-        let external = self
-            .external()
-            .map(|ext| (ext, self.script_len() as u16));
+        let external = self.external().map(|ext| (ext, self.script_len() as u16));
         Slot {
             entry: Entry {
                 outpoint: key_outpoint(&key),
@@ -399,21 +399,31 @@ pub fn payload_len(page: &[u8]) -> usize {
 pub fn entries(page: &[u8]) -> impl Iterator<Item = (usize, EntryRef<'_>)> + '_ {
     let mut at = PAGE_HEADER_LEN;
     std::iter::from_fn(move || {
-        if at >= page.len() {
-            return None;
-        }
-        let len = entry_len(page, at).ok()?;
+        let len = next_len(page, at)?;
         let e = (at, EntryRef(&page[at..at + len]));
         at += len;
         Some(e)
     })
 }
 
+/// Whether two 36-byte keys are equal (their first 8 bytes compared
+/// first: keys are hashes, so most pairs differ there).
+#[inline]
+pub fn key_eq(a: &[u8], b: &[u8]) -> bool {
+    match (a.get(..8), b.get(..8)) {
+        (Some(x), Some(y)) => {
+            let w = |s: &[u8]| u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
+            w(x) == w(y) && a == b
+        }
+        _ => a == b,
+    }
+}
+
 /// The slot number and entry of `key` in a page, if it holds it.
 pub fn find<'a>(page: &'a [u8], key: &[u8]) -> Option<(u16, EntryRef<'a>)> {
     entries(page)
         .enumerate()
-        .find(|(_, (_, e))| e.key() == key)
+        .find(|(_, (_, e))| key_eq(e.key(), key))
         .map(|(i, (_, e))| (i as u16, e))
 }
 
@@ -479,28 +489,33 @@ pub fn append(page: &mut Vec<u8>, entry: &[u8]) -> Result<(), PageError> {
     Ok(())
 }
 
-/// Inserts `record` into the sorted list of entry `slot` whose records of
-/// `len` bytes start `list_at` bytes into the entry and whose count is
-/// byte `count_at`; `less` orders two encoded records. Returns false (and
-/// changes nothing) when the record is already there.
+/// Inserts `record` into a sorted list of entry `slot` (at byte `at` of
+/// the page when the caller knows it): `place` gives the list's offset in
+/// the entry, its length and the offset of its count byte; `cmp` orders
+/// two encoded records. Returns false (and changes nothing) when the
+/// record is already there.
 fn insert_record(
     page: &mut Vec<u8>,
-    slot: u16,
+    (slot, at): (u16, Option<usize>),
     record: &[u8],
     place: impl Fn(EntryRef<'_>) -> (usize, usize, usize),
     cmp: impl Fn(&[u8], &[u8]) -> std::cmp::Ordering,
 ) -> Result<bool, PageError> {
-    let (at, _) = slot_span(page, slot)?;
-    let e = EntryRef(&page[at..]);
+    let at = match at {
+        Some(at) => at,
+        None => slot_span(page, slot)?.0,
+    };
+    let len = entry_len(page, at)?;
+    let e = EntryRef(&page[at..at + len]);
     let (list_at, n, count_at) = place(e);
     if n == 255 {
         return Err(bad(at + count_at, "more than 255 lifecycle records"));
     }
-    let len = record.len();
+    let rlen = record.len();
     let list = at + list_at;
     let mut pos = n;
     for i in 0..n {
-        match cmp(&page[list + i * len..list + (i + 1) * len], record) {
+        match cmp(&page[list + i * rlen..list + (i + 1) * rlen], record) {
             std::cmp::Ordering::Less => {}
             std::cmp::Ordering::Equal => return Ok(false),
             std::cmp::Ordering::Greater => {
@@ -509,8 +524,11 @@ fn insert_record(
             }
         }
     }
-    let ins = list + pos * len;
-    page.splice(ins..ins, record.iter().copied());
+    let ins = list + pos * rlen;
+    let old = page.len();
+    page.resize(old + rlen, 0);
+    page.copy_within(ins..old, ins + rlen);
+    page[ins..ins + rlen].copy_from_slice(record);
     page[at + count_at] += 1;
     Ok(true)
 }
@@ -544,14 +562,14 @@ fn cmp_consumption(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     (u32_at(a, 0), &a[4..36], u32_at(a, 36)).cmp(&(u32_at(b, 0), &b[4..36], u32_at(b, 36)))
 }
 
-/// Adds a production record (8 bytes) to entry `slot`, in order; false
-/// if it was already there.
+/// Adds a production record (8 bytes) to entry `slot` (at byte `at` when
+/// the caller knows it), in order; false if it was already there.
 ///
 /// # Errors
 /// [`PageError::Malformed`]: no such slot, or 255 productions already.
 pub fn insert_production(
     page: &mut Vec<u8>,
-    slot: u16,
+    slot: (u16, Option<usize>),
     record: &[u8; PRODUCTION_LEN],
 ) -> Result<bool, PageError> {
     insert_record(
@@ -563,14 +581,14 @@ pub fn insert_production(
     )
 }
 
-/// Adds a consumption record (40 bytes) to entry `slot`, in order; false
-/// if it was already there.
+/// Adds a consumption record (40 bytes) to entry `slot` (at byte `at` when
+/// the caller knows it), in order; false if it was already there.
 ///
 /// # Errors
 /// [`PageError::Malformed`]: no such slot, or 255 consumptions already.
 pub fn insert_consumption(
     page: &mut Vec<u8>,
-    slot: u16,
+    slot: (u16, Option<usize>),
     record: &[u8; CONSUMPTION_LEN],
 ) -> Result<bool, PageError> {
     insert_record(
@@ -669,7 +687,11 @@ pub enum EncodeError {
 ///
 /// # Errors
 /// [`EncodeError::EntryBounds`].
-pub fn encode_entry(e: &Entry, script: ScriptField<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+pub fn encode_entry(
+    e: &Entry,
+    script: ScriptField<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
     let mut produced = e.produced.clone();
     produced.sort();
     produced.dedup();
@@ -913,7 +935,11 @@ pub fn find_in_disk_page(
     let used = used_len(page)?;
     let mut found = vec![None; keys.len()];
     for (at, e) in entries(&page[..used]) {
-        for (f, _) in found.iter_mut().zip(keys).filter(|(_, k)| k[..] == *e.key()) {
+        for (f, _) in found
+            .iter_mut()
+            .zip(keys)
+            .filter(|(_, k)| k[..] == *e.key())
+        {
             e.validate().map_err(|err| match err {
                 PageError::Malformed { at: x, what } => bad(at + x, what),
                 other => other,

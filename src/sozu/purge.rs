@@ -28,7 +28,9 @@ pub(super) fn record_hint(h: u32, tip: u32) -> Option<u32> {
 pub(super) fn entry_hint(e: EntryRef<'_>, oracle: &dyn BlockOracle, tip: u32) -> u32 {
     let produced = e.productions().filter_map(|p| record_hint(p.height, tip));
     let consumed = e.consumptions().filter_map(|c| {
-        let h = oracle.best_height(c.block).or_else(|| oracle.height(c.block))?;
+        let h = oracle
+            .best_height(c.block)
+            .or_else(|| oracle.height(c.block))?;
         record_hint(h, tip)
     });
     produced.chain(consumed).min().unwrap_or(NO_PURGE)

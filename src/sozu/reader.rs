@@ -84,11 +84,7 @@ impl PageView for View<'_> {
 }
 
 impl SozuReader {
-    pub(super) fn new(
-        geo: Geo,
-        shards: Vec<Arc<Published>>,
-        template: Box<dyn Storage>,
-    ) -> Self {
+    pub(super) fn new(geo: Geo, shards: Vec<Arc<Published>>, template: Box<dyn Storage>) -> Self {
         Self {
             geo,
             shards,
@@ -106,7 +102,8 @@ impl SozuReader {
             Some(h) => h,
             None => {
                 let t = self.template.lock();
-                t.try_clone().map_err(|e| io_err(t.as_ref(), HEADER_FILE, e))?
+                t.try_clone()
+                    .map_err(|e| io_err(t.as_ref(), HEADER_FILE, e))?
             }
         };
         let r = f(st.as_mut());
@@ -156,7 +153,11 @@ impl SozuReader {
         Ok(())
     }
 
-    fn lookup(&self, st: &mut dyn Storage, keys: &[OutPoint]) -> Result<Vec<Option<Entry>>, SozuError> {
+    fn lookup(
+        &self,
+        st: &mut dyn Storage,
+        keys: &[OutPoint],
+    ) -> Result<Vec<Option<Entry>>, SozuError> {
         let mut by_shard: Vec<Vec<(usize, Query)>> = vec![Vec::new(); self.shards.len()];
         for (i, k) in keys.iter().enumerate() {
             let key = outpoint_key(k);

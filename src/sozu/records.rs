@@ -66,7 +66,10 @@ impl Records {
         rec.extend_from_slice(script);
         self.push(state, rec);
         ExternalScript {
-            location: location(state.current, state.current_len - (RECORD_HEAD_LEN + script.len()) as u64),
+            location: location(
+                state.current,
+                state.current_len - (RECORD_HEAD_LEN + script.len()) as u64,
+            ),
             crc: crc32fast::hash(script),
         }
     }
@@ -91,7 +94,8 @@ impl Records {
 /// A purged entry's record is dead weight in its segment.
 pub(super) fn mark_dead(state: &mut RecordsState, ext: ExternalScript, len: usize) {
     if split(ext.location).0 == state.current {
-        state.current_dead = (state.current_dead + (RECORD_HEAD_LEN + len) as u64).min(state.current_len);
+        state.current_dead =
+            (state.current_dead + (RECORD_HEAD_LEN + len) as u64).min(state.current_len);
     }
 }
 
@@ -115,12 +119,15 @@ fn record_bytes(
     let (segment, offset) = split(loc);
     let name = segment_file(shard, segment);
     let mut buf = vec![0u8; RECORD_HEAD_LEN + len];
-    st.read_at(&name, offset, &mut buf).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::NotFound => {
-            corrupt(st.path_of(&name), offset, "records file truncated or missing")
-        }
-        _ => io_err(st, &name, e),
-    })?;
+    st.read_at(&name, offset, &mut buf)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::NotFound => corrupt(
+                st.path_of(&name),
+                offset,
+                "records file truncated or missing",
+            ),
+            _ => io_err(st, &name, e),
+        })?;
     Ok(Arc::new(buf))
 }
 
@@ -169,7 +176,10 @@ impl Shard {
     ) -> Result<(), SozuError> {
         let r = &mut self.state.records;
         let Some((segment, len, cursor)) = r.compacting else {
-            if r.delete.is_none() && r.current_len >= min_len.max(1) && r.current_dead * 2 > r.current_len {
+            if r.delete.is_none()
+                && r.current_len >= min_len.max(1)
+                && r.current_dead * 2 > r.current_len
+            {
                 r.compacting = Some((r.current, r.current_len, 0));
                 r.current += 1;
                 r.current_len = 0;
@@ -272,10 +282,20 @@ impl Shard {
         )?;
         live.sort_unstable();
         for (addr, slot, qi) in live {
-            let loc = self.records.push(&mut self.state.records, walked[qi].2.to_vec());
-            self.log.apply(&mut self.store, Op::Page(addr)).map_err(super::shard::op_err)?;
+            let loc = self
+                .records
+                .push(&mut self.state.records, walked[qi].2.to_vec());
             self.log
-                .apply(&mut self.store, Op::Locate { slot, location: loc })
+                .apply(&mut self.store, Op::Page(addr))
+                .map_err(super::shard::op_err)?;
+            self.log
+                .apply(
+                    &mut self.store,
+                    Op::Locate {
+                        slot,
+                        location: loc,
+                    },
+                )
                 .map_err(super::shard::op_err)?;
             self.counters.records_moved += 1;
         }

@@ -87,7 +87,10 @@ pub(super) fn recover(st: &mut dyn Storage, config: &SozuConfig) -> Result<Recov
     let base = file_header.generation;
     let ps = file_header.page_size as usize;
     let first = scan_journal(st, base, file_header.commit_seq + 1, ps)?;
-    let last_seq = first.records.last().map_or(file_header.commit_seq, |r| r.seq);
+    let last_seq = first
+        .records
+        .last()
+        .map_or(file_header.commit_seq, |r| r.seq);
     let second = scan_journal(st, base + 1, last_seq + 1, ps)?;
     let journal = if second.records.is_empty() {
         first.position(base)
@@ -245,13 +248,19 @@ impl Scan {
 /// # Errors
 /// [`SozuError::Corrupt`]: a record out of sequence, or a damaged record
 /// followed by a later one of this generation.
-fn scan_journal(st: &mut dyn Storage, g: u64, first_seq: u64, page_size: usize) -> Result<Scan, SozuError> {
+fn scan_journal(
+    st: &mut dyn Storage,
+    g: u64,
+    first_seq: u64,
+    page_size: usize,
+) -> Result<Scan, SozuError> {
     let name = journal_file(g);
     let len = st.len(name).map_err(|e| io_err(st, name, e))?;
     let n = usize::try_from(len).map_err(|_| corrupt(st.path_of(name), 0, "journal too large"))?;
     let mut b = vec![0u8; n];
     if n > 0 {
-        st.read_at(name, 0, &mut b).map_err(|e| io_err(st, name, e))?;
+        st.read_at(name, 0, &mut b)
+            .map_err(|e| io_err(st, name, e))?;
     }
     let mut scan = Scan {
         records: Vec::new(),
@@ -271,16 +280,14 @@ fn scan_journal(st: &mut dyn Storage, g: u64, first_seq: u64, page_size: usize) 
                 scan.valid_end = pos as u64;
             }
             Parsed::Ok(rec, _) if rec.generation < g => break,
-            Parsed::Ok(rec, _) => {
-                return Err(corrupt(
-                    st.path_of(name),
-                    pos as u64,
-                    format!(
-                        "record of generation {} seq {} where generation {g} seq {expect} was expected",
-                        rec.generation, rec.seq
-                    ),
-                ))
-            }
+            Parsed::Ok(rec, _) => return Err(corrupt(
+                st.path_of(name),
+                pos as u64,
+                format!(
+                    "record of generation {} seq {} where generation {g} seq {expect} was expected",
+                    rec.generation, rec.seq
+                ),
+            )),
             Parsed::Invalid => break,
         }
     }
@@ -348,7 +355,9 @@ fn read_checkpoint_file(st: &mut dyn Storage, h: &Header) -> Result<Vec<Record>,
     let mut pos = 0usize;
     while pos < buf.len() {
         match journal::parse(&buf[pos..], h.page_size as usize) {
-            Parsed::Ok(rec, n) if rec.generation == h.generation && matches!(rec.body, Body::Images(_)) => {
+            Parsed::Ok(rec, n)
+                if rec.generation == h.generation && matches!(rec.body, Body::Images(_)) =>
+            {
                 out.push(rec);
                 pos += n;
             }

@@ -12,8 +12,9 @@ use super::ops::{OpError, OpLog};
 use super::page::EntryRef;
 use super::records::{self, Records};
 use super::store::{corrupt, PageStore};
-use super::types::Entry;
+use super::types::{Entry, OutPointKey};
 use super::SozuError;
+use rustc_hash::FxHashMap;
 
 /// Counters of one shard since open.
 #[derive(Clone, Copy, Debug, Default)]
@@ -71,7 +72,14 @@ pub(super) struct Shard {
     pub(super) state: ShardState,
     pub(super) records: Records,
     pub(super) counters: Counters,
+    /// Pages where [`Shard::get`] found keys since the last write: the
+    /// next write's spends are there (nothing moves entries but a write),
+    /// so it need not look them up again.
+    pub(super) located: FxHashMap<OutPointKey, Addr>,
 }
+
+/// Most keys [`Shard::located`] remembers.
+const MAX_LOCATED: usize = 1 << 20;
 
 impl PageView for PageStore {
     fn check(&mut self, addr: Addr, sigs: &[u16], may: &mut Vec<bool>) -> Option<Descent> {
@@ -123,17 +131,28 @@ impl Shard {
     ///
     /// # Errors
     /// Storage failure or corruption.
-    pub(super) fn get(&mut self, geo: &Geo, queries: &[Query]) -> Result<Vec<Option<Entry>>, SozuError> {
+    pub(super) fn get(
+        &mut self,
+        geo: &Geo,
+        queries: &[Query],
+    ) -> Result<Vec<Option<Entry>>, SozuError> {
         let mut slots = vec![None; queries.len()];
+        let mut at = Vec::new();
         self.locate(
             geo,
             queries,
-            &mut |qi, _, _, e| {
+            &mut |qi, addr, _, e| {
                 slots[qi] = Some(e.to_slot());
+                at.push((qi, addr));
                 Ok(())
             },
             None,
         )?;
+        if self.located.len() + at.len() > MAX_LOCATED {
+            self.located.clear();
+        }
+        self.located
+            .extend(at.into_iter().map(|(qi, addr)| (queries[qi].key, addr)));
         slots
             .into_iter()
             .zip(queries)
@@ -155,7 +174,6 @@ impl Shard {
             })
             .collect()
     }
-
 }
 
 /// Reports an entry that a lookup found and a later edit cannot.

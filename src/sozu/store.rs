@@ -306,8 +306,7 @@ impl PageStore {
         let gone: Vec<(Addr, Arc<Vec<u8>>)> = images
             .iter()
             .filter(|(a, img)| {
-                a.0 >= self.ram_layers
-                    && self.committed.get(a).is_some_and(|c| Arc::ptr_eq(c, img))
+                a.0 >= self.ram_layers && self.committed.get(a).is_some_and(|c| Arc::ptr_eq(c, img))
             })
             .cloned()
             .collect();
@@ -328,7 +327,8 @@ impl PageStore {
     /// Bytes of page images this store holds in memory (committed, dirty,
     /// cached).
     pub(super) fn memory(&self) -> u64 {
-        let sum = |m: &FxHashMap<Addr, Arc<Vec<u8>>>| m.values().map(|p| p.len() as u64).sum::<u64>();
+        let sum =
+            |m: &FxHashMap<Addr, Arc<Vec<u8>>>| m.values().map(|p| p.len() as u64).sum::<u64>();
         sum(&self.committed) + sum(&self.dirty) + self.cache.weight()
     }
 }
@@ -346,7 +346,14 @@ impl Pages for PageStore {
             self.dirty.insert(addr, p);
         }
         let p = self.dirty.get_mut(&addr).ok_or(SozuError::Poisoned)?;
-        Ok(Arc::make_mut(p))
+        if Arc::get_mut(p).is_none() {
+            // Copy on write, with room for the block's edits (a copy of
+            // exactly its length would be reallocated by the first insert).
+            let mut copy = Vec::with_capacity(p.len().max(self.page_size) + 256);
+            copy.extend_from_slice(p);
+            *p = Arc::new(copy);
+        }
+        Arc::get_mut(p).ok_or(SozuError::Poisoned)
     }
     fn create(&mut self, addr: Addr) -> Result<&mut Vec<u8>, SozuError> {
         self.cache.remove(&addr);

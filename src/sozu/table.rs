@@ -17,14 +17,16 @@ use super::lookup::Query;
 use super::ops::OpLog;
 use super::page::MAX_SCRIPT_LEN;
 use super::reader::SozuReader;
-use super::recovery::{self, JournalPos, PendingCheckpoint, ShardRecovery};
 use super::records::Records;
+use super::recovery::{self, JournalPos, PendingCheckpoint, ShardRecovery};
 use super::shard::{Counters, Shard};
 use super::stats::{file_bytes, LayerScan, SozuStats};
 use super::storage::{FsStorage, Storage};
 use super::store::{io_err, read_existing_page, PageStore, Published};
 use super::summary::PageSummary;
-use super::types::{outpoint_key, BlockOracle, BlockWrite, CommitTag, Entry, OutPointKey, PURGE_DEPTH};
+use super::types::{
+    outpoint_key, BlockOracle, BlockWrite, CommitTag, Entry, OutPointKey, PURGE_DEPTH,
+};
 use super::walk::walk;
 use super::write::{BlockCtx, KeyOp};
 use super::{SozuError, UtxoReader, UtxoTable};
@@ -135,12 +137,20 @@ impl SozuTable {
         };
         let mut shards = Vec::new();
         for (id, r) in rec.shards.into_iter().enumerate() {
-            shards.push(open_shard(st, &geo, &plan, (id as u8, h.shard_state[id]), r, config.verify_on_open)?);
+            shards.push(open_shard(
+                st,
+                &geo,
+                &plan,
+                (id as u8, h.shard_state[id]),
+                r,
+                config.verify_on_open,
+            )?);
         }
         let reader = Arc::new(SozuReader::new(
             geo.clone(),
             shards.iter().map(|s| s.store.published.clone()).collect(),
-            st.try_clone().map_err(|e| io_err(st, super::files::HEADER_FILE, e))?,
+            st.try_clone()
+                .map_err(|e| io_err(st, super::files::HEADER_FILE, e))?,
         ));
         Ok(Self {
             storage,
@@ -305,7 +315,8 @@ impl SozuTable {
             let op = ops.get_mut(&key).ok_or(SozuError::Poisoned)?;
             match &mut op.create {
                 Some((coin, absent)) => {
-                    if coin.value != new.coin.value || coin.script_pubkey != new.coin.script_pubkey {
+                    if coin.value != new.coin.value || coin.script_pubkey != new.coin.script_pubkey
+                    {
                         return Err(SozuError::CoinMismatch {
                             outpoint: new.outpoint,
                         });
@@ -317,7 +328,10 @@ impl SozuTable {
         }
         for (outpoint, c) in &write.spent {
             let key = op_for(&mut ops, outpoint);
-            ops.get_mut(&key).ok_or(SozuError::Poisoned)?.consumed.push(*c);
+            ops.get_mut(&key)
+                .ok_or(SozuError::Poisoned)?
+                .consumed
+                .push(*c);
         }
         let mut by_shard: Vec<Vec<KeyOp>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
         for (_, op) in ops {
@@ -365,7 +379,9 @@ fn open_shard(
         }
     }
     *published.records.write() = std::mem::take(&mut r.records);
-    let storage = st.try_clone().map_err(|e| io_err(st, super::files::HEADER_FILE, e))?;
+    let storage = st
+        .try_clone()
+        .map_err(|e| io_err(st, super::files::HEADER_FILE, e))?;
     let cache = plan.cache_bytes / plan_shards(geo);
     let store = PageStore::new(
         id,
@@ -383,6 +399,7 @@ fn open_shard(
         state,
         records: Records::default(),
         counters: Counters::default(),
+        located: Default::default(),
     })
 }
 

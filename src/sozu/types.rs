@@ -162,7 +162,9 @@ pub fn is_purgeable(
     // a write looks at are recent, so most need no oracle call.
     produced.clone().next().is_some()
         && produced.all(|p| {
-            deep(p.height) && oracle.best_height(p.block).is_none() && oracle.height(p.block).is_some_and(deep)
+            deep(p.height)
+                && oracle.best_height(p.block).is_none()
+                && oracle.height(p.block).is_some_and(deep)
         })
 }
 

@@ -73,6 +73,15 @@ struct PageWork {
 
 type Work = Vec<BTreeMap<u64, PageWork>>;
 
+/// The records one entry of a page lacks, found by the page's walk.
+struct EntryEdit {
+    /// Byte offset of the entry in the page.
+    at: usize,
+    slot: u16,
+    produced: Vec<Production>,
+    consumed: Vec<Consumption>,
+}
+
 impl Shard {
     /// Applies one block's changes to this shard's keys, handing every
     /// entry it hard-deletes to `purged`.
@@ -87,7 +96,9 @@ impl Shard {
         ops: Vec<KeyOp>,
         purged: &mut dyn FnMut(Entry),
     ) -> Result<(), SozuError> {
-        let mut work = self.gather(ctx, ops)?;
+        let work = self.gather(ctx, ops);
+        self.located.clear();
+        let mut work = work?;
         for layer in 0..=ctx.geo.max_layer {
             let this = std::mem::take(&mut work[layer as usize]);
             if this.is_empty() {
@@ -109,8 +120,15 @@ impl Shard {
         // Outputs that may be present can only be recent re-productions
         // (BIP30): the lookup stops where nothing that recent went below.
         let floor = ctx.tip.min(ctx.height).saturating_sub(PURGE_DEPTH);
+        let mut at: Vec<Option<(Addr, Vec<u64>)>> = (0..ops.len()).map(|_| None).collect();
+        // Spends the last lookups found need no new lookup.
+        for (op, at) in ops.iter().zip(at.iter_mut()) {
+            if op.create.is_none() {
+                *at = self.located.get(&op.key).map(|a| (*a, Vec::new()));
+            }
+        }
         let idx: Vec<usize> = (0..ops.len())
-            .filter(|&i| !matches!(ops[i].create, Some((_, true))))
+            .filter(|&i| at[i].is_none() && !matches!(ops[i].create, Some((_, true))))
             .collect();
         let queries: Vec<Query> = idx
             .iter()
@@ -131,7 +149,6 @@ impl Shard {
             },
             Some(&mut paths),
         )?;
-        let mut at: Vec<Option<(Addr, Vec<u64>)>> = (0..ops.len()).map(|_| None).collect();
         for ((i, f), p) in idx.into_iter().zip(found).zip(paths) {
             at[i] = f.map(|a| (a, p));
         }
@@ -227,15 +244,8 @@ impl Shard {
         purged: &mut dyn FnMut(Entry),
     ) -> Result<(), SozuError> {
         self.apply(Op::Page(addr))?;
-        let mut added = false;
-        for m in &w.merges {
-            added |= self.merge(addr, &m.key, m.coin.as_ref(), m.produced, &m.consumed)?;
-        }
-        for bytes in &w.inserts {
-            added |= self.insert(addr, bytes)?;
-        }
+        let added = self.merge_and_insert(addr, &w)?;
         self.update_head(ctx, addr, w.raise, added)?;
-        self.counters.pages_written += 1;
         let p = self.store.page(addr)?;
         let due = page::head(&p).purge_hint <= ctx.tip;
         drop(p);
@@ -257,69 +267,103 @@ impl Shard {
         Ok(())
     }
 
-    /// Merges records into the entry of `key` in page `addr` (checking the
-    /// coin of a production); whether a record was added.
-    fn merge(
+    /// The records to add to each merged entry (an inserted key already
+    /// present counts as a merge of the new entry's records), found by one
+    /// walk over the page, and the indexes of the inserts whose key is
+    /// absent.
+    fn plan_page(
         &mut self,
         addr: Addr,
-        key: &OutPointKey,
-        coin: Option<&Coin>,
-        produced: Option<Production>,
-        consumed: &[Consumption],
-    ) -> Result<bool, SozuError> {
+        w: &PageWork,
+    ) -> Result<(Vec<EntryEdit>, Vec<usize>), SozuError> {
         let p = self.store.page(addr)?;
-        let (slot, e) = page::find(&p, key).ok_or_else(|| vanished(addr.0, addr.1))?;
-        if let Some(coin) = coin {
-            let same_script = match e.external() {
-                None => e.inline_script() == coin.script_pubkey.as_slice(),
-                Some(_) => self.resolve(e)?.coin.script_pubkey == coin.script_pubkey,
-            };
-            if e.value() != coin.value.to_sat() || !same_script {
-                return Err(SozuError::CoinMismatch {
-                    outpoint: super::types::key_outpoint(key),
-                });
+        let mut merges = Vec::new();
+        let mut present = vec![false; w.inserts.len()];
+        let mut seen = vec![false; w.merges.len()];
+        for (slot, (at, e)) in page::entries(&p).enumerate() {
+            for (m, seen) in w.merges.iter().zip(seen.iter_mut()) {
+                if !*seen && page::key_eq(&m.key, e.key()) {
+                    *seen = true;
+                    if let Some(coin) = &m.coin {
+                        self.check_coin(e, coin)?;
+                    }
+                    let (produced, consumed) =
+                        new_records(e, m.produced.iter().copied(), m.consumed.iter().copied());
+                    merges.push(EntryEdit {
+                        at,
+                        slot: slot as u16,
+                        produced,
+                        consumed,
+                    });
+                }
+            }
+            for (bytes, present) in w.inserts.iter().zip(present.iter_mut()) {
+                if !*present && page::key_eq(&bytes[..36], e.key()) {
+                    *present = true;
+                    let new = page::EntryRef::parse(bytes).map_err(|_| vanished(addr.0, addr.1))?;
+                    let (produced, consumed) =
+                        new_records(e, new.productions(), new.consumptions());
+                    merges.push(EntryEdit {
+                        at,
+                        slot: slot as u16,
+                        produced,
+                        consumed,
+                    });
+                }
             }
         }
-        let new_p: Vec<Production> = produced
-            .filter(|x| !e.productions().any(|y| y == *x))
-            .into_iter()
-            .collect();
-        let new_c: Vec<Consumption> = consumed
-            .iter()
-            .filter(|x| !e.consumptions().any(|y| y == **x))
-            .copied()
-            .collect();
-        drop(p);
-        for x in &new_p {
-            let record = page::encode_production(x);
-            self.apply(Op::Produce { slot, record })?;
+        if seen.iter().any(|s| !s) {
+            return Err(vanished(addr.0, addr.1));
         }
-        for x in &new_c {
-            let record = page::consumption_bytes(x);
-            self.apply(Op::Consume { slot, record })?;
-        }
-        Ok(!new_p.is_empty() || !new_c.is_empty())
+        let absent = (0..w.inserts.len()).filter(|&i| !present[i]).collect();
+        Ok((merges, absent))
     }
 
-    /// Appends a new entry, or merges its records into an entry of the
-    /// same key already in the page (unicity).
-    fn insert(&mut self, addr: Addr, bytes: &[u8]) -> Result<bool, SozuError> {
-        let p = self.store.page(addr)?;
-        let present = page::find(&p, &bytes[..36]).is_some();
-        drop(p);
-        if !present {
-            self.apply(Op::Insert(bytes))?;
-            return Ok(true);
+    /// Applies a page's merges (from the last entry up, so the offsets of
+    /// the entries not yet edited stay valid) and appends its new entries;
+    /// whether a record was added.
+    fn merge_and_insert(&mut self, addr: Addr, w: &PageWork) -> Result<bool, SozuError> {
+        let (mut merges, absent) = self.plan_page(addr, w)?;
+        merges.sort_unstable_by_key(|m| std::cmp::Reverse(m.at));
+        let mut added = !absent.is_empty();
+        for m in merges {
+            let (at, slot) = (m.at, m.slot);
+            added |= !m.produced.is_empty() || !m.consumed.is_empty();
+            for x in &m.produced {
+                let record = page::encode_production(x);
+                self.apply_at(Op::Produce { slot, record }, at)?;
+            }
+            for x in &m.consumed {
+                let record = page::consumption_bytes(x);
+                self.apply_at(Op::Consume { slot, record }, at)?;
+            }
         }
-        let e = page::EntryRef::parse(bytes).map_err(|_| vanished(addr.0, addr.1))?;
-        let mut key = [0u8; 36];
-        key.copy_from_slice(e.key());
-        let consumed: Vec<Consumption> = e.consumptions().collect();
-        let mut added = false;
-        for p in e.productions() {
-            added |= self.merge(addr, &key, None, Some(p), &[])?;
+        for i in absent {
+            self.apply(Op::Insert(&w.inserts[i]))?;
         }
-        Ok(self.merge(addr, &key, None, None, &consumed)? || added)
+        Ok(added)
+    }
+
+    fn apply_at(&mut self, op: Op<'_>, at: usize) -> Result<(), SozuError> {
+        self.log
+            .apply_at(&mut self.store, op, Some(at))
+            .map_err(op_err)
+    }
+
+    /// A production of an entry already in the table must carry its coin.
+    fn check_coin(&mut self, e: page::EntryRef<'_>, coin: &Coin) -> Result<(), SozuError> {
+        let same_script = match e.external() {
+            None => e.inline_script() == coin.script_pubkey.as_slice(),
+            Some(_) => self.resolve(e)?.coin.script_pubkey == coin.script_pubkey,
+        };
+        if e.value() != coin.value.to_sat() || !same_script {
+            let mut key = [0u8; 36];
+            key.copy_from_slice(e.key());
+            return Err(SozuError::CoinMismatch {
+                outpoint: super::types::key_outpoint(&key),
+            });
+        }
+        Ok(())
     }
 
     /// Raises the page's max production height below and lowers its purge
@@ -419,7 +463,9 @@ impl Shard {
         let mut by_child: BTreeMap<usize, (Vec<u16>, u32, u32)> = BTreeMap::new();
         let all: Vec<page::EntryRef<'_>> = page::entries(&p).map(|(_, e)| e).collect();
         for &i in &moved {
-            let c = by_child.entry(entries[i].child).or_insert((Vec::new(), NO_PURGE, 0));
+            let c = by_child
+                .entry(entries[i].child)
+                .or_insert((Vec::new(), NO_PURGE, 0));
             c.0.push(i as u16);
             c.1 = c.1.min(purge::entry_hint(all[i], ctx.oracle, ctx.tip));
             c.2 = c.2.max(entries[i].max_height);
@@ -483,4 +529,24 @@ impl Shard {
             children: children | (u64::from(mask) << page::CHILDREN_GROUP_BITS),
         })
     }
+}
+
+/// The records of `produced` and `consumed` that entry `e` lacks, in order
+/// (duplicates dropped).
+fn new_records(
+    e: page::EntryRef<'_>,
+    produced: impl Iterator<Item = Production>,
+    consumed: impl Iterator<Item = Consumption>,
+) -> (Vec<Production>, Vec<Consumption>) {
+    let mut np: Vec<Production> = produced
+        .filter(|x| !e.productions().any(|y| y == *x))
+        .collect();
+    np.sort_unstable();
+    np.dedup();
+    let mut nc: Vec<Consumption> = consumed
+        .filter(|x| !e.consumptions().any(|y| y == *x))
+        .collect();
+    nc.sort_unstable();
+    nc.dedup();
+    (np, nc)
 }

@@ -66,15 +66,24 @@ fn flipped_bit_is_a_checksum_error() {
     let disk = seal(&encode(&decoded(vec![slot(1, 30)])).unwrap(), 4096).unwrap();
     let mut bad = disk.clone();
     bad[100] ^= 0x10;
-    assert!(matches!(open_disk(&bad, 4096), Err(PageError::Checksum { .. })));
-    assert!(matches!(open_disk(&disk[..2048], 4096), Err(PageError::WrongSize { .. })));
+    assert!(matches!(
+        open_disk(&bad, 4096),
+        Err(PageError::Checksum { .. })
+    ));
+    assert!(matches!(
+        open_disk(&disk[..2048], 4096),
+        Err(PageError::WrongSize { .. })
+    ));
 }
 
 #[test]
 fn too_large_is_refused() {
     let d = decoded((0..60).map(|i| slot(i, 30)).collect());
     let mem = encode(&d).unwrap();
-    assert!(matches!(seal(&mem, 4096), Err(EncodeError::TooLarge { .. })));
+    assert!(matches!(
+        seal(&mem, 4096),
+        Err(EncodeError::TooLarge { .. })
+    ));
 }
 
 /// In-place edits agree with editing the decoded entries: records land in
@@ -87,22 +96,31 @@ fn edits_in_place() {
         txid: Txid::from_byte_array([1; 32]),
         vin: 0,
     };
-    assert!(insert_consumption(&mut p, 1, &consumption_bytes(&c)).unwrap());
-    assert!(!insert_consumption(&mut p, 1, &consumption_bytes(&c)).unwrap());
+    assert!(insert_consumption(&mut p, (1, None), &consumption_bytes(&c)).unwrap());
+    assert!(!insert_consumption(&mut p, (1, None), &consumption_bytes(&c)).unwrap());
     let prod = Production {
         block: BlockId(3),
         height: 6,
     };
-    assert!(insert_production(&mut p, 2, &encode_production(&prod)).unwrap());
-    assert!(insert_consumption(&mut p, 9, &consumption_bytes(&c)).is_err());
+    assert!(insert_production(&mut p, (2, None), &encode_production(&prod)).unwrap());
+    assert!(insert_consumption(&mut p, (9, None), &consumption_bytes(&c)).is_err());
     validate(&p).unwrap();
     let d = decode(&p);
     assert_eq!(d.slots[1].entry.consumed[0], c);
-    assert_eq!(d.slots[2].entry.produced, vec![prod, slot(3, 0).entry.produced[0]]);
+    assert_eq!(
+        d.slots[2].entry.produced,
+        vec![prod, slot(3, 0).entry.produced[0]]
+    );
     let gone = remove(&mut p, &[0, 2]).unwrap();
-    assert_eq!(EntryRef::parse(&gone).unwrap().key(), &outpoint_key(&slot(1, 0).entry.outpoint));
+    assert_eq!(
+        EntryRef::parse(&gone).unwrap().key(),
+        &outpoint_key(&slot(1, 0).entry.outpoint)
+    );
     assert_eq!(head(&p).count, 1);
-    assert_eq!(decode(&p).slots[0].entry.outpoint, slot(2, 0).entry.outpoint);
+    assert_eq!(
+        decode(&p).slots[0].entry.outpoint,
+        slot(2, 0).entry.outpoint
+    );
     assert!(remove(&mut p, &[1]).is_err());
     assert!(remove(&mut p, &[0, 0]).is_err());
     validate(&p).unwrap();
@@ -169,14 +187,14 @@ proptest::proptest! {
                     let c = Consumption { block: BlockId(u32::from(x)), txid: Txid::from_byte_array([x; 32]), vin: u32::from(x) };
                     let e = &mut model.slots[i].entry;
                     if e.consumed.len() < 255 {
-                        let added = insert_consumption(&mut p, i as u16, &consumption_bytes(&c)).unwrap();
+                        let added = insert_consumption(&mut p, (i as u16, None), &consumption_bytes(&c)).unwrap();
                         proptest::prop_assert_eq!(added, !e.consumed.contains(&c));
                         e.merge_records(&[], &[c]);
                     }
                 }
                 1 => {
                     let pr = Production { block: BlockId(u32::from(x) * 7), height: u32::from(x) };
-                    insert_production(&mut p, i as u16, &encode_production(&pr)).unwrap();
+                    insert_production(&mut p, (i as u16, None), &encode_production(&pr)).unwrap();
                     model.slots[i].entry.merge_records(&[pr], &[]);
                 }
                 _ => {
