@@ -29,6 +29,7 @@
 //!
 //! [sozu]
 //! shards = 2                     # UTXO table shards: 1, 2, 4 or 8, fixed at creation
+//! ram_mib = 512                  # UTXO table memory budget, MiB (16..=1048576)
 //!
 //! [validation]
 //! assumevalid = "0"              # 0 (verify every script) or a block hash; default: the network's
@@ -59,6 +60,9 @@ pub const DEFAULT_LOG_FILTER: &str = "info,sled=warn";
 /// Default number of UTXO-table shards (two shards use both cores of a small
 /// machine; see [`crate::sozu::SozuConfig::shards`]).
 pub const DEFAULT_SOZU_SHARDS: u8 = 2;
+
+/// Smallest and largest `sozu.ram_mib`, MiB.
+pub const SOZU_RAM_MIB_RANGE: std::ops::RangeInclusive<usize> = 16..=1 << 20;
 
 /// Errors reading the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +150,21 @@ pub fn parse_shards(s: &str) -> Result<u8, String> {
     match s.trim().parse::<u8>() {
         Ok(n @ (1 | 2 | 4 | 8)) => Ok(n),
         _ => Err(format!("bad shard count {s:?} (expected 1, 2, 4 or 8)")),
+    }
+}
+
+/// Parses a UTXO-table memory budget in MiB, within [`SOZU_RAM_MIB_RANGE`].
+///
+/// # Errors
+/// A message naming the accepted range.
+pub fn parse_ram_mib(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if SOZU_RAM_MIB_RANGE.contains(&n) => Ok(n),
+        _ => Err(format!(
+            "bad memory budget {s:?} (expected MiB from {} to {})",
+            SOZU_RAM_MIB_RANGE.start(),
+            SOZU_RAM_MIB_RANGE.end()
+        )),
     }
 }
 
@@ -248,6 +267,8 @@ pub struct Layer {
     pub assumevalid: Option<AssumeValid>,
     /// Address index on or off.
     pub address_index: Option<bool>,
+    /// UTXO-table memory budget, MiB.
+    pub sozu_ram_mib: Option<usize>,
     /// `KAKEHI_*` variables no option reads (e.g. `KAKEHI_LONG`, which the
     /// long test modes use): not an error, the binary logs a warning naming
     /// them so a typo is visible.
@@ -307,6 +328,8 @@ struct FileLog {
 struct FileSozu {
     #[serde(default, deserialize_with = "de_shards")]
     shards: Option<u8>,
+    #[serde(default, deserialize_with = "de_ram_mib")]
+    ram_mib: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -331,6 +354,13 @@ fn de_network<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Network>,
 fn de_shards<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u8>, D::Error> {
     let n = i64::deserialize(d)?;
     parse_shards(&n.to_string())
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn de_ram_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    let n = i64::deserialize(d)?;
+    parse_ram_mib(&n.to_string())
         .map(Some)
         .map_err(serde::de::Error::custom)
 }
@@ -380,6 +410,7 @@ impl Layer {
             sozu_shards: file.sozu.shards,
             assumevalid: file.validation.assumevalid,
             address_index: file.index.address,
+            sozu_ram_mib: file.sozu.ram_mib,
             unknown_env: Vec::new(),
         })
     }
@@ -402,6 +433,7 @@ impl Layer {
     /// | `KAKEHI_SOZU_SHARDS` | `sozu.shards` |
     /// | `KAKEHI_ASSUMEVALID` | `validation.assumevalid` |
     /// | `KAKEHI_ADDRESS_INDEX` (`true`/`false`) | `index.address` |
+    /// | `KAKEHI_SOZU_RAM_MIB` | `sozu.ram_mib` |
     ///
     /// # Errors
     /// [`ConfigError::Env`] for a bad value. Unknown `KAKEHI_*` variables
@@ -454,6 +486,7 @@ impl Layer {
                         bad(format!("{value:?} is not true or false"))
                     })?)
                 }
+                "SOZU_RAM_MIB" => layer.sozu_ram_mib = Some(parse_ram_mib(&value).map_err(bad)?),
                 _ => layer.unknown_env.push(var.clone()),
             }
         }
@@ -561,6 +594,10 @@ pub struct SozuSection {
     /// Shards of the UTXO table (1, 2, 4 or 8). Fixed when the table is
     /// created; later values are ignored. Default [`DEFAULT_SOZU_SHARDS`].
     pub shards: u8,
+    /// Memory budget of the UTXO table's pages, MiB (pinned top layers,
+    /// page cache, pages awaiting a checkpoint; [`crate::sozu::SozuConfig::ram_mib`]).
+    /// Applies at each start. Default [`crate::sozu::DEFAULT_RAM_MIB`].
+    pub ram_mib: usize,
 }
 
 /// `[validation]`.
@@ -611,6 +648,8 @@ impl Config {
             },
             sozu: SozuSection {
                 shards: pick(layers, |l| l.sozu_shards.as_ref()).unwrap_or(DEFAULT_SOZU_SHARDS),
+                ram_mib: pick(layers, |l| l.sozu_ram_mib.as_ref())
+                    .unwrap_or(crate::sozu::DEFAULT_RAM_MIB),
             },
             validation: ValidationSection {
                 assumevalid: pick(layers, |l| l.assumevalid.as_ref())
@@ -710,6 +749,9 @@ mod tests {
         assert_eq!((line, key.as_str()), (2, "p2p.connect"));
         let (line, key, _) = file_err("[sozu]\n# comment\nshards = 3\n");
         assert_eq!((line, key.as_str()), (3, "sozu.shards"));
+        let (line, key, msg) = file_err("[sozu]\nram_mib = 8\n");
+        assert_eq!((line, key.as_str()), (2, "sozu.ram_mib"));
+        assert!(msg.contains("memory budget"), "{msg}");
         let (line, key, _) = file_err("[log]\nformat = \"xml\"\n");
         assert_eq!((line, key.as_str()), (2, "log.format"));
         let (line, key, msg) = file_err("[validation]\nassumevalid = \"yes\"\n");
@@ -736,6 +778,7 @@ mod tests {
             ("KAKEHI_LOG_FILTER", "debug"),
             ("RUST_LOG", "warn"),
             ("KAKEHI_SOZU_SHARDS", "4"),
+            ("KAKEHI_SOZU_RAM_MIB", "2048"),
             ("PATH", "/bin"),
             ("KAKEHI_NETWROK", "regtest"),
         ])
@@ -745,10 +788,13 @@ mod tests {
         assert_eq!(l.addnode, Some(vec![]));
         assert_eq!(l.log_filter.as_deref(), Some("warn"));
         assert_eq!(l.sozu_shards, Some(4));
+        assert_eq!(l.sozu_ram_mib, Some(2048));
         assert_eq!(l.unknown_env, vec!["KAKEHI_NETWROK".to_string()]);
         for bad in [
             ("KAKEHI_HTTP", "localhost"),
             ("KAKEHI_SOZU_SHARDS", "0"),
+            ("KAKEHI_SOZU_RAM_MIB", "lots"),
+            ("KAKEHI_SOZU_RAM_MIB", "2097152"),
             ("KAKEHI_LOG_FORMAT", "xml"),
             ("KAKEHI_ASSUMEVALID", "1"),
             ("KAKEHI_ASSUMEVALID", "00ff"),
@@ -799,6 +845,7 @@ mod tests {
             .expect("env");
         let s = Config::resolve(&[&off, &signet]);
         assert_eq!(s.validation.assumevalid, AssumeValid::Off);
+        assert_eq!(c.sozu.ram_mib, crate::sozu::DEFAULT_RAM_MIB);
         // Network-dependent defaults follow the resolved network.
         assert!(
             c.datadir.ends_with(".kakehi/regtest"),

@@ -114,11 +114,27 @@ pub struct Record {
 /// # Errors
 /// [`ImportError`] for the first problem found; nothing is imported.
 pub fn read_file(path: &Path, params: &ChainParams) -> Result<Vec<Record>, ImportError> {
-    let data = std::fs::read(path).map_err(|source| ImportError::Io {
-        path: path.into(),
-        source,
-    })?;
-    let magic = params.magic();
+    match scan_file(path, params) {
+        (records, None) => Ok(records),
+        (_, Some(e)) => Err(e),
+    }
+}
+
+/// Reads `path` up to its first problem: the records before it, and the
+/// problem ([`ImportError::Io`] with no records when the file cannot be
+/// read). `kakehi reindex-chainstate` reads its own block files with it,
+/// whose last one may end in a torn append (cut at the next start).
+pub fn scan_file(path: &Path, params: &ChainParams) -> (Vec<Record>, Option<ImportError>) {
+    let data = match std::fs::read(path) {
+        Ok(d) => d,
+        Err(source) => {
+            let e = ImportError::Io {
+                path: path.into(),
+                source,
+            };
+            return (Vec::new(), Some(e));
+        }
+    };
     let mut out = Vec::new();
     let mut pos = 0usize;
     while pos < data.len() {
@@ -126,68 +142,95 @@ pub fn read_file(path: &Path, params: &ChainParams) -> Result<Vec<Record>, Impor
         if rest.iter().all(|b| *b == 0) {
             break;
         }
-        let offset = pos as u64;
-        if rest.len() < 8 {
-            return Err(ImportError::Truncated {
-                path: path.into(),
-                offset,
-                needed: 8,
-                available: rest.len() as u64,
-            });
-        }
-        let found = [rest[0], rest[1], rest[2], rest[3]];
-        if found != magic {
-            for net in [
-                Network::Bitcoin,
-                Network::Testnet,
-                Network::Testnet4,
-                Network::Signet,
-                Network::Regtest,
-            ] {
-                if net.magic().to_bytes() == found {
-                    return Err(ImportError::OtherNetwork {
-                        path: path.into(),
-                        offset,
-                        found: net,
-                        expected: params.network,
-                    });
-                }
+        match next_record(path, params, rest, pos as u64) {
+            Ok((rec, len)) => {
+                out.push(rec);
+                pos += len;
             }
-            return Err(ImportError::BadMagic {
-                path: path.into(),
-                offset,
-                found,
-                expected: magic,
-            });
+            Err(e) => return (out, Some(e)),
         }
-        let len = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        if len > MAX_RECORD_LEN {
-            return Err(ImportError::Oversized {
-                path: path.into(),
-                offset,
-                len,
-            });
-        }
-        let end = 8 + len as usize;
-        if rest.len() < end {
-            return Err(ImportError::Truncated {
-                path: path.into(),
-                offset,
-                needed: end as u64,
-                available: rest.len() as u64,
-            });
-        }
-        let block: Block = bitcoin::consensus::deserialize(&rest[8..end]).map_err(|source| {
-            ImportError::BadBlock {
-                path: path.into(),
-                offset,
-                source,
-            }
-        })?;
-        out.push(Record { offset, block });
-        pos += end;
     }
-    Ok(out)
+    (out, None)
+}
+
+/// Decodes the record at the start of `rest` (at `offset` in `path`): the
+/// record and its framed length.
+fn next_record(
+    path: &Path,
+    params: &ChainParams,
+    rest: &[u8],
+    offset: u64,
+) -> Result<(Record, usize), ImportError> {
+    if rest.len() < 8 {
+        return Err(ImportError::Truncated {
+            path: path.into(),
+            offset,
+            needed: 8,
+            available: rest.len() as u64,
+        });
+    }
+    let found = [rest[0], rest[1], rest[2], rest[3]];
+    check_magic(path, params, found, offset)?;
+    let len = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+    if len > MAX_RECORD_LEN {
+        return Err(ImportError::Oversized {
+            path: path.into(),
+            offset,
+            len,
+        });
+    }
+    let end = 8 + len as usize;
+    if rest.len() < end {
+        return Err(ImportError::Truncated {
+            path: path.into(),
+            offset,
+            needed: end as u64,
+            available: rest.len() as u64,
+        });
+    }
+    let block: Block =
+        bitcoin::consensus::deserialize(&rest[8..end]).map_err(|source| ImportError::BadBlock {
+            path: path.into(),
+            offset,
+            source,
+        })?;
+    Ok((Record { offset, block }, end))
+}
+
+/// The record's magic must be the network's: another network's is
+/// [`ImportError::OtherNetwork`], anything else [`ImportError::BadMagic`].
+fn check_magic(
+    path: &Path,
+    params: &ChainParams,
+    found: [u8; 4],
+    offset: u64,
+) -> Result<(), ImportError> {
+    let magic = params.magic();
+    if found == magic {
+        return Ok(());
+    }
+    for net in [
+        Network::Bitcoin,
+        Network::Testnet,
+        Network::Testnet4,
+        Network::Signet,
+        Network::Regtest,
+    ] {
+        if net.magic().to_bytes() == found {
+            return Err(ImportError::OtherNetwork {
+                path: path.into(),
+                offset,
+                found: net,
+                expected: params.network,
+            });
+        }
+    }
+    Err(ImportError::BadMagic {
+        path: path.into(),
+        offset,
+        found,
+        expected: magic,
+    })
 }
 
 /// What an import did.
@@ -225,53 +268,79 @@ pub fn import_files(
     stop: &AtomicBool,
     progress: bool,
 ) -> Result<ImportSummary, ImportError> {
-    let started = Instant::now();
-    // Progress and the summary read published snapshots; the writer's
-    // mutex is taken per block only.
-    let snapshots = chain.lock().snapshots();
-    let params = snapshots.load().params().clone();
-    let reorgs_before = snapshots.load().stats().reorgs;
-    let mut summary = ImportSummary::default();
+    let mut run = ImportRun::new(chain);
     for path in paths {
-        let records = read_file(path, &params)?;
+        let records = read_file(path, run.params())?;
+        run.import(path, records, stop, progress)?;
+        if run.summary.interrupted {
+            break;
+        }
+    }
+    run.finish()
+}
+
+/// An import in progress: blocks submitted one by one to a chain state,
+/// counted in an [`ImportSummary`].
+pub struct ImportRun<'a> {
+    chain: &'a parking_lot::Mutex<Chainstate>,
+    snapshots: crate::snapshot::Snapshots,
+    params: ChainParams,
+    reorgs_before: u64,
+    started: Instant,
+    /// What the import did so far.
+    pub summary: ImportSummary,
+}
+
+impl<'a> ImportRun<'a> {
+    /// Starts an import into `chain`.
+    pub fn new(chain: &'a parking_lot::Mutex<Chainstate>) -> Self {
+        // Progress and the summary read published snapshots; the writer's
+        // mutex is taken per block only.
+        let snapshots = chain.lock().snapshots();
+        let params = snapshots.load().params().clone();
+        let reorgs_before = snapshots.load().stats().reorgs;
+        Self {
+            chain,
+            snapshots,
+            params,
+            reorgs_before,
+            started: Instant::now(),
+            summary: ImportSummary::default(),
+        }
+    }
+
+    /// The chain's parameters.
+    pub fn params(&self) -> &ChainParams {
+        &self.params
+    }
+
+    /// Submits the blocks of one file (`path`, for the log) in order, with
+    /// a progress bar on standard error when `progress`; stops at the
+    /// block boundary where `stop` is seen set (`summary.interrupted`).
+    ///
+    /// # Errors
+    /// [`ImportError::Pipeline`]: a storage failure.
+    pub fn import(
+        &mut self,
+        path: &Path,
+        records: Vec<Record>,
+        stop: &AtomicBool,
+        progress: bool,
+    ) -> Result<(), ImportError> {
         tracing::info!(file = %path.display(), blocks = records.len(), "importing");
-        let bar = if progress {
-            let bar = indicatif::ProgressBar::new(records.len() as u64);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} blocks {per_sec} eta {eta} {msg}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            bar
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
+        let bar = progress_bar(progress, records.len() as u64);
         let mut last_log = Instant::now();
         let file_started = Instant::now();
         for (i, rec) in records.into_iter().enumerate() {
             if stop.load(Ordering::SeqCst) {
-                summary.interrupted = true;
+                self.summary.interrupted = true;
                 break;
             }
-            summary.blocks_read += 1;
-            let hash = rec.block.block_hash();
-            let outcome = { chain.lock().submit_block(&rec.block)? };
-            match outcome {
-                SubmitOutcome::Accepted { height, .. } => {
-                    summary.accepted += 1;
-                    bar.set_message(format!("height {height}"));
-                }
-                SubmitOutcome::Duplicate => summary.duplicates += 1,
-                SubmitOutcome::Rejected { reason, detail } => {
-                    tracing::warn!(block_hash = %hash, offset = rec.offset, %reason, "rejected: {detail}");
-                    summary.rejected.push((hash, reason, detail));
-                }
-            }
+            self.submit(&rec, &bar)?;
             bar.inc(1);
             if last_log.elapsed().as_secs() >= 10 {
                 let rate = (i + 1) as f64 / file_started.elapsed().as_secs_f64().max(1e-9);
-                let height = snapshots.load().index().tip_height();
+                let height = self.snapshots.load().index().tip_height();
                 let remaining = bar.length().unwrap_or(0).saturating_sub(bar.position());
                 tracing::info!(
                     height,
@@ -284,19 +353,57 @@ pub fn import_files(
             }
         }
         bar.finish_and_clear();
-        if summary.interrupted {
-            break;
-        }
+        Ok(())
     }
-    // The last group of blocks (connected while catching up) made durable,
-    // the epochs it completed sealed, and both published before the
-    // summary reads them.
-    chain.lock().finish_seals()?;
-    let cs = snapshots.load();
-    let tip = cs.index().tip();
-    summary.tip_hash = Some(tip.hash);
-    summary.tip_height = tip.height;
-    summary.reorgs = cs.stats().reorgs - reorgs_before;
-    summary.seconds = started.elapsed().as_secs_f64();
-    Ok(summary)
+
+    /// Submits one block and counts its outcome.
+    fn submit(&mut self, rec: &Record, bar: &indicatif::ProgressBar) -> Result<(), ImportError> {
+        self.summary.blocks_read += 1;
+        let hash = rec.block.block_hash();
+        let outcome = { self.chain.lock().submit_block(&rec.block)? };
+        match outcome {
+            SubmitOutcome::Accepted { height, .. } => {
+                self.summary.accepted += 1;
+                bar.set_message(format!("height {height}"));
+            }
+            SubmitOutcome::Duplicate => self.summary.duplicates += 1,
+            SubmitOutcome::Rejected { reason, detail } => {
+                tracing::warn!(block_hash = %hash, offset = rec.offset, %reason, "rejected: {detail}");
+                self.summary.rejected.push((hash, reason, detail));
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the last group of blocks durable and seals the epochs it
+    /// completed (both published before the summary reads them), and
+    /// returns the summary.
+    ///
+    /// # Errors
+    /// [`ImportError::Pipeline`]: a storage failure.
+    pub fn finish(mut self) -> Result<ImportSummary, ImportError> {
+        self.chain.lock().finish_seals()?;
+        let cs = self.snapshots.load();
+        let tip = cs.index().tip();
+        self.summary.tip_hash = Some(tip.hash);
+        self.summary.tip_height = tip.height;
+        self.summary.reorgs = cs.stats().reorgs - self.reorgs_before;
+        self.summary.seconds = self.started.elapsed().as_secs_f64();
+        Ok(self.summary)
+    }
+}
+
+/// A bar of `len` blocks on standard error, or a hidden one.
+fn progress_bar(progress: bool, len: u64) -> indicatif::ProgressBar {
+    if !progress {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} blocks {per_sec} eta {eta} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar
 }

@@ -18,6 +18,7 @@ pub mod primitives;
 pub mod node;
 pub mod p2p;
 pub mod pipeline;
+pub mod reindex;
 pub mod snapshot;
 pub mod sozu;
 pub mod store;

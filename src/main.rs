@@ -137,6 +137,13 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// Rebuild the chain state (block index, UTXO table, filters, spent
+    /// outputs, archive) from the datadir's block files, as Bitcoin Core's
+    /// -reindex-chainstate: the way forward for a datadir whose UTXO table
+    /// has an older format. Needs the block files' size again in free disk
+    /// until it ends; interrupted, it starts over (or finishes its swap)
+    /// when run again.
+    ReindexChainstate,
     /// Configuration commands.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -302,13 +309,20 @@ fn main() -> ExitCode {
     }
 }
 
-/// Opens the chain state with the configured UTXO-table shard count.
+/// The UTXO table's configuration from `[sozu]`.
+fn sozu_config(config: &Config) -> SozuConfig {
+    SozuConfig {
+        shards: config.sozu.shards,
+        ram_mib: config.sozu.ram_mib,
+        ..SozuConfig::default()
+    }
+}
+
+/// Opens the chain state with the configured UTXO table.
 fn open_chainstate(config: &Config, datadir: &DataDir) -> anyhow::Result<Chainstate> {
     let params = ChainParams::new(config.network);
-    let sozu = SozuConfig {
-        shards: config.sozu.shards,
-        ..SozuConfig::default()
-    };
+    kakehi::reindex::check_no_swap_pending(datadir.path())?;
+    let sozu = sozu_config(config);
     let utxo = datadir.path().join("utxo");
     let table = SozuTable::open(&utxo, sozu)
         .with_context(|| format!("opening the UTXO table in {}", utxo.display()))?;
@@ -374,6 +388,9 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         );
     }
     let datadir = DataDir::open(&config.datadir)?;
+    if let Command::ReindexChainstate = command {
+        return reindex(&config, &datadir, &stop);
+    }
     let started = std::time::Instant::now();
     let mut chain = open_chainstate(&config, &datadir)?;
     chain.set_assume_valid(config.validation.assumevalid);
@@ -422,9 +439,27 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        // Handled in main() before the datadir is opened.
-        Command::Config(ConfigCommand::Show) | Command::Proof(_) => Ok(ExitCode::SUCCESS),
+        // Handled in main() before the datadir is opened, and above.
+        Command::Config(ConfigCommand::Show) | Command::Proof(_) | Command::ReindexChainstate => {
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+/// `kakehi reindex-chainstate`.
+fn reindex(config: &Config, datadir: &DataDir, stop: &AtomicBool) -> anyhow::Result<ExitCode> {
+    let summary = kakehi::reindex::reindex_chainstate(
+        datadir.path(),
+        ChainParams::new(config.network),
+        sozu_config(config),
+        stop,
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    )?;
+    match summary {
+        Some(s) => print_summary(&s),
+        None => println!("finished the swap of an earlier reindex-chainstate"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `kakehi run`: imports, then P2P and HTTP until a shutdown request.

@@ -139,7 +139,7 @@ pub enum SozuError {
         reason: String,
     },
     /// The table was written by an incompatible format version.
-    #[error("sozu table {path} has format version {major}.{minor}; this build reads {}.x — rebuild the table", header::FORMAT_MAJOR)]
+    #[error("sozu table {path} has format version {major}.{minor}; this build reads {}.x: rebuild the chain state from the block files with `kakehi reindex-chainstate`", header::FORMAT_MAJOR)]
     UnsupportedVersion {
         /// The header file.
         path: std::path::PathBuf,

@@ -1,0 +1,252 @@
+//! `kakehi reindex-chainstate`: rebuilds the chain state (block index, UTXO
+//! table, BIP-158 filters, spent outputs, archive) from the datadir's own
+//! block files, as Bitcoin Core's `-reindex-chainstate` does. It is the way
+//! forward for a datadir whose UTXO table is of an older format.
+//!
+//! The blocks of `blocks/blk*.dat` are submitted in file order to a new chain
+//! state built in `reindex.new/` (so the best chain and its first-seen ties
+//! come out as they did). A torn append at the end of the last file (a crash
+//! after its last committed block) is cut; damage anywhere else is an error.
+//! The new state is marked complete (`reindex.new/COMPLETE`), then swapped in
+//! directory by directory, the old ones going to `reindex.old/`, removed at
+//! the end. Every step can be interrupted: a new run removes an incomplete
+//! build and starts over, or finishes a swap that was under way. The block
+//! files are written again by the new state, so the run needs the disk of
+//! the block files once more until the swap. Headers received without their
+//! block are not kept: peers send them again.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use parking_lot::Mutex;
+
+use crate::chain::ChainParams;
+use crate::import::{scan_file, ImportError, ImportRun, ImportSummary};
+use crate::pipeline::{Chainstate, GroupLimits, PipelineError};
+use crate::sozu::{SozuConfig, SozuError, SozuTable};
+
+/// The datadir's chain-state directories (`src/node.rs`, datadir layout),
+/// replaced by a reindex.
+pub const CHAINSTATE_DIRS: [&str; 7] = [
+    "index", "blocks", "filters", "spent", "headers", "archive", "utxo",
+];
+
+/// Where the new chain state is built, in the datadir.
+pub const NEW_DIR: &str = "reindex.new";
+/// Where the old chain state goes during the swap, in the datadir.
+pub const OLD_DIR: &str = "reindex.old";
+/// File of [`NEW_DIR`] that marks a finished build.
+const COMPLETE: &str = "COMPLETE";
+
+/// Errors of a reindex.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReindexError {
+    /// A file or directory of the datadir cannot be read, written or moved.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The datadir holds no block file to rebuild from.
+    #[error("no block files in {path}: nothing to reindex from")]
+    NoBlocks {
+        /// The blocks directory.
+        path: PathBuf,
+    },
+    /// A block file other than the last is damaged (or the last cannot be
+    /// read, or holds another network's blocks).
+    #[error("block file damaged: {0}")]
+    BlockFile(#[source] ImportError),
+    /// The import of the blocks failed (storage).
+    #[error(transparent)]
+    Import(#[from] ImportError),
+    /// The new chain state cannot be opened.
+    #[error("opening the new chain state: {0}")]
+    Pipeline(#[from] PipelineError),
+    /// The new UTXO table cannot be created.
+    #[error("creating the new UTXO table: {0}")]
+    Sozu(#[from] SozuError),
+    /// A shutdown request stopped the rebuild; the datadir is unchanged.
+    #[error("interrupted at height {height}: the datadir is unchanged; run `kakehi reindex-chainstate` again to start over")]
+    Interrupted {
+        /// Height the new chain state had reached.
+        height: u32,
+    },
+    /// A reindex stopped during its swap: the datadir mixes old and new
+    /// directories until it is finished.
+    #[error("datadir {path} holds a reindex stopped while it swapped the chain state in: run `kakehi reindex-chainstate` to finish it")]
+    SwapPending {
+        /// The datadir.
+        path: PathBuf,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReindexError + '_ {
+    move |source| ReindexError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Refuses a datadir whose reindex stopped during the swap (the node must
+/// not open half-swapped state).
+///
+/// # Errors
+/// [`ReindexError::SwapPending`].
+pub fn check_no_swap_pending(datadir: &Path) -> Result<(), ReindexError> {
+    if datadir.join(NEW_DIR).join(COMPLETE).exists() {
+        return Err(ReindexError::SwapPending {
+            path: datadir.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Rebuilds the chain state of `datadir` (locked by the caller) from its
+/// block files; `sozu` configures the new UTXO table. Shows a progress bar
+/// per block file on standard error when `progress`; stops between blocks
+/// when `stop` is set. Returns the import's summary, or `None` when it only
+/// finished the swap of an earlier run.
+///
+/// # Errors
+/// [`ReindexError`]; the old chain state stays in place unless the swap
+/// had started (then run again to finish it).
+pub fn reindex_chainstate(
+    datadir: &Path,
+    params: ChainParams,
+    sozu: SozuConfig,
+    stop: &AtomicBool,
+    progress: bool,
+) -> Result<Option<ImportSummary>, ReindexError> {
+    let new = datadir.join(NEW_DIR);
+    if new.join(COMPLETE).exists() {
+        tracing::info!("finishing the swap of an earlier reindex");
+        swap(datadir)?;
+        return Ok(None);
+    }
+    for leftover in [&new, &datadir.join(OLD_DIR)] {
+        if leftover.exists() {
+            std::fs::remove_dir_all(leftover).map_err(io(leftover))?;
+        }
+    }
+    let files = block_files(&datadir.join("blocks"))?;
+    std::fs::create_dir_all(&new).map_err(io(&new))?;
+    let summary = build(&new, params, sozu, &files, stop, progress)?;
+    for name in CHAINSTATE_DIRS {
+        let d = new.join(name);
+        std::fs::create_dir_all(&d).map_err(io(&d))?;
+    }
+    write_synced(&new.join(COMPLETE))?;
+    sync_dir(&new)?;
+    swap(datadir)?;
+    Ok(Some(summary))
+}
+
+/// `blocks/blk*.dat`, in name (= append) order.
+fn block_files(blocks: &Path) -> Result<Vec<PathBuf>, ReindexError> {
+    let mut files = Vec::new();
+    let entries = match std::fs::read_dir(blocks) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ReindexError::NoBlocks {
+                path: blocks.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(io(blocks)(e)),
+    };
+    for entry in entries {
+        let name = entry.map_err(io(blocks))?.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("blk") && name.ends_with(".dat") {
+            files.push(blocks.join(&*name));
+        }
+    }
+    if files.is_empty() {
+        return Err(ReindexError::NoBlocks {
+            path: blocks.to_path_buf(),
+        });
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Imports the blocks of `files` into a new chain state in `new`.
+fn build(
+    new: &Path,
+    params: ChainParams,
+    sozu: SozuConfig,
+    files: &[PathBuf],
+    stop: &AtomicBool,
+    progress: bool,
+) -> Result<ImportSummary, ReindexError> {
+    let table = SozuTable::open(&new.join("utxo"), sozu)?;
+    let mut cs = Chainstate::open(params, new, Box::new(table))?;
+    cs.set_group_limits(GroupLimits::NODE_DEFAULT);
+    let chain = Mutex::new(cs);
+    let mut run = ImportRun::new(&chain);
+    for (i, path) in files.iter().enumerate() {
+        let (records, problem) = scan_file(path, run.params());
+        if let Some(e) = problem {
+            let tail = matches!(
+                e,
+                ImportError::Truncated { .. }
+                    | ImportError::BadMagic { .. }
+                    | ImportError::Oversized { .. }
+                    | ImportError::BadBlock { .. }
+            );
+            if !tail || i + 1 < files.len() {
+                return Err(ReindexError::BlockFile(e));
+            }
+            tracing::warn!("the last block file ends in a torn append, cut: {e}");
+        }
+        tracing::info!(file = %path.display(), n = i + 1, of = files.len(), "reindexing");
+        run.import(path, records, stop, progress)?;
+        if run.summary.interrupted {
+            let summary = run.finish()?;
+            return Err(ReindexError::Interrupted {
+                height: summary.tip_height,
+            });
+        }
+    }
+    Ok(run.finish()?)
+}
+
+/// Moves every chain-state directory of `datadir` to [`OLD_DIR`] and the
+/// new one from [`NEW_DIR`] in its place, then removes both. A directory
+/// no longer in [`NEW_DIR`] was swapped by an earlier, interrupted run.
+fn swap(datadir: &Path) -> Result<(), ReindexError> {
+    let (new, old) = (datadir.join(NEW_DIR), datadir.join(OLD_DIR));
+    std::fs::create_dir_all(&old).map_err(io(&old))?;
+    for name in CHAINSTATE_DIRS {
+        let (from, cur) = (new.join(name), datadir.join(name));
+        if !from.exists() {
+            continue;
+        }
+        if cur.exists() {
+            std::fs::rename(&cur, old.join(name)).map_err(io(&cur))?;
+        }
+        std::fs::rename(&from, &cur).map_err(io(&from))?;
+    }
+    sync_dir(datadir)?;
+    std::fs::remove_file(new.join(COMPLETE)).map_err(io(&new))?;
+    std::fs::remove_dir_all(&new).map_err(io(&new))?;
+    std::fs::remove_dir_all(&old).map_err(io(&old))?;
+    sync_dir(datadir)
+}
+
+/// Creates an empty file and makes it durable.
+fn write_synced(path: &Path) -> Result<(), ReindexError> {
+    let f = std::fs::File::create(path).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
+}
+
+/// Makes a directory's entries (creations, renames) durable.
+fn sync_dir(dir: &Path) -> Result<(), ReindexError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
+}
