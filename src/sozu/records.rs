@@ -215,14 +215,7 @@ impl Shard {
             let loc = location(segment, at);
             let head = self.record_head(loc)?;
             let script_len = u16::from_le_bytes([head[36], head[37]]) as usize;
-            let rec = record_bytes(
-                self.store.storage.as_mut(),
-                self.id,
-                &self.store.published,
-                Some(self.records.pending()),
-                loc,
-                script_len,
-            )?;
+            let rec = self.read_record(loc, script_len)?;
             let mut key = [0u8; 36];
             key.copy_from_slice(&rec[..36]);
             at += rec.len() as u64;
@@ -231,16 +224,23 @@ impl Shard {
         Ok((out, at))
     }
 
-    /// The first 40 bytes of the record at `loc`.
-    fn record_head(&mut self, loc: u64) -> Result<Vec<u8>, SozuError> {
-        let rec = record_bytes(
+    /// The record at `loc` with a script of `script_len` bytes (0: its
+    /// head only), from the records not yet committed, the published ones
+    /// or its segment.
+    fn read_record(&mut self, loc: u64, script_len: usize) -> Result<Arc<Vec<u8>>, SozuError> {
+        record_bytes(
             self.store.storage.as_mut(),
             self.id,
             &self.store.published,
             Some(self.records.pending()),
             loc,
-            0,
-        )?;
+            script_len,
+        )
+    }
+
+    /// The first 40 bytes of the record at `loc`.
+    fn record_head(&mut self, loc: u64) -> Result<Vec<u8>, SozuError> {
+        let rec = self.read_record(loc, 0)?;
         if rec.len() < RECORD_HEAD_LEN {
             let (segment, offset) = split(loc);
             return Err(corrupt(
