@@ -11,7 +11,9 @@
 //! `SOZU_BENCH_BLOCKS` (measured blocks, default 150), `SOZU_BENCH_DIR`
 //! (default `target/sozu-bench`, a real disk: fsync matters),
 //! `SOZU_BENCH_SKIP` (comma list of baselines to skip: sled,redb,hashmap),
-//! `SOZU_BENCH_RAM_LAYERS` (default 2), `SOZU_BENCH_LAYER0_BITS` (default 10),
+//! `SOZU_BENCH_RAM_MIB` (the table's memory budget, default that of
+//! `SozuConfig::default()`), `SOZU_BENCH_RAM_LAYERS` (overrides the pinned
+//! layers the budget gives), `SOZU_BENCH_LAYER0_BITS` (default 10),
 //! `SOZU_BENCH_SHARDS` (default 2: one worker thread per shard),
 //! `SOZU_BENCH_CHECKPOINT_MIB` (journal size that triggers a checkpoint,
 //! default 256), `SOZU_BENCH_GROWTH_BITS` (g: 2^g children per bucket, default that of
@@ -380,6 +382,10 @@ struct SozuBackend {
     phase: [Duration; 3],
     /// Counters when the measured blocks started.
     at_measure: Option<SozuStats>,
+    /// Serialized payload the measured blocks changed, bytes: each new
+    /// entry whole (key 36, value 8, height 4, flags 1, script, production
+    /// 8) and 40 per consumption record.
+    changed_payload: u64,
 }
 
 struct Oracle<'a> {
@@ -406,6 +412,10 @@ impl Backend for SozuBackend {
         self.heights.push(b.height);
         self.best.truncate(b.height as usize);
         self.best.push(id);
+        if self.at_measure.is_some() {
+            let created: usize = b.created.iter().map(|(_, c)| 57 + c.script_pubkey.len()).sum();
+            self.changed_payload += (created + 40 * b.spent.len()) as u64;
+        }
         let keys: Vec<OutPoint> = b.spent.iter().map(|(o, _, _)| *o).collect();
         let ta = Instant::now();
         let found = self.table.get_batch(&keys).expect("sozu read");
@@ -604,6 +614,7 @@ fn run_sozu(
         connect_times: Vec::new(),
         phase: [Duration::ZERO; 3],
         at_measure: None,
+        changed_payload: 0,
     };
     let (fill, t_sozu, n, cpu, mut gen) = run(&mut sozu, live, blocks);
     let extra_a: Vec<Block> = (0..6).map(|_| gen.block(2500, 3000)).collect();
@@ -620,26 +631,54 @@ fn run_sozu(
     sozu.table.checkpoint_now().expect("sozu checkpoint");
     let checkpoints = sozu.table.counters().checkpoints;
     let stats = sozu.table.stats().expect("stats");
-    let rss_sozu = peak_rss_mib();
     let per_block = t_sozu / n as u32;
     let [read, write, commit] = sozu.phase.map(|d| d / n as u32);
     println!("{label}: fill {fill:.2?}, {n} blocks in {t_sozu:.2?} ({per_block:.2?}/block, CPU {:.1} ms/block); per measured block: get_batch {read:.2?}, write_block {write:.2?}, commit {commit:.2?}", 1000.0 * cpu / n as f64);
-    let mut floor = Duration::ZERO;
-    if let Some(m) = &sozu.at_measure {
-        let nb = n as f64;
-        floor = fsync_floor(
-            &dir,
-            ((stats.journal_bytes - m.journal_bytes) as f64 / nb) as usize,
-        );
-        println!(
-            "  per measured block: {:.0} buckets read, {:.0} buckets written (page images), {:.2} MB of journal, {:.0} spills",
-            (stats.buckets_read - m.buckets_read) as f64 / nb,
-            (stats.buckets_written - m.buckets_written) as f64 / nb,
-            (stats.journal_bytes - m.journal_bytes) as f64 / nb / 1e6,
-            (stats.spills - m.spills) as f64 / nb,
-        );
-        println!("  durability floor: appending and fsyncing one block's journal alone takes {floor:.2?} (mean of 20)");
+    let floor = print_block_figures(&sozu, &stats, &dir, n);
+    print_table_figures(&stats, config_checkpoint_mib);
+    println!("  peak RSS after {label}: {:.0} MiB", peak_rss_mib());
+    reorg_and_absence(&mut sozu, &extra_a, &extra_b);
+    point_reads(&mut sozu, &sample);
+    let inside = sozu.table.counters().checkpoints - checkpoints;
+    if inside > 0 {
+        println!("  ({inside} checkpoint(s) fell inside the reorg and proof-of-absence windows: read those rows with care)");
     }
+    drop(sozu);
+    let _ = std::fs::remove_dir_all(&dir);
+    (t_sozu, cpu, floor)
+}
+
+/// Prints the per-measured-block counters (pages, journal against the
+/// changed payload, spills) and returns the durability floor.
+fn print_block_figures(
+    sozu: &SozuBackend,
+    stats: &SozuStats,
+    dir: &std::path::Path,
+    n: usize,
+) -> Duration {
+    let Some(m) = &sozu.at_measure else {
+        return Duration::ZERO;
+    };
+    let nb = n as f64;
+    let journal = (stats.journal_bytes - m.journal_bytes) as f64 / nb;
+    let payload = sozu.changed_payload as f64 / nb;
+    let floor = fsync_floor(dir, journal as usize);
+    println!(
+        "  per measured block: {:.0} buckets read, {:.0} buckets written (page images), {:.3} MB of journal for {:.3} MB of changed payload ({:.2}x), {:.0} spills",
+        (stats.buckets_read - m.buckets_read) as f64 / nb,
+        (stats.buckets_written - m.buckets_written) as f64 / nb,
+        journal / 1e6,
+        payload / 1e6,
+        journal / payload.max(1.0),
+        (stats.spills - m.spills) as f64 / nb,
+    );
+    println!("  durability floor: appending and fsyncing one block's journal alone takes {floor:.2?} (mean of 20)");
+    floor
+}
+
+/// Prints the layers, bytes on disk against the live payload, and the
+/// page reads of lookups below the RAM layers.
+fn print_table_figures(stats: &SozuStats, checkpoint_mib: u64) {
     for (i, l) in stats.layers.iter().enumerate() {
         println!(
             "  layer {i}: {} buckets, {} entries, fill {:.2}",
@@ -650,7 +689,7 @@ fn run_sozu(
         "  bytes on disk after a checkpoint {} MB (of which journal file {} MB; it grows to {} MiB between checkpoints) vs live payload {} MB: {:.2}x, {:.2}x without the journal; spills {}, purges {}, checkpoints {}, journal written {} MB",
         stats.bytes_on_disk / 1_000_000,
         stats.journal_file_bytes / 1_000_000,
-        config_checkpoint_mib,
+        checkpoint_mib,
         stats.payload_bytes / 1_000_000,
         stats.bytes_on_disk as f64 / stats.payload_bytes.max(1) as f64,
         (stats.bytes_on_disk - stats.journal_file_bytes) as f64 / stats.payload_bytes.max(1) as f64,
@@ -665,17 +704,21 @@ fn run_sozu(
         stats.deep_lookup_pages as f64 / stats.deep_lookups.max(1) as f64,
         stats.disk_page_reads
     );
-    println!("  peak RSS after {label}: {rss_sozu:.0} MiB");
+}
 
+/// A 6-block reorg against connecting 6 blocks, then 6 blocks whose new
+/// outputs are all looked up (proof of absence); returns the time to
+/// connect the 6 blocks.
+fn reorg_and_absence(sozu: &mut SozuBackend, extra_a: &[Block], extra_b: &[Block]) -> Duration {
     // Reorg cost: 6 new blocks, then a competing branch of 6 blocks with
     // the same transactions (view switch + re-included outputs looked up).
     let t = Instant::now();
-    for b in &extra_a {
+    for b in extra_a {
         sozu.connect(b);
     }
     let connect6 = t.elapsed();
     let t = Instant::now();
-    for b in &extra_a {
+    for b in extra_a {
         let mut b = b.clone();
         b.reinclude = true;
         sozu.connect(&b);
@@ -690,7 +733,7 @@ fn run_sozu(
     sozu.lookup_absent = true;
     let r0 = sozu.table.counters();
     let t = Instant::now();
-    for b in &extra_b {
+    for b in extra_b {
         sozu.connect(b);
     }
     let lookups = t.elapsed();
@@ -700,14 +743,20 @@ fn run_sozu(
         100.0 * (lookups.as_secs_f64() / connect6.as_secs_f64() - 1.0),
         (r1.deep_lookup_pages - r0.deep_lookup_pages) as f64 / (r1.deep_lookups - r0.deep_lookups).max(1) as f64
     );
-    // Point reads, 100 keys per call, as HTTP asks them: the writer's batched
-    // lookup (page summaries, decoded-page cache) against the concurrent
-    // reader (`SozuReader`), which descends from layer 0 page by page.
+    connect6
+}
+
+/// Point reads, 100 keys per call, as HTTP asks them: the writer's
+/// batched lookup against the concurrent reader (`SozuReader`); prints the
+/// pages each cold lookup read from files.
+fn point_reads(sozu: &mut SozuBackend, sample: &[OutPoint]) {
+    let r0 = sozu.table.counters();
     let t = Instant::now();
     for chunk in sample.chunks(100) {
         sozu.table.get_batch(chunk).expect("sozu get_batch");
     }
     let t_writer = t.elapsed();
+    let r1 = sozu.table.counters();
     let reader = sozu.table.reader();
     let t = Instant::now();
     let mut found = 0;
@@ -722,19 +771,14 @@ fn run_sozu(
     let t_reader = t.elapsed();
     let per = |d: Duration| d.as_secs_f64() * 1e6 / sample.len().max(1) as f64;
     println!(
-        "  point reads of {} old outputs ({found} in the table), 100 per call: writer's get_batch {:.1} µs per key, concurrent reader {:.1} µs per key ({:.1}x)",
+        "  point reads of {} old outputs ({found} in the table), 100 per call: writer's get_batch {:.1} µs per key, concurrent reader {:.1} µs per key ({:.1}x); writer: {:.3} disk-layer pages per lookup below RAM, {:.3} page reads from files per key",
         sample.len(),
         per(t_writer),
         per(t_reader),
-        t_reader.as_secs_f64() / t_writer.as_secs_f64()
+        t_reader.as_secs_f64() / t_writer.as_secs_f64(),
+        (r1.deep_lookup_pages - r0.deep_lookup_pages) as f64 / (r1.deep_lookups - r0.deep_lookups).max(1) as f64,
+        (r1.disk_page_reads - r0.disk_page_reads) as f64 / sample.len().max(1) as f64,
     );
-    let inside = sozu.table.counters().checkpoints - checkpoints;
-    if inside > 0 {
-        println!("  ({inside} checkpoint(s) fell inside the reorg and proof-of-absence windows: read those rows with care)");
-    }
-    drop(sozu);
-    let _ = std::fs::remove_dir_all(&dir);
-    (t_sozu, cpu, floor)
 }
 
 /// Mean time to append `bytes` to a file and fsync it (`sync_data`), over
