@@ -454,6 +454,11 @@ fn reindex(config: &Config, datadir: &DataDir, stop: &AtomicBool) -> anyhow::Res
         sozu_config(config),
         stop,
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        &mut |cs| {
+            cs.set_group_limits(GroupLimits::NODE_DEFAULT);
+            cs.set_assume_valid(config.validation.assumevalid);
+            cs.set_address_index(config.index.address, &mut |_| {})
+        },
     )?;
     match summary {
         Some(s) => print_summary(&s),

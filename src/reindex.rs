@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use crate::chain::ChainParams;
 use crate::import::{scan_file, ImportError, ImportRun, ImportSummary};
-use crate::pipeline::{Chainstate, GroupLimits, PipelineError};
+use crate::pipeline::{Chainstate, PipelineError};
 use crate::sozu::{SozuConfig, SozuError, SozuTable};
 
 /// The datadir's chain-state directories (`src/node.rs`, datadir layout),
@@ -107,7 +107,9 @@ pub fn check_no_swap_pending(datadir: &Path) -> Result<(), ReindexError> {
 }
 
 /// Rebuilds the chain state of `datadir` (locked by the caller) from its
-/// block files; `sozu` configures the new UTXO table. Shows a progress bar
+/// block files; `sozu` configures the new UTXO table and `configure` the
+/// new chain state once opened (group limits, assumevalid, address index,
+/// as the node sets them). Shows a progress bar
 /// per block file on standard error when `progress`; stops between blocks
 /// when `stop` is set. Returns the import's summary, or `None` when it only
 /// finished the swap of an earlier run.
@@ -121,6 +123,7 @@ pub fn reindex_chainstate(
     sozu: SozuConfig,
     stop: &AtomicBool,
     progress: bool,
+    configure: &mut dyn FnMut(&mut Chainstate) -> Result<(), PipelineError>,
 ) -> Result<Option<ImportSummary>, ReindexError> {
     let new = datadir.join(NEW_DIR);
     if new.join(COMPLETE).exists() {
@@ -135,7 +138,7 @@ pub fn reindex_chainstate(
     }
     let files = block_files(&datadir.join("blocks"))?;
     std::fs::create_dir_all(&new).map_err(io(&new))?;
-    let summary = build(&new, params, sozu, &files, stop, progress)?;
+    let summary = build(&new, (params, sozu), &files, stop, progress, configure)?;
     for name in CHAINSTATE_DIRS {
         let d = new.join(name);
         std::fs::create_dir_all(&d).map_err(io(&d))?;
@@ -177,15 +180,15 @@ fn block_files(blocks: &Path) -> Result<Vec<PathBuf>, ReindexError> {
 /// Imports the blocks of `files` into a new chain state in `new`.
 fn build(
     new: &Path,
-    params: ChainParams,
-    sozu: SozuConfig,
+    (params, sozu): (ChainParams, SozuConfig),
     files: &[PathBuf],
     stop: &AtomicBool,
     progress: bool,
+    configure: &mut dyn FnMut(&mut Chainstate) -> Result<(), PipelineError>,
 ) -> Result<ImportSummary, ReindexError> {
     let table = SozuTable::open(&new.join("utxo"), sozu)?;
     let mut cs = Chainstate::open(params, new, Box::new(table))?;
-    cs.set_group_limits(GroupLimits::NODE_DEFAULT);
+    configure(&mut cs)?;
     let chain = Mutex::new(cs);
     let mut run = ImportRun::new(&chain);
     for (i, path) in files.iter().enumerate() {
