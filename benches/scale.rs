@@ -41,8 +41,8 @@ mod core_engine;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use bitcoin::hashes::{sha256, Hash, HashEngine};
 use bitcoin::block::Header;
+use bitcoin::hashes::{sha256, Hash, HashEngine};
 use bitcoin::Network;
 use kakehi::chain::assumevalid::AssumeValid;
 use kakehi::chain::ChainParams;
@@ -152,14 +152,28 @@ fn import(
 ) -> Totals {
     println!(
         "{:>6} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8} {:>8} {:>11}",
-        "tenth", "blocks", "blocks/s", "tx/s", "inputs/s", "p50 ms", "p99 ms", "RSS MiB", "datadir MiB"
+        "tenth",
+        "blocks",
+        "blocks/s",
+        "tx/s",
+        "inputs/s",
+        "p50 ms",
+        "p99 ms",
+        "RSS MiB",
+        "datadir MiB"
     );
     let tenth_size = total.div_ceil(10).max(1);
     let mut tenth = Tenth::default();
     let mut totals = Totals::default();
     for file in files {
         for rec in read_file(file, params).expect("read block file") {
-            let inputs: u64 = rec.block.txdata.iter().skip(1).map(|t| t.input.len() as u64).sum();
+            let inputs: u64 = rec
+                .block
+                .txdata
+                .iter()
+                .skip(1)
+                .map(|t| t.input.len() as u64)
+                .sum();
             let t = Instant::now();
             let outcome = chain.submit_block(&rec.block).expect("pipeline");
             let secs = t.elapsed().as_secs_f64();
@@ -182,7 +196,9 @@ fn import(
                 print_tenth(totals.blocks.div_ceil(tenth_size), &mut tenth, datadir);
             }
         }
-        totals.seconds_after_file.push(totals.pipeline_seconds + tenth.seconds);
+        totals
+            .seconds_after_file
+            .push(totals.pipeline_seconds + tenth.seconds);
     }
     totals
 }
@@ -204,7 +220,10 @@ fn print_totals(t: &Totals, wall: f64) {
         common::status_mib("VmHWM:")
     );
     if let (Some(f), Some(l)) = (t.first_rate, t.last_rate) {
-        println!("flat cost: inputs/s in the last tenth = {:.2}x the first", l / f);
+        println!(
+            "flat cost: inputs/s in the last tenth = {:.2}x the first",
+            l / f
+        );
     }
 }
 
@@ -290,7 +309,11 @@ fn check_end_state(chain: &mut Chainstate, manifest: &serde_json::Value, whole: 
     );
     let snapshot = chain.snapshot();
     let tip_height = snapshot.index().tip_height();
-    let below = if whole { tip_height } else { tip_height.saturating_sub(100) };
+    let below = if whole {
+        tip_height
+    } else {
+        tip_height.saturating_sub(100)
+    };
     let (mut same, mut checked) = (0, 0);
     for fh in manifest["filter_headers"].as_array().into_iter().flatten() {
         let height = fh["height"].as_u64().unwrap_or(u64::MAX) as u32;

@@ -413,7 +413,11 @@ impl Backend for SozuBackend {
         self.best.truncate(b.height as usize);
         self.best.push(id);
         if self.at_measure.is_some() {
-            let created: usize = b.created.iter().map(|(_, c)| 57 + c.script_pubkey.len()).sum();
+            let created: usize = b
+                .created
+                .iter()
+                .map(|(_, c)| 57 + c.script_pubkey.len())
+                .sum();
             self.changed_payload += (created + 40 * b.spent.len()) as u64;
         }
         let keys: Vec<OutPoint> = b.spent.iter().map(|(o, _, _)| *o).collect();

@@ -482,9 +482,12 @@ impl Layer {
                     layer.assumevalid = Some(value.parse().map_err(|e| bad(format!("{e}")))?)
                 }
                 "ADDRESS_INDEX" => {
-                    layer.address_index = Some(value.trim().parse().map_err(|_| {
-                        bad(format!("{value:?} is not true or false"))
-                    })?)
+                    layer.address_index = Some(
+                        value
+                            .trim()
+                            .parse()
+                            .map_err(|_| bad(format!("{value:?} is not true or false")))?,
+                    )
                 }
                 "SOZU_RAM_MIB" => layer.sozu_ram_mib = Some(parse_ram_mib(&value).map_err(bad)?),
                 _ => layer.unknown_env.push(var.clone()),
@@ -840,9 +843,13 @@ mod tests {
             ..Layer::default()
         };
         let s = Config::resolve(&[&signet]);
-        assert_eq!(s.validation.assumevalid.to_string(), hash, "signet's default");
-        let off = Layer::from_env([("KAKEHI_ASSUMEVALID".to_string(), "0".to_string())])
-            .expect("env");
+        assert_eq!(
+            s.validation.assumevalid.to_string(),
+            hash,
+            "signet's default"
+        );
+        let off =
+            Layer::from_env([("KAKEHI_ASSUMEVALID".to_string(), "0".to_string())]).expect("env");
         let s = Config::resolve(&[&off, &signet]);
         assert_eq!(s.validation.assumevalid, AssumeValid::Off);
         assert_eq!(c.sozu.ram_mib, crate::sozu::DEFAULT_RAM_MIB);

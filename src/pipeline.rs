@@ -56,16 +56,16 @@ use crate::chain::index::{BlockIndex, BlockStatus, IndexEntry};
 use crate::chain::ChainParams;
 use crate::filters;
 use crate::muhash::MuHash3072;
-use crate::snapshot::{BlockMeta, ChainSnapshot, Snapshots};
 use crate::primitives::{BlockId, Coin};
+use crate::snapshot::{BlockMeta, ChainSnapshot, Snapshots};
 use crate::sozu::{
-    BlockWrite, CommitTag, Consumption, NewOutput, SozuError, UtxoReader, UtxoTable,
-    ViewStatus, PURGE_DEPTH,
+    BlockWrite, CommitTag, Consumption, NewOutput, SozuError, UtxoReader, UtxoTable, ViewStatus,
+    PURGE_DEPTH,
 };
 use crate::store::{
     sync_concurrently, BlockRecord, FlatFiles, FlatPos, Store, StoreError, WriteBatch,
-    META_ADDRESS_INDEX, META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_HEADERS, META_FLAT_SPENT, META_SOZU_BASE,
-    META_SOZU_LAST, META_TIP,
+    META_ADDRESS_INDEX, META_FLAT_BLOCKS, META_FLAT_FILTERS, META_FLAT_HEADERS, META_FLAT_SPENT,
+    META_SOZU_BASE, META_SOZU_LAST, META_TIP,
 };
 use crate::validation::script::BlockScriptError;
 use crate::validation::{self, BlockContext, BlockError, SpentOutput};
@@ -77,10 +77,10 @@ mod scripts;
 mod sealing;
 pub mod spent;
 use crate::store::headers::encode_headers;
-pub use address_index::BuildProgress;
 use address_index::AddressIndexState;
-pub use group::{GroupLimits, MAX_TIP_AGE_SECS};
+pub use address_index::BuildProgress;
 use group::{GroupEntry, PendingGroup};
+pub use group::{GroupLimits, MAX_TIP_AGE_SECS};
 use spent::encode_spent;
 
 /// Maximum size of one flat file, bytes (Core's `MAX_BLOCKFILE_SIZE`).
@@ -1150,7 +1150,9 @@ impl Chainstate {
         let (filter, delta) = match self.scripts_filter_delta(block, &entry, &spent) {
             Ok(scripts::ScriptsOutcome::Passed { filter, delta }) => (filter, *delta),
             Ok(scripts::ScriptsOutcome::Failed(e)) => {
-                let reason = e.reject_reason().unwrap_or(validation::script::BLOCK_SCRIPT_FAILURE);
+                let reason = e
+                    .reject_reason()
+                    .unwrap_or(validation::script::BLOCK_SCRIPT_FAILURE);
                 return self.reject_connecting(id, &entry, reason, &e, batch);
             }
             Err(e @ PipelineError::ScriptEngine { .. }) => return Err(self.stop_writes(e)),
@@ -1208,7 +1210,9 @@ impl Chainstate {
             height: entry.height,
             block_hash: entry.hash.to_byte_array(),
         };
-        let bytes = self.meta[id.0 as usize].data.map_or(0, |l| u64::from(l.len));
+        let bytes = self.meta[id.0 as usize]
+            .data
+            .map_or(0, |l| u64::from(l.len));
         let grouped = self.joins_group(entry.header.time, bytes, started);
         if grouped {
             let add = GroupEntry {

@@ -242,7 +242,11 @@ fn address_answers(cs: &kakehi::snapshot::ChainSnapshot) -> Vec<String> {
 fn address_index_built_from_the_block_files_equals_one_kept_from_the_start() {
     let blocks = data("regtest-a/blocks.dat");
     let (kept, later) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let ok = kakehi(kept.path()).arg("import").arg(&blocks).status().unwrap();
+    let ok = kakehi(kept.path())
+        .arg("import")
+        .arg(&blocks)
+        .status()
+        .unwrap();
     assert!(ok.success());
     let ok = kakehi(later.path())
         .arg("--no-address-index")
@@ -257,7 +261,10 @@ fn address_index_built_from_the_block_files_equals_one_kept_from_the_start() {
             .unwrap()
             .snapshot()
     };
-    assert!(!open(later.path()).address_index(), "no index after --no-address-index");
+    assert!(
+        !open(later.path()).address_index(),
+        "no index after --no-address-index"
+    );
     let out = kakehi(later.path())
         .env("RUST_LOG", "info")
         .arg("dump-utxos")
@@ -336,7 +343,10 @@ fn crash_between_a_groups_index_and_table_commits_replays_the_group() {
         .err()
         .expect("a table that lost a durable boundary is refused")
         .to_string();
-    assert!(err.contains("lost commits") && err.contains("utxo"), "{err}");
+    assert!(
+        err.contains("lost commits") && err.contains("utxo"),
+        "{err}"
+    );
     drop(datadir);
 
     // Table one boundary behind: the group G2 is replayed.

@@ -41,8 +41,11 @@ fn entries(index: &ChainIndex) -> Vec<String> {
 
 #[test]
 fn headers_only_blocks_survive_a_restart_from_the_headers_files() {
-    let records = read_file(&data("regtest-a/blocks.dat"), &ChainParams::new(Network::Regtest))
-        .unwrap();
+    let records = read_file(
+        &data("regtest-a/blocks.dat"),
+        &ChainParams::new(Network::Regtest),
+    )
+    .unwrap();
     let blocks: Vec<_> = records.into_iter().map(|r| r.block).collect();
     let dir = tempfile::tempdir().unwrap();
     let before = {
@@ -86,8 +89,11 @@ fn headers_only_blocks_survive_a_restart_from_the_headers_files() {
 
 #[test]
 fn a_damaged_headers_file_is_refused_naming_it() {
-    let records = read_file(&data("regtest-a/blocks.dat"), &ChainParams::new(Network::Regtest))
-        .unwrap();
+    let records = read_file(
+        &data("regtest-a/blocks.dat"),
+        &ChainParams::new(Network::Regtest),
+    )
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     {
         let (_d, mut cs) = open(dir.path());

@@ -1155,16 +1155,31 @@ fn script_truths() -> HashMap<[u8; 32], (bitcoin::ScriptBuf, ScriptTruth)> {
         for (pos, (tx, txid)) in b.txdata.iter().zip(&c.txids[i]).enumerate() {
             position.insert(*txid, (height, pos as u32));
             for (vout, o) in tx.output.iter().enumerate() {
-                let op = bitcoin::OutPoint { txid: *txid, vout: vout as u32 };
-                outputs.insert(op, (o.value.to_sat(), o.script_pubkey.clone(), height, pos as u32));
+                let op = bitcoin::OutPoint {
+                    txid: *txid,
+                    vout: vout as u32,
+                };
+                outputs.insert(
+                    op,
+                    (
+                        o.value.to_sat(),
+                        o.script_pubkey.clone(),
+                        height,
+                        pos as u32,
+                    ),
+                );
             }
         }
     }
     let mut truths: HashMap<[u8; 32], (bitcoin::ScriptBuf, ScriptTruth)> = HashMap::new();
     let mut entry = |op: &bitcoin::OutPoint| {
-        let (value, script, height, pos) = outputs.get(op).expect("outpoint of the best chain").clone();
+        let (value, script, height, pos) =
+            outputs.get(op).expect("outpoint of the best chain").clone();
         let sh = bitcoin::hashes::sha256::Hash::hash(script.as_bytes()).to_byte_array();
-        let t = &mut truths.entry(sh).or_insert_with(|| (script, ScriptTruth::default())).1;
+        let t = &mut truths
+            .entry(sh)
+            .or_insert_with(|| (script, ScriptTruth::default()))
+            .1;
         t.funded.0 += 1;
         t.funded.1 += value;
         t.txs.insert((height, pos, op.txid));
@@ -1211,7 +1226,8 @@ fn all_history(c: &BlockingClient, script: &bitcoin::Script) -> Vec<Txid> {
 #[test]
 fn address_index_matches_bcoins_utxo_and_spent_records_for_200_scripts() {
     let truths = script_truths();
-    let mut by_size: Vec<(&[u8; 32], usize)> = truths.iter().map(|(k, v)| (k, v.1.txs.len())).collect();
+    let mut by_size: Vec<(&[u8; 32], usize)> =
+        truths.iter().map(|(k, v)| (k, v.1.txs.len())).collect();
     by_size.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     let mut chosen: Vec<[u8; 32]> = by_size.iter().take(20).map(|(k, _)| **k).collect();
     let mut rest: Vec<[u8; 32]> = by_size[20..].iter().map(|(k, _)| **k).collect();
@@ -1219,7 +1235,11 @@ fn address_index_matches_bcoins_utxo_and_spent_records_for_200_scripts() {
     let step = rest.len() / 180;
     chosen.extend(rest.iter().step_by(step).take(180));
     assert_eq!(chosen.len(), 200);
-    assert!(by_size[0].1 > 50, "the busiest script pages ({} txs)", by_size[0].1);
+    assert!(
+        by_size[0].1 > 50,
+        "the busiest script pages ({} txs)",
+        by_size[0].1
+    );
     let c = client();
     for sh in &chosen {
         let (script, truth) = &truths[sh];
@@ -1241,7 +1261,15 @@ fn address_index_matches_bcoins_utxo_and_spent_records_for_200_scripts() {
             .get_scripthash_utxos(script)
             .unwrap()
             .into_iter()
-            .map(|u| (bitcoin::OutPoint { txid: u.txid, vout: u.vout }, u.value.to_sat()))
+            .map(|u| {
+                (
+                    bitcoin::OutPoint {
+                        txid: u.txid,
+                        vout: u.vout,
+                    },
+                    u.value.to_sat(),
+                )
+            })
             .collect();
         assert_eq!(&utxos, &truth.utxos, "UTXOs of {script}");
     }
@@ -1266,19 +1294,26 @@ fn address_routes_through_esplora_client_agree_with_the_records() {
     assert_eq!(first.iter().map(|t| t.txid).collect::<Vec<_>>(), want[..25]);
     let second = c.get_address_txs(&address, Some(want[24])).unwrap();
     let n = (want.len() - 25).min(25);
-    assert_eq!(second.iter().map(|t| t.txid).collect::<Vec<_>>(), want[25..25 + n]);
+    assert_eq!(
+        second.iter().map(|t| t.txid).collect::<Vec<_>>(),
+        want[25..25 + n]
+    );
     // Full transactions with their prevouts and confirmation.
     let (height, _, txid) = *truth.txs.iter().next_back().unwrap();
     assert_eq!(first[0].txid, txid);
     assert_eq!(first[0].status.block_height, Some(height));
-    assert!(first.iter().all(|t| t.vin.iter().all(|i| i.is_coinbase || i.prevout.is_some())));
+    assert!(first
+        .iter()
+        .all(|t| t.vin.iter().all(|i| i.is_coinbase || i.prevout.is_some())));
     let stats = c.get_address_stats(&address).unwrap();
     assert_eq!(stats.chain_stats.tx_count as usize, truth.txs.len());
     assert_eq!(stats.mempool_stats.tx_count, 0);
     assert_eq!(stats.address, address);
     let utxos = c.get_address_utxos(&address).unwrap();
     assert_eq!(utxos.len(), truth.utxos.len());
-    assert!(utxos.iter().all(|u| u.status.confirmed && u.status.block_hash.is_some()));
+    assert!(utxos
+        .iter()
+        .all(|u| u.status.confirmed && u.status.block_hash.is_some()));
     assert!(c.get_mempool_address_txs(&address).unwrap().is_empty());
     assert!(c.get_mempool_scripthash_txs(script).unwrap().is_empty());
     let mempool = c.get_mempool_stats().unwrap();
@@ -1290,8 +1325,14 @@ fn address_routes_through_esplora_client_agree_with_the_records() {
     let (st, _, body) = get(&format!("/scripthash/{sh}/txs/chain"));
     assert_eq!(st, 200);
     let v: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
-    let ids: Vec<String> = v.iter().map(|t| t["txid"].as_str().unwrap().to_string()).collect();
-    assert_eq!(ids, want[..25].iter().map(|t| t.to_string()).collect::<Vec<_>>());
+    let ids: Vec<String> = v
+        .iter()
+        .map(|t| t["txid"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        ids,
+        want[..25].iter().map(|t| t.to_string()).collect::<Vec<_>>()
+    );
     // A txid not in this history: an empty page, as Esplora.
     let other = chain().txids[0][0];
     assert!(c.get_address_txs(&address, Some(other)).unwrap().is_empty());
@@ -1346,7 +1387,13 @@ fn fee_estimates_are_the_documented_percentiles_of_recent_blocks() {
                 rates.push(((inputs - out) as f64 / vsize as f64, vsize));
             }
             for (vout, o) in tx.output.iter().enumerate() {
-                values.insert(bitcoin::OutPoint { txid: *txid, vout: vout as u32 }, o.value.to_sat());
+                values.insert(
+                    bitcoin::OutPoint {
+                        txid: *txid,
+                        vout: vout as u32,
+                    },
+                    o.value.to_sat(),
+                );
             }
         }
     }
@@ -1366,10 +1413,20 @@ fn fee_estimates_are_the_documented_percentiles_of_recent_blocks() {
     };
     let estimates = client().get_fee_estimates().unwrap();
     assert_eq!(estimates.len(), 28);
-    for (target, p) in [(1u16, 50.0), (2, 25.0), (5, 10.0), (25, 2.0), (144, 0.0), (1008, 0.0)] {
+    for (target, p) in [
+        (1u16, 50.0),
+        (2, 25.0),
+        (5, 10.0),
+        (25, 2.0),
+        (144, 0.0),
+        (1008, 0.0),
+    ] {
         let want = (percentile(p).max(1.0) * 1000.0).round() / 1000.0;
         let got = estimates[&target].to_sat_per_kwu() as f64 / 250.0;
-        assert!((got - want).abs() < 0.01, "target {target}: {got} vs {want}");
+        assert!(
+            (got - want).abs() < 0.01,
+            "target {target}: {got} vs {want}"
+        );
     }
     assert!(estimates[&1] >= estimates[&25]);
 }

@@ -121,7 +121,11 @@ pub fn verify_command(
         Anchor::Commitment(c) => ("archive commitment", c),
         Anchor::EpochRoot(r) => ("epoch root", r),
     };
-    let _ = writeln!(out, "proof OK against {kind} {}", value.to_lower_hex_string());
+    let _ = writeln!(
+        out,
+        "proof OK against {kind} {}",
+        value.to_lower_hex_string()
+    );
     if let (Some(first), Some(last)) = (verified.headers.first(), verified.headers.last()) {
         let _ = writeln!(
             out,

@@ -470,7 +470,8 @@ fn read_chunks(
     let mut buf = vec![0u8; IO_BUFFER];
     while at < end {
         let n = (end - at).min(IO_BUFFER as u64) as usize;
-        file.read_exact_at(&mut buf[..n], at).map_err(io_err(path))?;
+        file.read_exact_at(&mut buf[..n], at)
+            .map_err(io_err(path))?;
         f(&buf[..n]);
         at += n as u64;
     }

@@ -12,11 +12,11 @@ use bitcoin::merkle_tree::MerkleBlock;
 use bitcoin::{BlockHash, OutPoint, Txid};
 
 use super::filter::{filter_key, EpochFilter};
-use super::seal::{self, EpochBuilder, SEAL_MEMORY_BYTES};
 use super::header::{commitment, EpochHeader, HEADER_LEN};
 use super::leaf::{Leaf, TreeEntry, MAX_ENTRY_LEN};
 use super::merkle::{build_levels, leaf_hash, level_sizes, needed_nodes, NodeHash};
 use super::proof::{verify, Anchor, EpochProof, Gap, ProofBatch, ProofItem, ProofNode, MAX_ITEMS};
+use super::seal::{self, EpochBuilder, SEAL_MEMORY_BYTES};
 use super::{ArchiveError, OutpointStatus};
 use crate::primitives::outpoint_key;
 

@@ -1299,16 +1299,17 @@ mod tests {
                 );
                 // The best header: the first-seen most-work header not
                 // invalid, by a scan of every entry.
-                let by_scan = index
-                    .entries()
-                    .filter(|e| !e.status.is_invalid())
-                    .fold(BlockId(0), |b, e| {
-                        if e.chainwork > index.get(b).unwrap().chainwork {
-                            e.id
-                        } else {
-                            b
-                        }
-                    });
+                let by_scan =
+                    index
+                        .entries()
+                        .filter(|e| !e.status.is_invalid())
+                        .fold(BlockId(0), |b, e| {
+                            if e.chainwork > index.get(b).unwrap().chainwork {
+                                e.id
+                            } else {
+                                b
+                            }
+                        });
                 assert_eq!(index.best_header().id, by_scan, "round {round} step {step}");
                 if next() % 3 == 0 && best != index.tip().id {
                     for b in index.path_from(index.fork_point(index.tip().id, best).unwrap(), best)

@@ -375,9 +375,10 @@ mod tests {
         // Core 31.99's nMinimumChainWork for mainnet (kernel/chainparams.cpp),
         // big-endian: 0x01128750f82f4c366153a3a030.
         let p = ChainParams::new(Network::Bitcoin);
-        assert_eq!(&p.minimum_chain_work[19..], &[
-            0x01, 0x12, 0x87, 0x50, 0xf8, 0x2f, 0x4c, 0x36, 0x61, 0x53, 0xa3, 0xa0, 0x30
-        ]);
+        assert_eq!(
+            &p.minimum_chain_work[19..],
+            &[0x01, 0x12, 0x87, 0x50, 0xf8, 0x2f, 0x4c, 0x36, 0x61, 0x53, 0xa3, 0xa0, 0x30]
+        );
         assert_eq!(p.minimum_chain_work[..19], [0u8; 19]);
     }
 }

@@ -178,7 +178,12 @@ fn register_chain(r: &mut Registry, cs: &ChainSnapshot) {
     let st = cs.stats();
     let u = cs.utxo_stats();
     let tip = u64::from(cs.index().tip_height());
-    gauge(r, "kakehi_tip_height", "Height of the active tip, blocks", tip);
+    gauge(
+        r,
+        "kakehi_tip_height",
+        "Height of the active tip, blocks",
+        tip,
+    );
     counter(
         r,
         "kakehi_blocks_connected",
@@ -191,7 +196,12 @@ fn register_chain(r: &mut Registry, cs: &ChainSnapshot) {
         "Blocks rejected since start-up",
         st.blocks_rejected,
     );
-    counter(r, "kakehi_reorgs", "Reorganisations since start-up", st.reorgs);
+    counter(
+        r,
+        "kakehi_reorgs",
+        "Reorganisations since start-up",
+        st.reorgs,
+    );
     counter(
         r,
         "kakehi_reorgs_refused",

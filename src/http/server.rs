@@ -109,7 +109,10 @@ pub(super) fn rate_limited(router: axum::Router, limit: RateLimit) -> axum::Rout
         })
         .flatten();
     let Some(config) = config else {
-        tracing::warn!(per_second = limit.per_second, "rate limit is not positive: no limit applied");
+        tracing::warn!(
+            per_second = limit.per_second,
+            "rate limit is not positive: no limit applied"
+        );
         return router;
     };
     let config = Arc::new(config);

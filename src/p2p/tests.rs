@@ -662,7 +662,12 @@ async fn malformed_traffic_disconnects_sender_only() {
     // Core's "addr message size" / "addrv2 message size" (MAX_ADDR_TO_SEND).
     let peer: SocketAddr = "10.0.0.1:18444".parse().expect("addr");
     let addr = vec![(1_700_000_000, Address::new(&peer, ServiceFlags::NETWORK)); 1_001];
-    malformed_case("1001 addr", encode_message(M, NetworkMessage::Addr(addr)), true).await;
+    malformed_case(
+        "1001 addr",
+        encode_message(M, NetworkMessage::Addr(addr)),
+        true,
+    )
+    .await;
     let v2 = bitcoin::p2p::address::AddrV2Message {
         time: 1_700_000_000,
         services: ServiceFlags::NETWORK,

@@ -245,8 +245,8 @@ impl Chainstate {
             &mut self.spent,
             &mut self.headers,
         ])
-            .map_err(PipelineError::from)
-            .and_then(|()| self.store.commit(batch).map_err(PipelineError::from));
+        .map_err(PipelineError::from)
+        .and_then(|()| self.store.commit(batch).map_err(PipelineError::from));
         let Some(group) = group else {
             return durable;
         };
@@ -306,7 +306,11 @@ impl Chainstate {
     /// [`PipelineError::Inconsistent`] when `first` is not an ancestor of
     /// `last`, a block has no stored data or fails validation; storage
     /// failures.
-    pub(super) fn replay_group(&mut self, first: BlockId, last: BlockId) -> Result<(), PipelineError> {
+    pub(super) fn replay_group(
+        &mut self,
+        first: BlockId,
+        last: BlockId,
+    ) -> Result<(), PipelineError> {
         let before_first = self.index.get(first).and_then(|e| e.prev);
         let path = match before_first {
             Some(p) => self.index.path_from(p, last),

@@ -106,7 +106,10 @@ impl Loader {
 
 /// The headers of the `headers/` files up to their committed end, in id
 /// order.
-fn read_headers(reader: &FlatReader, end: FlatPos) -> Result<Vec<(BlockId, Header)>, PipelineError> {
+fn read_headers(
+    reader: &FlatReader,
+    end: FlatPos,
+) -> Result<Vec<(BlockId, Header)>, PipelineError> {
     let mut out: Vec<(BlockId, Header)> = Vec::new();
     reader.scan(end, &mut |record| -> Result<(), PipelineError> {
         let items = decode_headers(record).map_err(|source| PipelineError::Inconsistent {
@@ -148,18 +151,17 @@ pub(super) fn load_index(
         ids: HashMap::with_capacity(pending.len() + 1),
     };
     let mut pending = pending.into_iter().peekable();
-    store
-        .trees
-        .block_by_id
-        .for_each(&mut |id: BlockId, r: BlockRecord| -> Result<(), PipelineError> {
-            while let Some((h_id, h)) = pending.next_if(|(h_id, _)| h_id.0 <= id.0) {
-                // A record of the same id is a later state of that block.
-                if h_id != id {
-                    l.header_only(h_id, h)?;
-                }
+    store.trees.block_by_id.for_each(&mut |id: BlockId,
+                                            r: BlockRecord|
+     -> Result<(), PipelineError> {
+        while let Some((h_id, h)) = pending.next_if(|(h_id, _)| h_id.0 <= id.0) {
+            // A record of the same id is a later state of that block.
+            if h_id != id {
+                l.header_only(h_id, h)?;
             }
-            l.record(id, r)
-        })?;
+        }
+        l.record(id, r)
+    })?;
     for (id, h) in pending {
         l.header_only(id, h)?;
     }

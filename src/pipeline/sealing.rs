@@ -49,7 +49,11 @@ impl Chainstate {
     /// chain: move it away and restart to rebuild it), flat-file errors
     /// reading spent outputs. The next boundary starts it again.
     pub(super) fn seal_final_epochs(&mut self) -> Result<(), PipelineError> {
-        if self.sealing.as_ref().is_some_and(|j| j.handle.is_finished()) {
+        if self
+            .sealing
+            .as_ref()
+            .is_some_and(|j| j.handle.is_finished())
+        {
             self.install_seal()?;
         }
         if self.sealing.is_none() {
@@ -110,12 +114,11 @@ impl Chainstate {
         let Some(job) = self.sealing.take() else {
             return Ok(());
         };
-        let (archive, header, leaves) =
-            job.handle
-                .join()
-                .unwrap_or_else(|_| Err(PipelineError::Inconsistent {
-                    reason: format!("the thread sealing archive epoch {} panicked", job.epoch),
-                }))?;
+        let (archive, header, leaves) = job.handle.join().unwrap_or_else(|_| {
+            Err(PipelineError::Inconsistent {
+                reason: format!("the thread sealing archive epoch {} panicked", job.epoch),
+            })
+        })?;
         self.archive = archive;
         let commitment = self.archive.commitment().to_lower_hex_string();
         tracing::info!(

@@ -280,14 +280,16 @@ fn scan_journal(
                 scan.valid_end = pos as u64;
             }
             Parsed::Ok(rec, _) if rec.generation < g => break,
-            Parsed::Ok(rec, _) => return Err(corrupt(
-                st.path_of(name),
-                pos as u64,
-                format!(
+            Parsed::Ok(rec, _) => {
+                return Err(corrupt(
+                    st.path_of(name),
+                    pos as u64,
+                    format!(
                     "record of generation {} seq {} where generation {g} seq {expect} was expected",
                     rec.generation, rec.seq
                 ),
-            )),
+                ))
+            }
             Parsed::Invalid => break,
         }
     }

@@ -381,7 +381,9 @@ impl FlatReader {
                     offset: at as u64,
                     reason,
                 };
-                let head = data.get(at..at + 8).ok_or_else(|| corrupt("truncated frame"))?;
+                let head = data
+                    .get(at..at + 8)
+                    .ok_or_else(|| corrupt("truncated frame"))?;
                 if head[..4] != self.magic {
                     return Err(corrupt("wrong magic").into());
                 }

@@ -452,7 +452,10 @@ impl<K: Codec, V: Codec> TypedTree<K, V> {
                 tree: self.name,
                 reason: "entry does not decode",
             };
-            f(K::decode(&k).ok_or_else(corrupt)?, V::decode(&v).ok_or_else(corrupt)?)?;
+            f(
+                K::decode(&k).ok_or_else(corrupt)?,
+                V::decode(&v).ok_or_else(corrupt)?,
+            )?;
         }
         Ok(())
     }
