@@ -9,55 +9,36 @@
 //! Run: `cargo bench --bench address_index` (`KAKEHI_BENCH_RUNS=N` rounds,
 //! default 2).
 
+#[path = "common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+#[path = "common/env.rs"]
+mod env;
+#[path = "common/timed_import.rs"]
+mod timed_import;
+
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use bitcoin::Network;
+use env::env_or;
 use kakehi::chain::ChainParams;
-use kakehi::import::import_files;
 use kakehi::node::{open_chainstate, DataDir};
 use kakehi::pipeline::GroupLimits;
-use parking_lot::Mutex;
+use timed_import::timed_import;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Bytes of every file under `dir`.
-fn dir_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
-        let m = e.metadata().expect("metadata");
-        total += if m.is_dir() {
-            dir_bytes(&e.path())
-        } else {
-            m.len()
-        };
-    }
-    total
-}
-
 /// One import into a fresh datadir: (seconds, bytes of `index/`, the datadir).
 fn import(file: &Path, limits: GroupLimits, index: bool) -> (f64, u64, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let datadir = DataDir::open(dir.path()).expect("datadir");
-    let mut cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open");
-    cs.set_group_limits(limits);
-    cs.set_address_index(index, &mut |_| {})
-        .expect("index setting");
-    let chain = Mutex::new(cs);
-    let t = Instant::now();
-    let s = import_files(
-        &chain,
-        &[file.to_path_buf()],
-        &AtomicBool::new(false),
-        false,
-    )
-    .expect("import");
-    let secs = t.elapsed().as_secs_f64();
-    assert_eq!(s.tip_height, 1500);
+    let (secs, chain, dir) = timed_import(file, ChainParams::new(Network::Regtest), |cs| {
+        cs.set_group_limits(limits);
+        cs.set_address_index(index, &mut |_| {})
+            .expect("index setting");
+    });
     drop(chain);
-    (secs, dir_bytes(&dir.path().join("index")), dir)
+    (secs, common::dir_bytes(&dir.path().join("index")), dir)
 }
 
 fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
@@ -116,10 +97,7 @@ fn queries(dir: &Path) {
 
 fn main() {
     let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testnet-data/regtest-a/blocks.dat");
-    let runs: usize = std::env::var("KAKEHI_BENCH_RUNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+    let runs: usize = env_or("KAKEHI_BENCH_RUNS", 2);
     let mut kept = None;
     for round in 1..=runs {
         for (name, limits) in [

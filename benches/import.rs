@@ -27,19 +27,22 @@
 mod blockgen;
 #[path = "common/core.rs"]
 mod core_engine;
+#[path = "common/env.rs"]
+mod env;
+#[path = "common/timed_import.rs"]
+mod timed_import;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use bitcoin::block::Header;
 use bitcoin::{Amount, Network, TxOut};
+use env::env_or;
 use kakehi::chain::assumevalid::AssumeValid;
 use kakehi::chain::ChainParams;
-use kakehi::import::{import_files, read_file};
-use kakehi::node::{open_chainstate, DataDir};
+use kakehi::import::read_file;
 use kakehi::pipeline::{GroupLimits, PipelineStats};
-use parking_lot::Mutex;
+use timed_import::timed_import;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -53,26 +56,14 @@ fn kakehi_import(
     limits: GroupLimits,
     assume: Option<(AssumeValid, &[Header])>,
 ) -> (f64, PipelineStats) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let datadir = DataDir::open(dir.path()).expect("datadir");
-    let mut cs = open_chainstate(params.clone(), &datadir).expect("open");
-    cs.set_group_limits(limits);
-    if let Some((setting, headers)) = assume {
-        cs.set_assume_valid(setting);
-        let accepted = cs.accept_headers(headers).expect("headers");
-        assert!(accepted.refused.is_none(), "{:?}", accepted.refused);
-    }
-    let chain = Mutex::new(cs);
-    let t = Instant::now();
-    let s = import_files(
-        &chain,
-        &[file.to_path_buf()],
-        &AtomicBool::new(false),
-        false,
-    )
-    .expect("import");
-    let secs = t.elapsed().as_secs_f64();
-    assert_eq!(s.tip_height, 1500);
+    let (secs, chain, _dir) = timed_import(file, params.clone(), |cs| {
+        cs.set_group_limits(limits);
+        if let Some((setting, headers)) = assume {
+            cs.set_assume_valid(setting);
+            let accepted = cs.accept_headers(headers).expect("headers");
+            assert!(accepted.refused.is_none(), "{:?}", accepted.refused);
+        }
+    });
     let stats = chain.lock().stats().clone();
     (secs, stats)
 }
@@ -92,16 +83,7 @@ fn headers_beyond_the_tip(
     params: &ChainParams,
     extra: u32,
 ) -> (Vec<Header>, AssumeValid) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let datadir = DataDir::open(dir.path()).expect("datadir");
-    let chain = Mutex::new(open_chainstate(params.clone(), &datadir).expect("open"));
-    import_files(
-        &chain,
-        &[file.to_path_buf()],
-        &AtomicBool::new(false),
-        false,
-    )
-    .expect("import");
+    let (_, chain, _dir) = timed_import(file, params.clone(), |_| {});
     let cs = chain.lock();
     let index = cs.index();
     let tip = index.tip().clone();
@@ -137,10 +119,7 @@ struct Best {
 fn main() {
     let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testnet-data/regtest-a/blocks.dat");
     let params = ChainParams::new(Network::Regtest);
-    let runs: usize = std::env::var("KAKEHI_BENCH_RUNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+    let runs: usize = env_or("KAKEHI_BENCH_RUNS", 3);
     let with_core = std::env::var_os("KAKEHI_BENCH_SKIP_CORE").is_none();
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
     let records = read_file(&file, &params).expect("read");

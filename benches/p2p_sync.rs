@@ -23,6 +23,9 @@
 //!
 //! Run: `cargo bench --bench p2p_sync`.
 
+#[path = "common/env.rs"]
+mod env;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -35,6 +38,7 @@ use bitcoin::p2p::message_filter::GetCFilters;
 use bitcoin::p2p::message_network::VersionMessage;
 use bitcoin::p2p::{Magic, ServiceFlags};
 use bitcoin::{BlockHash, Network};
+use env::env_or;
 use kakehi::chain::ChainParams;
 use kakehi::import::import_files;
 use kakehi::node::start_p2p;
@@ -278,14 +282,8 @@ async fn bench_getcfilters(a: &Node, secs: f64) {
 
 fn main() {
     let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testnet-data/regtest-a/blocks.dat");
-    let runs: usize = std::env::var("KAKEHI_BENCH_RUNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
-    let secs: f64 = std::env::var("KAKEHI_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3.0);
+    let runs: usize = env_or("KAKEHI_BENCH_RUNS", 2);
+    let secs: f64 = env_or("KAKEHI_BENCH_SECS", 3.0);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -15,6 +15,8 @@
 #[path = "../tests/common/blockgen.rs"]
 #[allow(dead_code)]
 mod blockgen;
+#[path = "common/env.rs"]
+mod env;
 
 use std::num::NonZeroUsize;
 use std::time::Instant;
@@ -24,6 +26,7 @@ use bitcoin::hashes::Hash;
 use bitcoin::secp256k1::{Keypair, Message, Secp256k1, SecretKey};
 use bitcoin::{Amount, Block, TxOut};
 use blockgen::{coinbase, signed_spend, Kind, Wallet};
+use env::env_or;
 use kakehi::primitives::Coin;
 use kakehi::validation::script::{verify_block_scripts, ScriptFlags};
 use kakehi::validation::SpentOutput;
@@ -38,13 +41,6 @@ const FLAGS: ScriptFlags = ScriptFlags::from_bits(
         | ScriptFlags::WITNESS.bits()
         | ScriptFlags::TAPROOT.bits(),
 );
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
 /// A block of `inputs` inputs of `kind`, 10 per transaction, and its spent
 /// outputs in block order.
@@ -181,8 +177,8 @@ fn raw_rates(threads: usize, runs: usize) -> (f64, f64) {
 }
 
 fn main() {
-    let inputs = env("KAKEHI_BENCH_INPUTS", 4_000);
-    let runs = env("KAKEHI_BENCH_RUNS", 3);
+    let inputs: usize = env_or("KAKEHI_BENCH_INPUTS", 4_000);
+    let runs: usize = env_or("KAKEHI_BENCH_RUNS", 3);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let wallet = Wallet::new();
     let (ecdsa1, schnorr1) = raw_rates(1, runs);
