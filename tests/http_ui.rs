@@ -293,6 +293,157 @@ fn status_page_in_headless_chromium_shows_the_real_tip_and_an_outspend() {
     );
 }
 
+/// One address of regtest-a as the test data imply it: unspent outputs
+/// from `utxos.txt` (outpoint → sats), spent outputs from the best chain's
+/// blocks in `blocks.dat` (`common::feed::Chain`: the leaves, with their
+/// spender and spend height), and the transactions touching it.
+struct AddressTruth {
+    address: bitcoin::Address,
+    utxos: std::collections::BTreeMap<String, u64>,
+    spent: Vec<kakehi::archive::Leaf>,
+    txs: std::collections::BTreeSet<bitcoin::Txid>,
+}
+
+/// The address with the most spent outputs among those with an unspent
+/// output and at most 100 transactions (the page shows 4 pages of 25).
+fn address_truth() -> AddressTruth {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut utxos: BTreeMap<bitcoin::ScriptBuf, BTreeMap<String, u64>> = BTreeMap::new();
+    let f = std::fs::File::open(data("regtest-a/utxos.txt")).expect("utxos.txt");
+    for l in std::io::BufReader::new(f).lines() {
+        let l = l.expect("read");
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let script = bitcoin::ScriptBuf::from_hex(f[2]).expect("script hex");
+        let value: u64 = f[1].parse().expect("value");
+        utxos
+            .entry(script)
+            .or_default()
+            .insert(f[0].to_string(), value);
+    }
+    let chain = common::feed::Chain::load();
+    let mut spent: BTreeMap<bitcoin::ScriptBuf, Vec<kakehi::archive::Leaf>> = BTreeMap::new();
+    for leaf in chain.leaves_by_height.into_iter().flatten() {
+        spent
+            .entry(leaf.script_pubkey.clone())
+            .or_default()
+            .push(leaf);
+    }
+    let txs = |script: &bitcoin::ScriptBuf| -> BTreeSet<bitcoin::Txid> {
+        let u = utxos[script]
+            .keys()
+            .map(|op| op[..64].parse().expect("txid"));
+        let s = spent[script]
+            .iter()
+            .flat_map(|l| [l.outpoint.txid, l.spend.txid]);
+        u.chain(s).collect()
+    };
+    let script = utxos
+        .keys()
+        .filter(|s| spent.contains_key(*s))
+        .filter(|s| bitcoin::Address::from_script(s, Network::Regtest).is_ok())
+        .filter(|s| txs(s).len() <= 100)
+        .max_by_key(|s| (spent[*s].len(), (*s).clone()))
+        .expect("an address with spent and unspent outputs")
+        .clone();
+    AddressTruth {
+        address: bitcoin::Address::from_script(&script, Network::Regtest).expect("address"),
+        txs: txs(&script),
+        utxos: utxos.remove(&script).expect("utxos"),
+        spent: spent.remove(&script).expect("spent"),
+    }
+}
+
+/// The serialized `<table id="…">` of a dumped DOM, up to its end.
+fn table_of<'a>(dom: &'a str, id: &str) -> &'a str {
+    let at = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no table #{id}"));
+    let end = at + dom[at..].find("</table>").expect("table end");
+    &dom[at..end]
+}
+
+/// The address lookup in headless Chromium (`/#address=…`): balance,
+/// totals, unspent outputs, history and every spent output with its
+/// spender equal what regtest-a's records imply; the batch proof on the
+/// page verifies against the archive commitment and proves each output
+/// spent in a sealed epoch archived in the right epoch with its value and
+/// script, and each later one absent.
+#[test]
+fn status_page_address_lookup_shows_balance_history_utxos_and_spent_output_proofs() {
+    let n = node();
+    let t = address_truth();
+    let url = format!("http://{}/#address={}", n.addr, t.address);
+    let dom = run_chromium(&["--dump-dom"], &url);
+    assert!(
+        dom.contains("data-ready=\"yes\""),
+        "page did not finish: {dom}"
+    );
+    assert!(!dom.contains("class=\"error\""), "an error is shown: {dom}");
+    let balance: u64 = t.utxos.values().sum();
+    assert_eq!(text_of(&dom, "addr-query"), t.address.to_string());
+    assert_eq!(text_of(&dom, "addr-balance"), format!("{balance} sats"));
+    assert_eq!(text_of(&dom, "addr-tx-count"), t.txs.len().to_string());
+    let spent_sum: u64 = t.spent.iter().map(|l| l.value).sum();
+    assert_eq!(
+        text_of(&dom, "addr-spent"),
+        format!("{spent_sum} sats in {} outputs", t.spent.len())
+    );
+    let rows = |table: &str| table.matches("<tr>").count() - 1;
+    let utxo_table = table_of(&dom, "addr-utxos");
+    assert_eq!(rows(utxo_table), t.utxos.len());
+    for (op, value) in &t.utxos {
+        assert!(
+            utxo_table.contains(op) && utxo_table.contains(&format!("<td>{value}</td>")),
+            "{op}"
+        );
+    }
+    let history = table_of(&dom, "addr-history");
+    assert_eq!(rows(history), t.txs.len());
+    assert!(t.txs.iter().all(|txid| history.contains(&txid.to_string())));
+    let spent_table = table_of(&dom, "addr-spent-outputs");
+    assert_eq!(rows(spent_table), t.spent.len());
+
+    let (_, body) = http_get(n.addr, "/archive/commitment");
+    let c: serde_json::Value = serde_json::from_slice(&body).expect("commitment JSON");
+    let last = c["last_height"].as_u64().expect("an epoch is sealed") as u32;
+    let anchor: kakehi::archive::Anchor =
+        serde_json::from_value(serde_json::json!({ "commitment": c["commitment"] }))
+            .expect("anchor");
+    let proof = text_of(&dom, "addr-proof");
+    let verified = kakehi::archive::verify_json(proof, anchor).expect("the page's proof verifies");
+    let (mut archived, mut absent) = (0, 0);
+    for leaf in &t.spent {
+        let spender = format!(
+            "{}:{} (block {})",
+            leaf.spend.txid, leaf.spend.vin, leaf.spend.height
+        );
+        assert!(spent_table.contains(&spender), "{spender}");
+        match verified
+            .status(&leaf.outpoint)
+            .expect("the proof covers it")
+        {
+            kakehi::archive::VerifiedStatus::Spent { epoch, leaf: l, .. } => {
+                assert!(leaf.spend.height <= last, "{}", leaf.outpoint);
+                assert_eq!(*epoch, leaf.spend.height / common::feed::EPOCH_LENGTH);
+                assert_eq!(l, leaf);
+                let shown = format!("archived: epoch {epoch}, leaf ");
+                assert!(spent_table.contains(&shown), "{shown}");
+                archived += 1;
+            }
+            kakehi::archive::VerifiedStatus::Absent { .. } => {
+                assert!(
+                    leaf.spend.height > last,
+                    "{} spent at {}",
+                    leaf.outpoint,
+                    leaf.spend.height
+                );
+                absent += 1;
+            }
+        }
+    }
+    assert!(archived > 0, "{archived} archived, {absent} absent");
+}
+
 /// Decodes a PNG with Python's standard library (zlib, CRCs, the five row
 /// filters) and reports `{width, height, distinct_colors, non_background}`
 /// (`non_background`: share of pixels unlike the most common colour).

@@ -2,7 +2,9 @@
 //! binary, no build step: `src/http/status.html`) and the JSON it reads
 //! first, `GET /node/status`. The page otherwise uses only the API's own
 //! routes (`/blocks`, `/chain/tips`, `/archive/status/…`,
-//! `/tx/…/outspend/…`, `/proof/outpoint/…`).
+//! `/tx/…/outspend/…`, `/proof/outpoint/…`, and for the address lookup
+//! `/address/…`, `/address/…/utxo`, `/address/…/txs/chain…` and `POST
+//! /proof/outpoints`).
 //!
 //! Peers come from [`AppState::p2p`], the handle of the P2P layer running in
 //! the same process; without one `peers` is `null`.
