@@ -10,6 +10,11 @@
 //! reproduced on disk (the table's directory as of the boundary before):
 //! start-up replays the whole group; a table two boundaries behind is
 //! refused.
+//!
+//! The address index built for an existing datadir survives SIGKILL too:
+//! killed as the build starts and again mid-build, the restart resumes
+//! from the last committed batch and ends equal to an index kept from the
+//! start.
 
 mod common;
 
@@ -235,9 +240,54 @@ fn address_answers(cs: &kakehi::snapshot::ChainSnapshot) -> Vec<String> {
     answers
 }
 
+/// The `from` height of a log's "building the address index from the
+/// block files" line (where a build starts or resumes), if any.
+fn build_from(log: &str) -> Option<u32> {
+    let line = log
+        .lines()
+        .find(|l| l.contains("building the address index from the block files"))?;
+    let at = line.find("from=")? + "from=".len();
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Starts `kakehi dump-utxos` on `dir` (whose start builds the address
+/// index), reads its log until a line containing `at`, then kills it with
+/// SIGKILL; returns the log read. Panics if the process ends first.
+fn kill_build_at(dir: &std::path::Path, at: &str) -> String {
+    use std::io::BufRead;
+    let mut child = kakehi(dir)
+        .env("RUST_LOG", "info")
+        .arg("dump-utxos")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut log = String::new();
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains(at) {
+            child.kill().unwrap(); // SIGKILL
+            child.wait().unwrap();
+            return log;
+        }
+    }
+    let status = child.wait().unwrap();
+    panic!("the build ended ({status}) before {at:?}: {log}");
+}
+
 /// A datadir imported with `--no-address-index` has no index (the routes
-/// answer 503); the next start without the flag builds it from the block
-/// files, and it answers as an index kept from the start.
+/// answer 503). The next start without the flag builds it from the block
+/// files: killed with SIGKILL as the build starts (nothing committed), then
+/// again just after its first batch is committed (mid-way through the
+/// second), the restarts resume from the last committed batch, and the
+/// index finally answers as one kept from the start.
 #[test]
 fn address_index_built_from_the_block_files_equals_one_kept_from_the_start() {
     let blocks = data("regtest-a/blocks.dat");
@@ -265,6 +315,17 @@ fn address_index_built_from_the_block_files_equals_one_kept_from_the_start() {
         !open(later.path()).address_index(),
         "no index after --no-address-index"
     );
+    let log = kill_build_at(
+        later.path(),
+        "building the address index from the block files",
+    );
+    assert_eq!(build_from(&log), Some(1), "{log}");
+    let log = kill_build_at(later.path(), "building the address index: ");
+    assert_eq!(
+        build_from(&log),
+        Some(1),
+        "nothing was committed before: {log}"
+    );
     let out = kakehi(later.path())
         .env("RUST_LOG", "info")
         .arg("dump-utxos")
@@ -272,6 +333,11 @@ fn address_index_built_from_the_block_files_equals_one_kept_from_the_start() {
         .unwrap();
     assert!(out.status.success());
     let log = String::from_utf8_lossy(&out.stderr);
+    let resumed = build_from(&log).expect("the build resumes");
+    assert!(
+        resumed > 1,
+        "resumed from {resumed}, not after the committed batch: {log}"
+    );
     assert!(log.contains("building the address index: 100.0%"), "{log}");
     let (kept, later) = (open(kept.path()), open(later.path()));
     assert!(later.address_index());
