@@ -26,6 +26,7 @@ use super::merkle::{leaf_hash, level_sizes, node_hash, NodeHash};
 use super::store::{EPOCH_FILE_MAGIC, FORMAT_VERSION, MAX_EPOCH_LEAVES};
 use super::ArchiveError;
 use crate::primitives::OutPointKey;
+use crate::store::fault::{self, IoOp};
 
 /// Most bytes of leaves an epoch seal sorts in memory at once (32 MiB);
 /// beyond it, sorted runs go to temporary files and are merged.
@@ -134,7 +135,9 @@ impl EpochBuilder {
                 .and_then(|()| w.write_all(&b))
                 .map_err(io_err(&path))?;
         }
-        w.flush().map_err(io_err(&path))?;
+        fault::check(IoOp::Write, &path)
+            .and_then(|()| w.flush())
+            .map_err(io_err(&path))?;
         self.runs.push(path);
         self.run_bytes = 0;
         Ok(())
@@ -258,8 +261,8 @@ impl<'a> PosWriter<'a> {
     }
 
     fn flush(&mut self) -> Result<(), ArchiveError> {
-        self.file
-            .write_all_at(&self.buf, self.pos)
+        fault::check(IoOp::Write, self.path)
+            .and_then(|()| self.file.write_all_at(&self.buf, self.pos))
             .map_err(io_err(self.path))?;
         self.pos += self.buf.len() as u64;
         self.buf.clear();
@@ -337,7 +340,9 @@ pub(super) fn write_epoch(
     pre.extend_from_slice(&fbytes);
     let sum = crc32fast::hash(&pre);
     pre.extend_from_slice(&sum.to_be_bytes());
-    file.write_all_at(&pre, 0).map_err(io_err(tmp))?;
+    fault::check(IoOp::Write, tmp)
+        .and_then(|()| file.write_all_at(&pre, 0))
+        .map_err(io_err(tmp))?;
     let total_nodes: u64 = layout.sizes.iter().map(|&s| u64::from(s)).sum();
     file.write_all_at(
         &body.finalize().to_be_bytes(),

@@ -19,6 +19,7 @@ use super::proof::{verify, Anchor, EpochProof, Gap, ProofBatch, ProofItem, Proof
 use super::seal::{self, EpochBuilder, SEAL_MEMORY_BYTES};
 use super::{ArchiveError, OutpointStatus};
 use crate::primitives::outpoint_key;
+use crate::store::fault::{self, IoOp};
 
 /// Magic of an epoch file.
 pub const EPOCH_FILE_MAGIC: [u8; 8] = *b"KKHAEPOC";
@@ -79,7 +80,8 @@ fn corrupt(path: &Path, reason: &'static str) -> ArchiveError {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), ArchiveError> {
-    File::open(dir)
+    fault::check(IoOp::Sync, dir)
+        .and_then(|()| File::open(dir))
         .and_then(|d| d.sync_all())
         .map_err(io_err(dir))
 }
@@ -98,12 +100,16 @@ fn write_atomic(
         .open(&tmp)
         .map_err(io_err(&tmp))?;
     let mut w = BufWriter::with_capacity(1 << 20, f);
-    write(&mut w).map_err(io_err(&tmp))?;
+    fault::check(IoOp::Write, &tmp)
+        .and_then(|()| write(&mut w))
+        .map_err(io_err(&tmp))?;
     let f = w.into_inner().map_err(|e| ArchiveError::Io {
         path: tmp.clone(),
         source: e.into_error(),
     })?;
-    f.sync_all().map_err(io_err(&tmp))?;
+    fault::check(IoOp::Sync, &tmp)
+        .and_then(|()| f.sync_all())
+        .map_err(io_err(&tmp))?;
     drop(f);
     fs::rename(&tmp, path).map_err(io_err(path))?;
     sync_dir(dir)
@@ -479,7 +485,8 @@ impl Archive {
                 Err(ArchiveError::SealMismatch { epoch: n })
             };
         }
-        File::open(&tmp)
+        fault::check(IoOp::Sync, &tmp)
+            .and_then(|()| File::open(&tmp))
             .and_then(|f| f.sync_all())
             .map_err(io_err(&tmp))?;
         fs::rename(&tmp, &path).map_err(io_err(&path))?;

@@ -235,8 +235,9 @@ impl Chainstate {
     /// Does not publish.
     ///
     /// # Errors
-    /// Storage failure. With a group open, the table then holds uncommitted
-    /// blocks the index may lack: writes stop ([`PipelineError::Failed`]).
+    /// Storage failure: writes stop ([`PipelineError::Failed`]); with a
+    /// group open, the table then holds uncommitted blocks the index may
+    /// lack, and a restart resumes from the last durable boundary.
     pub(super) fn commit_boundary(&mut self, batch: WriteBatch) -> Result<(), PipelineError> {
         let group = self.group.take();
         let durable = sync_concurrently(&mut [
@@ -247,13 +248,15 @@ impl Chainstate {
         ])
         .map_err(PipelineError::from)
         .and_then(|()| self.store.commit(batch).map_err(PipelineError::from));
-        let Some(group) = group else {
-            return durable;
+        let result = match group {
+            None => durable,
+            Some(group) => durable.and_then(|()| self.table.commit(group.tag).map_err(Into::into)),
         };
-        if let Err(e) = durable.and_then(|()| self.table.commit(group.tag).map_err(Into::into)) {
-            return Err(self.stop_writes(e));
-        }
-        Ok(())
+        // Any failure stops writes, not only one that leaves the table
+        // ahead of the index: the in-memory chain is already past what is
+        // durable, and after a failed fsync a retry may report success for
+        // pages the kernel dropped (Linux clears the error once reported).
+        self.guard_writes(result)
     }
 
     /// Makes the open group durable and publishes it (a no-op when every

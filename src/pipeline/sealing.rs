@@ -47,14 +47,16 @@ impl Chainstate {
     /// The finished seal's error: [`PipelineError::Archive`] (a
     /// `SealMismatch` means the archive directory disagrees with the
     /// chain: move it away and restart to rebuild it), flat-file errors
-    /// reading spent outputs. The next boundary starts it again.
+    /// reading spent outputs. Writes stop then ([`PipelineError::Failed`],
+    /// naming the file); the next start seals the epoch again.
     pub(super) fn seal_final_epochs(&mut self) -> Result<(), PipelineError> {
         if self
             .sealing
             .as_ref()
             .is_some_and(|j| j.handle.is_finished())
         {
-            self.install_seal()?;
+            let installed = self.install_seal();
+            self.guard_writes(installed)?;
         }
         if self.sealing.is_none() {
             self.start_seal();
@@ -74,7 +76,8 @@ impl Chainstate {
             self.start_seal();
         }
         while self.sealing.is_some() {
-            self.install_seal()?;
+            let installed = self.install_seal();
+            self.guard_writes(installed)?;
             self.start_seal();
         }
         self.publish();

@@ -232,7 +232,13 @@ impl FlatFiles {
         frame.extend_from_slice(payload);
         let path = self.path(file);
         if let Some(w) = self.writer.as_mut() {
-            if let Err(source) = w.write_all(&frame) {
+            // An injected fault writes half the frame first, as a disk
+            // that fills up mid-write does (`store::fault`).
+            let written = match super::fault::check(super::fault::IoOp::Write, &path) {
+                Ok(()) => w.write_all(&frame),
+                Err(e) => w.write_all(&frame[..frame.len() / 2]).and(Err(e)),
+            };
+            if let Err(source) = written {
                 // A short write (a full disk) leaves part of the frame at
                 // the end of the file, where the next append would follow
                 // it at the wrong offset: cut it off. If even that fails,
@@ -266,7 +272,8 @@ impl FlatFiles {
         let file = self.current.file;
         let path = self.path(file);
         if let Some(w) = self.writer.as_mut() {
-            w.sync_data()
+            super::fault::check(super::fault::IoOp::Sync, &path)
+                .and_then(|()| w.sync_data())
                 .map_err(|source| FlatFileError::Io { path, source })?;
         }
         self.dirty = false;

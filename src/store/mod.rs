@@ -14,6 +14,7 @@
 //! | `spend_by_outpoint_block` | outpoint (36) ‖ `BlockId` BE | spending txid (32) ‖ vin u32 BE |
 //! | `history_by_script` | script hash (32) ‖ height ‖ `BlockId` ‖ position ‖ kind ‖ vout/vin | [`HistoryValue`] (`store::history`) |
 
+pub mod fault;
 pub mod flatfile;
 pub mod headers;
 pub mod history;
@@ -703,6 +704,11 @@ impl Store {
     /// sled failure: nothing of the batch is applied.
     pub fn commit(&self, batch: WriteBatch) -> Result<(), StoreError> {
         use sled::Transactional;
+        let write_error = |source: std::io::Error| StoreError::Write {
+            path: self.path.to_path_buf(),
+            source: source.into(),
+        };
+        fault::check(fault::IoOp::Write, &self.path).map_err(write_error)?;
         let t = &self.trees;
         (
             &t.meta_by_name.tree,
@@ -731,6 +737,7 @@ impl Store {
                     reason: "transaction aborted",
                 },
             })?;
+        fault::check(fault::IoOp::Sync, &self.path).map_err(write_error)?;
         self.db.flush().map_err(|source| StoreError::Write {
             path: self.path.to_path_buf(),
             source,

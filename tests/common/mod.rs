@@ -176,3 +176,33 @@ pub fn init_test_log() {
             .try_init();
     }
 }
+
+/// A small deterministic PRNG (xorshift64*), so a failing randomised run can
+/// be replayed from the seed it prints.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// Seeded from `KAKEHI_SEED` when set, else from the clock; prints the
+    /// seed under `what`.
+    pub fn from_env_or_clock(what: &str) -> Self {
+        let seed = std::env::var("KAKEHI_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            })
+            | 1;
+        eprintln!("{what} seed {seed} (KAKEHI_SEED={seed} replays it)");
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}

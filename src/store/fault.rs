@@ -1,0 +1,134 @@
+//! The I/O fault seam: every write and every sync of the node's own files
+//! outside the Sozu table (flat files of blocks, filters, spent outputs and
+//! headers; the index database's commits, which carry the address index;
+//! the archive's epoch files and header list) calls [`check`] first, with
+//! the path it is about to touch.
+//!
+//! Disarmed (always, unless a test arms it), [`check`] is one relaxed
+//! atomic load and returns `Ok`. Armed with a [`FaultPlan`], it counts the
+//! operations of the planned kind on paths under the planned directory and
+//! makes exactly one of them fail, the one after `after` successes, with
+//! the planned `errno` (`ENOSPC`, `EIO`): the I/O countdown of redb's
+//! fuzzer, here for the whole node. The fault is one-shot: later
+//! operations succeed again, so a writer that ignored the failure would go
+//! on storing blocks, and a test sees it.
+//!
+//! The Sozu table has its own countdown backend (`sozu::MemStorage`).
+//! sled's background flusher writes without passing here; its commits
+//! ([`super::Store::commit`]) do.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+/// What kind of operation a fault hits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum IoOp {
+    /// A write (an append, a positional write, an index batch).
+    Write,
+    /// A sync (`fdatasync`/`fsync`, sled's flush).
+    Sync,
+}
+
+/// One planned fault.
+#[derive(Clone, Debug)]
+pub struct FaultPlan {
+    /// Only operations on paths under this directory count.
+    pub under: PathBuf,
+    /// And only those whose path contains this string (`"/filters/"`,
+    /// `"/index"`; empty: all).
+    pub path_contains: String,
+    /// The kind of operation that fails.
+    pub op: IoOp,
+    /// Matching operations that succeed before the one that fails.
+    pub after: u64,
+    /// The error number it fails with (`libc` values: 28 = `ENOSPC`,
+    /// 5 = `EIO`).
+    pub errno: i32,
+}
+
+/// The fault that fired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fired {
+    /// The path of the failed operation.
+    pub path: PathBuf,
+    /// Its kind.
+    pub op: IoOp,
+}
+
+/// What an armed plan saw, returned by [`disarm`].
+#[derive(Clone, Debug, Default)]
+pub struct FaultReport {
+    /// Matching operations seen (the failed one included).
+    pub matched: u64,
+    /// Every operation under the plan's directory, matching or not, counted
+    /// by path and kind (a run armed with `after: u64::MAX` measures where
+    /// a node writes).
+    pub seen: BTreeMap<(PathBuf, IoOp), u64>,
+    /// The fault, if it fired.
+    pub fired: Option<Fired>,
+}
+
+struct Armed {
+    plan: FaultPlan,
+    report: FaultReport,
+}
+
+static ARMED: AtomicBool = AtomicBool::new(false);
+static STATE: Mutex<Option<Armed>> = Mutex::new(None);
+
+/// Arms `plan` for the whole process (replacing any armed plan).
+pub fn arm(plan: FaultPlan) {
+    *STATE.lock() = Some(Armed {
+        plan,
+        report: FaultReport::default(),
+    });
+    ARMED.store(true, Ordering::SeqCst);
+}
+
+/// Disarms the seam; returns what the plan saw (default when none was
+/// armed).
+pub fn disarm() -> FaultReport {
+    ARMED.store(false, Ordering::SeqCst);
+    STATE.lock().take().map(|a| a.report).unwrap_or_default()
+}
+
+/// Called before each write or sync of `path`.
+///
+/// # Errors
+/// The planned error, once, when the armed plan's countdown reaches this
+/// operation.
+pub fn check(op: IoOp, path: &Path) -> io::Result<()> {
+    if !ARMED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let mut state = STATE.lock();
+    let Some(armed) = state.as_mut() else {
+        return Ok(());
+    };
+    let plan = &armed.plan;
+    if !path.starts_with(&plan.under) {
+        return Ok(());
+    }
+    *armed
+        .report
+        .seen
+        .entry((path.to_path_buf(), op))
+        .or_default() += 1;
+    let matches = op == plan.op && path.to_string_lossy().contains(plan.path_contains.as_str());
+    if !matches {
+        return Ok(());
+    }
+    armed.report.matched += 1;
+    if armed.report.fired.is_some() || armed.report.matched <= plan.after {
+        return Ok(());
+    }
+    armed.report.fired = Some(Fired {
+        path: path.to_path_buf(),
+        op,
+    });
+    Err(io::Error::from_raw_os_error(plan.errno))
+}

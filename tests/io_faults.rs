@@ -1,0 +1,304 @@
+//! I/O faults everywhere the node writes outside the Sozu table: `ENOSPC`
+//! on a write, `EIO` on a write and `EIO` on a sync, injected through the
+//! storage seam (`kakehi::store::fault`) into the block, filter and
+//! spent-output flat files, the index database's commits (which carry the
+//! address index) and the archive's epoch files and header list, at a
+//! random point of an import of regtest-a's first 400 blocks.
+//!
+//! After each fault: the import fails with an error naming the file and
+//! the system's error; writes stay stopped (a second import with the disk
+//! healthy again is refused, the published tip does not move); the next
+//! start opens the datadir at a tip at or above every tip published
+//! before the fault (nothing reported committed is lost), with a MuHash
+//! that equals one rebuilt from the UTXO table; and resuming the import
+//! reaches the uninterrupted import's tip, MuHash, filter header and
+//! archive commitment. The fault is one-shot (later operations succeed), so
+//! a writer that ignored a failure would carry on, and fail the test.
+//!
+//! CI: each of the 15 (place, fault) pairs once at a random point.
+//! `KAKEHI_LONG=1`: 8 points each (120). The seed is printed;
+//! `KAKEHI_SEED=<n>` replays it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use bitcoin::hex::DisplayHex;
+use bitcoin::Network;
+use common::{data, json, Rng};
+use kakehi::chain::ChainParams;
+use kakehi::import::import_files;
+use kakehi::muhash::{coin_bytes, MuHash3072};
+use kakehi::node::{open_chainstate, DataDir};
+use kakehi::pipeline::{Chainstate, GroupLimits};
+use kakehi::store::fault::{self, FaultPlan, IoOp};
+use parking_lot::Mutex;
+
+/// Where faults go: a name and a string the paths contain.
+const PLACES: [(&str, &str); 5] = [
+    ("block files", "/blocks/"),
+    ("filter files", "/filters/"),
+    ("spent-output files", "/spent/"),
+    ("index database", "/index"),
+    ("archive", "/archive/"),
+];
+
+/// The faults: operation, errno, the system's message for it.
+const FAULTS: [(IoOp, i32, &str); 3] = [
+    (IoOp::Write, 28, "No space left on device"),
+    (IoOp::Write, 5, "Input/output error"),
+    (IoOp::Sync, 5, "Input/output error"),
+];
+
+/// Groups of 100 blocks, whatever the time (the node's default also ends
+/// a group after 1 s, which would make the number of syncs vary).
+const LIMITS: GroupLimits = GroupLimits {
+    max_blocks: 100,
+    max_bytes: 32 * 1024 * 1024,
+    max_age: std::time::Duration::from_secs(3600),
+};
+
+fn open(dir: &Path) -> (DataDir, Chainstate) {
+    let datadir = DataDir::open(dir).unwrap();
+    let mut cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).unwrap();
+    cs.set_group_limits(LIMITS);
+    (datadir, cs)
+}
+
+/// Blocks of regtest-a imported: enough for 2 sealed archive epochs (144
+/// blocks each, final 100 blocks below the tip) and 4 groups.
+const BLOCKS: usize = 400;
+
+/// The first [`BLOCKS`] records of regtest-a's `blocks.dat` (blk framing:
+/// magic, length LE, block), written once into `dir`.
+fn prefix_file(dir: &Path) -> PathBuf {
+    let bytes = std::fs::read(data("regtest-a/blocks.dat")).unwrap();
+    let mut end = 0;
+    for _ in 0..BLOCKS {
+        let len = u32::from_le_bytes(bytes[end + 4..end + 8].try_into().unwrap()) as usize;
+        end += 8 + len;
+    }
+    let path = dir.join("prefix.dat");
+    std::fs::write(&path, &bytes[..end]).unwrap();
+    path
+}
+
+fn import(chain: &Mutex<Chainstate>, blocks: &Path) -> Result<(), String> {
+    import_files(
+        chain,
+        &[blocks.to_path_buf()],
+        &AtomicBool::new(false),
+        false,
+    )
+    .map(|_| ())
+    .map_err(|e| error_chain(&e))
+}
+
+/// An error and all its sources, one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(" / ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// What an uninterrupted import ends with: tip hash, MuHash, filter header
+/// at the tip, archive commitment.
+#[derive(Debug, PartialEq, Eq)]
+struct EndState {
+    tip: String,
+    muhash: String,
+    filter_header: String,
+    commitment: String,
+}
+
+fn end_state(cs: &Chainstate) -> EndState {
+    let snap = cs.snapshot();
+    let tip = snap.index().tip();
+    let (_, filter_header) = snap.filter(tip.id).unwrap().unwrap();
+    EndState {
+        tip: tip.hash.to_string(),
+        muhash: snap.utxo_stats().muhash,
+        filter_header: filter_header.to_string(),
+        commitment: snap.archive().commitment().to_lower_hex_string(),
+    }
+}
+
+/// The MuHash of the UTXO table's coins at the tip, from scratch.
+fn rebuilt_muhash(cs: &mut Chainstate) -> String {
+    let mut state = MuHash3072::new();
+    cs.for_each_utxo(&mut |op, coin, h| {
+        let coin = kakehi::sozu::Coin {
+            height: h,
+            ..coin.clone()
+        };
+        state.insert(&coin_bytes(op, &coin));
+    })
+    .unwrap();
+    state.core_hex()
+}
+
+/// One fault at the `after`-th matching operation; returns a line for the
+/// log.
+fn one_case(
+    blocks: &Path,
+    place: &str,
+    contains: &str,
+    fault: (IoOp, i32, &str),
+    after: u64,
+    reference: &EndState,
+) -> String {
+    let (op, errno, message) = fault;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let (datadir, cs) = open(&root);
+    let chain = Mutex::new(cs);
+    fault::arm(FaultPlan {
+        under: root.clone(),
+        path_contains: contains.into(),
+        op,
+        after,
+        errno,
+    });
+    let result = import(&chain, blocks);
+    let report = fault::disarm();
+    let case = format!("{place}, {op:?} {message}, after {after}");
+    let fired = report.fired.unwrap_or_else(|| {
+        panic!(
+            "{case}: the fault never fired ({} matching operations)",
+            report.matched
+        )
+    });
+    let err = result.expect_err(&format!("{case}: the import succeeded"));
+    assert!(
+        err.contains(&fired.path.display().to_string()) && err.contains(message),
+        "{case}: the error does not name {} and {message}: {err}",
+        fired.path.display()
+    );
+    // Writes stay stopped, with the disk healthy again.
+    let published = chain.lock().snapshot().index().tip_height();
+    assert!(
+        chain.lock().write_failure().is_some(),
+        "{case}: writes not stopped"
+    );
+    let again = import(&chain, blocks);
+    assert!(
+        again.is_err(),
+        "{case}: a second import went on after the failure"
+    );
+    assert_eq!(
+        chain.lock().snapshot().index().tip_height(),
+        published,
+        "{case}"
+    );
+    drop(chain);
+    drop(datadir);
+    // Restart: nothing published is lost, the stores agree.
+    let (datadir, mut cs) = open(&root);
+    let reopened = cs.index().tip_height();
+    assert!(
+        reopened >= published,
+        "{case}: reopened at {reopened}, below the published {published}"
+    );
+    assert_eq!(
+        cs.snapshot().utxo_stats().muhash,
+        rebuilt_muhash(&mut cs),
+        "{case}: the kept MuHash differs from the UTXO table's at {reopened}"
+    );
+    // Resume to the end: the uninterrupted import's state.
+    let chain = Mutex::new(cs);
+    import(&chain, blocks).unwrap_or_else(|e| panic!("{case}: resume failed: {e}"));
+    assert_eq!(&end_state(&chain.lock()), reference, "{case}");
+    drop(chain);
+    drop(datadir);
+    format!(
+        "{case}: failed at {}, published {published}, reopened {reopened}",
+        fired
+            .path
+            .strip_prefix(&root)
+            .unwrap_or(&fired.path)
+            .display()
+    )
+}
+
+#[test]
+fn io_faults_stop_writes_name_the_file_and_lose_nothing_committed() {
+    let rounds: u64 = if std::env::var_os("KAKEHI_LONG").is_some() {
+        8
+    } else {
+        1
+    };
+    let mut rng = Rng::from_env_or_clock("io fault");
+    let seed = rng.0;
+
+    let scratch = tempfile::tempdir().unwrap();
+    let blocks = &prefix_file(scratch.path());
+    // The uninterrupted import, counting every write and sync by path.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let (_datadir, cs) = open(&root);
+    let chain = Mutex::new(cs);
+    fault::arm(FaultPlan {
+        under: root.clone(),
+        path_contains: String::new(),
+        op: IoOp::Write,
+        after: u64::MAX,
+        errno: 5,
+    });
+    import(&chain, blocks).unwrap();
+    let seen = fault::disarm().seen;
+    let reference = end_state(&chain.lock());
+    // The reference itself is bcoin's: the filter header at its tip.
+    let filters = json("regtest-a/filters.json");
+    let at_tip = filters
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["hash"].as_str() == Some(reference.tip.as_str()))
+        .unwrap();
+    assert_eq!(
+        reference.filter_header,
+        at_tip["filter_header"].as_str().unwrap()
+    );
+    assert_eq!(chain.lock().snapshot().archive().epochs().len(), 2);
+    drop(chain);
+
+    let count = |contains: &str, op: IoOp| -> u64 {
+        seen.iter()
+            .filter(|((p, o), _)| *o == op && p.to_string_lossy().contains(contains))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    for (place, contains) in PLACES {
+        eprintln!(
+            "{place}: {} writes, {} syncs in a whole import",
+            count(contains, IoOp::Write),
+            count(contains, IoOp::Sync)
+        );
+    }
+    let mut cases = 0;
+    for (place, contains) in PLACES {
+        for fault in FAULTS {
+            let total = count(contains, fault.0);
+            assert!(
+                total > 0,
+                "no {:?} of the {place} in a whole import",
+                fault.0
+            );
+            for _ in 0..rounds {
+                let after = rng.next() % total;
+                eprintln!(
+                    "{}",
+                    one_case(blocks, place, contains, fault, after, &reference)
+                );
+                cases += 1;
+            }
+        }
+    }
+    eprintln!("{cases} faults injected, each recovered (seed {seed})");
+}
