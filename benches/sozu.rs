@@ -20,7 +20,10 @@
 //! `SozuConfig::default()`),
 //! `SOZU_BENCH_ALPHA_DEEP` (α of layers 2 and deeper, default that of
 //! `SozuConfig::default()`), `SOZU_BENCH_SEED_SPILL` (set: first run the table with seed 000's literal
-//! spill policy too, for comparison in the same run).
+//! spill policy too, for comparison in the same run), `SOZU_BENCH_PERF_CTL`
+//! (a `perf record --control fifo:PATH` control FIFO: the bench writes
+//! `enable` to it before the first measured block and `disable` after the
+//! last, so a profile started with `-D -1` covers the measured blocks only).
 //!
 //! The workload is generated on the fly (same seed for every backend), so
 //! memory holds only the generator's outpoints, not the blocks. Only the
@@ -512,6 +515,7 @@ fn run(
                 if !started {
                     started = true;
                     backend.measure_start();
+                    perf_ctl("enable");
                 }
                 let (t, c) = (Instant::now(), cpu_secs());
                 backend.connect(&b);
@@ -539,7 +543,18 @@ fn run(
             }
         }
     }
+    perf_ctl("disable");
     (fill, measured, n, cpu, steps.gen)
+}
+
+/// Sends `cmd` to the perf control FIFO named by `SOZU_BENCH_PERF_CTL`, if
+/// any (`perf record --control fifo:PATH -D -1`).
+fn perf_ctl(cmd: &str) {
+    if let Ok(path) = std::env::var("SOZU_BENCH_PERF_CTL") {
+        if let Err(e) = std::fs::write(&path, format!("{cmd}\n")) {
+            eprintln!("perf control {path}: {e}");
+        }
+    }
 }
 
 fn peak_rss_mib() -> f64 {

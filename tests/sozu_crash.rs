@@ -99,75 +99,15 @@ fn countdown_failures() {
     } else {
         250
     };
-    let mut outcomes = [0u32; 2];
-    // Crashes that left a checkpoint's double write behind (the failure
-    // hit a checkpoint, or came right after one).
-    let mut in_checkpoint = 0u32;
-    // Crashes during a background checkpoint while commits went on.
-    let mut overlapping = 0u32;
+    let mut tally = Tally::default();
     for seed in 0..rounds {
-        let storage = MemStorage::new();
-        // Odd seeds checkpoint at almost every commit, so failures land
-        // inside checkpoints too; one seed in four runs its checkpoints
-        // inside the commits (deterministic), the others in the background.
-        let cfg = SozuConfig {
-            checkpoint_bytes: if seed % 2 == 1 { 4 << 10 } else { 256 << 10 },
-            background_checkpoints: seed % 4 != 3,
-            ..small_config()
-        };
-        let open = || {
-            SozuTable::open_with_storage(Box::new(storage.clone()), cfg.clone())
-                .unwrap_or_else(|e| panic!("seed {seed}: open failed: {e}"))
-        };
-        let mut table = open();
-        let mut rng = Rng::new(seed);
-        let mut chain = Chain::new();
-        let mut model = ModelTable::new();
-        for crash in 0..2u64 {
-            storage.fail_after(Some((seed + 311 * crash) % 700));
-            let (last, attempted) = run_until_failure(&mut table, &mut rng, &mut chain, model, 25);
-            drop(table);
-            storage.crash(seed ^ (crash << 32));
-            if ["sozu.ckpt.0", "sozu.ckpt.1"]
-                .iter()
-                .any(|f| storage.read_file(f).is_some_and(|f| !f.is_empty()))
-            {
-                in_checkpoint += 1;
-            }
-            overlapping += u32::from(overlapped(&storage));
-            table = open();
-            let got = table.committed();
-            model = if got == last.committed() {
-                outcomes[0] += 1;
-                last
-            } else {
-                match attempted {
-                    Some(a) if a.committed() == got => {
-                        outcomes[1] += 1;
-                        a
-                    }
-                    _ => panic!(
-                        "seed {seed}, crash {crash}: reopened at {got:?}, last commit {:?}",
-                        last.committed()
-                    ),
-                }
-            };
-            assert_matches_model(
-                &mut table,
-                &mut model,
-                &chain,
-                &format!("seed {seed}, crash {crash}"),
-            );
-        }
-        // The reopened table keeps working.
-        let id = chain.add(chain.best);
-        let h = chain.height[id as usize];
-        let w = gen_block(&mut rng, &mut model, &chain.view(id), id, h, 3);
-        table
-            .write_block(&w, &chain, &mut |_| {})
-            .expect("write after reopen");
-        table.commit(tag(id, h)).expect("commit after reopen");
+        countdown_seed(seed, &mut tally);
     }
+    let Tally {
+        outcomes,
+        in_checkpoint,
+        overlapping,
+    } = tally;
     eprintln!(
         "countdown: {} reopened at the last commit, {} at the failing commit, {in_checkpoint} with a checkpoint file left, {overlapping} during a background checkpoint that commits overlapped",
         outcomes[0], outcomes[1]
@@ -181,6 +121,84 @@ fn countdown_failures() {
         overlapping > 0,
         "no failure hit a background checkpoint with commits going on"
     );
+}
+
+/// What the countdown crashes hit, over all seeds.
+#[derive(Default)]
+struct Tally {
+    /// Reopened at the last commit, at the failing commit.
+    outcomes: [u32; 2],
+    /// Crashes that left a checkpoint's double write behind (the failure
+    /// hit a checkpoint, or came right after one).
+    in_checkpoint: u32,
+    /// Crashes during a background checkpoint while commits went on.
+    overlapping: u32,
+}
+
+/// One seed of [`countdown_failures`]: two I/O-countdown crashes, each
+/// reopened and checked against the model, then one more block.
+fn countdown_seed(seed: u64, tally: &mut Tally) {
+    let storage = MemStorage::new();
+    // Odd seeds checkpoint at almost every commit, so failures land
+    // inside checkpoints too; one seed in four runs its checkpoints
+    // inside the commits (deterministic), the others in the background.
+    let cfg = SozuConfig {
+        checkpoint_bytes: if seed % 2 == 1 { 4 << 10 } else { 256 << 10 },
+        background_checkpoints: seed % 4 != 3,
+        ..small_config()
+    };
+    let open = || {
+        SozuTable::open_with_storage(Box::new(storage.clone()), cfg.clone())
+            .unwrap_or_else(|e| panic!("seed {seed}: open failed: {e}"))
+    };
+    let mut table = open();
+    let mut rng = Rng::new(seed);
+    let mut chain = Chain::new();
+    let mut model = ModelTable::new();
+    for crash in 0..2u64 {
+        storage.fail_after(Some((seed + 311 * crash) % 700));
+        let (last, attempted) = run_until_failure(&mut table, &mut rng, &mut chain, model, 25);
+        drop(table);
+        storage.crash(seed ^ (crash << 32));
+        if ["sozu.ckpt.0", "sozu.ckpt.1"]
+            .iter()
+            .any(|f| storage.read_file(f).is_some_and(|f| !f.is_empty()))
+        {
+            tally.in_checkpoint += 1;
+        }
+        tally.overlapping += u32::from(overlapped(&storage));
+        table = open();
+        let got = table.committed();
+        model = if got == last.committed() {
+            tally.outcomes[0] += 1;
+            last
+        } else {
+            match attempted {
+                Some(a) if a.committed() == got => {
+                    tally.outcomes[1] += 1;
+                    a
+                }
+                _ => panic!(
+                    "seed {seed}, crash {crash}: reopened at {got:?}, last commit {:?}",
+                    last.committed()
+                ),
+            }
+        };
+        assert_matches_model(
+            &mut table,
+            &mut model,
+            &chain,
+            &format!("seed {seed}, crash {crash}"),
+        );
+    }
+    // The reopened table keeps working.
+    let id = chain.add(chain.best);
+    let h = chain.height[id as usize];
+    let w = gen_block(&mut rng, &mut model, &chain.view(id), id, h, 3);
+    table
+        .write_block(&w, &chain, &mut |_| {})
+        .expect("write after reopen");
+    table.commit(tag(id, h)).expect("commit after reopen");
 }
 
 /// Reads a file of the table, through the test's handle or from a

@@ -302,24 +302,7 @@ fn long_sequence_with_purges() {
 fn typed_write_errors() {
     use bitcoin::hashes::Hash;
     let storage = MemStorage::new();
-    let open =
-        || SozuTable::open_with_storage(Box::new(storage.clone()), small_config()).expect("open");
-    let mut t = open();
-    let mut chain = Chain::new();
-    let mut model = ModelTable::new();
-    let mut rng = Rng::new(3);
-    for _ in 0..105 {
-        let id = chain.add(chain.best);
-        let w = gen_block(&mut rng, &mut model, &chain.view(id), id, id, 2);
-        model.write_block(&w, &chain, &mut |_| {}).expect("model");
-        t.write_block(&w, &chain, &mut |_| {}).expect("write");
-        t.commit(CommitTag {
-            block: BlockId(id),
-            height: id,
-            block_hash: [0; 32],
-        })
-        .expect("commit");
-    }
+    let (mut t, model, chain) = table_of_105_blocks(&storage);
     let tag = t.committed();
     let block = BlockId(chain.best);
     let unknown = OutPoint {
@@ -346,21 +329,10 @@ fn typed_write_errors() {
         t.commit(CommitTag::default()),
         Err(SozuError::Poisoned)
     ));
-
     drop(t);
-    let mut t = open();
+    let mut t = reopen(&storage);
     assert_eq!(t.committed(), tag);
-    let mut some = Vec::new();
-    model
-        .for_each(&mut |e| some.push(e.clone()))
-        .expect("model");
-    // A recent entry: lookups for possibly-present outputs search entries produced
-    // in the last 100 blocks (older ones cannot be re-produced, BIP30).
-    let e = some
-        .iter()
-        .max_by_key(|e| e.max_production_height())
-        .expect("entries")
-        .clone();
+    let e = most_recent_entry(model);
     let mut coin = e.coin.clone();
     coin.value += bitcoin::Amount::from_sat(1);
     let again = BlockWrite {
@@ -377,9 +349,8 @@ fn typed_write_errors() {
         t.write_block(&again, &chain, &mut |_| {}),
         Err(SozuError::CoinMismatch { .. })
     ));
-
     drop(t);
-    let mut t = open();
+    let mut t = reopen(&storage);
     let deep = BlockWrite {
         block,
         height: 3,
@@ -393,4 +364,44 @@ fn typed_write_errors() {
             tip: 105
         })
     ));
+}
+
+fn reopen(storage: &MemStorage) -> SozuTable {
+    SozuTable::open_with_storage(Box::new(storage.clone()), small_config())
+        .unwrap_or_else(|e| panic!("open: {e:?}"))
+}
+
+/// A table on `storage` with 105 committed blocks of a single chain, and
+/// the model and chain that wrote it.
+fn table_of_105_blocks(storage: &MemStorage) -> (SozuTable, ModelTable, Chain) {
+    let mut t = reopen(storage);
+    let mut chain = Chain::new();
+    let mut model = ModelTable::new();
+    let mut rng = Rng::new(3);
+    for _ in 0..105 {
+        let id = chain.add(chain.best);
+        let w = gen_block(&mut rng, &mut model, &chain.view(id), id, id, 2);
+        model.write_block(&w, &chain, &mut |_| {}).expect("model");
+        t.write_block(&w, &chain, &mut |_| {}).expect("write");
+        t.commit(CommitTag {
+            block: BlockId(id),
+            height: id,
+            block_hash: [0; 32],
+        })
+        .expect("commit");
+    }
+    (t, model, chain)
+}
+
+/// The model's entry with the highest production: lookups for outputs
+/// that may be present search entries produced in the last 100 blocks
+/// (older ones cannot be re-produced, BIP30).
+fn most_recent_entry(mut model: ModelTable) -> Entry {
+    let mut some = Vec::new();
+    model
+        .for_each(&mut |e| some.push(e.clone()))
+        .expect("model");
+    some.into_iter()
+        .max_by_key(|e| e.max_production_height())
+        .expect("entries")
 }

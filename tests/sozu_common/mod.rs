@@ -166,14 +166,7 @@ pub fn gen_block(
     max_txs: u64,
 ) -> BlockWrite {
     let mut unspent: Vec<Entry> = kakehi::sozu::model::unspent_in(model, view);
-    let mut absent_recent: Vec<Entry> = Vec::new();
-    let _ = model.for_each(&mut |e| {
-        if matches!(e.status_in(view), ViewStatus::Absent)
-            && e.produced.iter().all(|p| p.height + 12 >= height)
-        {
-            absent_recent.push(e.clone());
-        }
-    });
+    let mut absent_recent = absent_recent(model, view, height);
     let block = BlockId(id);
     let mut w = BlockWrite {
         block,
@@ -208,6 +201,29 @@ pub fn gen_block(
             }
         }
     }
+    push_txs(rng, &mut unspent, &mut w, max_txs);
+    w
+}
+
+/// Entries absent from `view` whose productions are all within 12 blocks
+/// of `height`: outputs of abandoned branches that a block may re-include.
+fn absent_recent(model: &mut ModelTable, view: &View, height: u32) -> Vec<Entry> {
+    let mut out = Vec::new();
+    let _ = model.for_each(&mut |e| {
+        if matches!(e.status_in(view), ViewStatus::Absent)
+            && e.produced.iter().all(|p| p.height + 12 >= height)
+        {
+            out.push(e.clone());
+        }
+    });
+    out
+}
+
+/// Up to `max_txs` transactions into `w`: each spends up to 3 outputs (an
+/// output of `unspent`, or one a transaction before it in the block
+/// created) and creates 1 to 3.
+fn push_txs(rng: &mut Rng, unspent: &mut Vec<Entry>, w: &mut BlockWrite, max_txs: u64) {
+    let (block, height) = (w.block, w.height);
     let ntx = rng.below(max_txs + 1);
     let mut fresh: Vec<OutPoint> = Vec::new();
     for _ in 0..ntx {
@@ -242,7 +258,6 @@ pub fn gen_block(
             fresh.push(op);
         }
     }
-    w
 }
 
 /// A configuration with tiny buckets so spills, child allocation, deep
