@@ -19,7 +19,9 @@
 //! default assumevalid block). `KAKEHI_SCALE_SKIP_CORE=1` skips the anchor; `KAKEHI_SCALE_CORE_FILES=N`
 //! gives Core's engine only the first N block files (a prefix, when the
 //! whole chain would take too long), and the ratio is then taken against
-//! kakehi's time over the same files. `KAKEHI_SCALE_DATADIR=DIR` puts
+//! kakehi's time over the same files. `KAKEHI_SCALE_NO_ADDRESS_INDEX=1`
+//! imports without the address index (on by default, as in the node).
+//! `KAKEHI_SCALE_DATADIR=DIR` puts
 //! kakehi's temporary datadir under DIR (default: the system's temporary
 //! directory); it is deleted before Core's engine runs.
 //!
@@ -118,6 +120,12 @@ fn main() {
     let datadir = DataDir::open(datadir_tmp.path()).expect("datadir");
     let mut chain = open_chainstate(params.clone(), &datadir).expect("open");
     chain.set_group_limits(GroupLimits::NODE_DEFAULT);
+    if std::env::var_os("KAKEHI_SCALE_NO_ADDRESS_INDEX").is_some() {
+        chain
+            .set_address_index(false, &mut |_| {})
+            .expect("address index off");
+        println!("address index: off (`--no-address-index`)");
+    }
     let wall = Instant::now();
     if std::env::var_os("KAKEHI_SCALE_ASSUMEVALID").is_some() {
         assume_valid(&mut chain, &files);

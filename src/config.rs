@@ -63,6 +63,8 @@ pub const DEFAULT_SOZU_SHARDS: u8 = 2;
 
 /// Smallest and largest `sozu.ram_mib`, MiB.
 pub const SOZU_RAM_MIB_RANGE: std::ops::RangeInclusive<usize> = 16..=1 << 20;
+/// Smallest and largest `index.cache_mib`, MiB.
+pub const INDEX_CACHE_MIB_RANGE: std::ops::RangeInclusive<usize> = 8..=1 << 20;
 
 /// Errors reading the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -158,12 +160,26 @@ pub fn parse_shards(s: &str) -> Result<u8, String> {
 /// # Errors
 /// A message naming the accepted range.
 pub fn parse_ram_mib(s: &str) -> Result<usize, String> {
+    parse_mib_in(s, &SOZU_RAM_MIB_RANGE)
+}
+
+/// Parses an index-database page cache in MiB, within
+/// [`INDEX_CACHE_MIB_RANGE`].
+///
+/// # Errors
+/// A message naming the accepted range.
+pub fn parse_index_cache_mib(s: &str) -> Result<usize, String> {
+    parse_mib_in(s, &INDEX_CACHE_MIB_RANGE)
+}
+
+/// Parses a memory size in MiB within `range`.
+fn parse_mib_in(s: &str, range: &std::ops::RangeInclusive<usize>) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
-        Ok(n) if SOZU_RAM_MIB_RANGE.contains(&n) => Ok(n),
+        Ok(n) if range.contains(&n) => Ok(n),
         _ => Err(format!(
             "bad memory budget {s:?} (expected MiB from {} to {})",
-            SOZU_RAM_MIB_RANGE.start(),
-            SOZU_RAM_MIB_RANGE.end()
+            range.start(),
+            range.end()
         )),
     }
 }
@@ -269,6 +285,8 @@ pub struct Layer {
     pub address_index: Option<bool>,
     /// UTXO-table memory budget, MiB.
     pub sozu_ram_mib: Option<usize>,
+    /// Index-database page cache, MiB.
+    pub index_cache_mib: Option<usize>,
     /// `KAKEHI_*` variables no option reads (e.g. `KAKEHI_LONG`, which the
     /// long test modes use): not an error, the binary logs a warning naming
     /// them so a typo is visible.
@@ -300,6 +318,8 @@ struct FileConfig {
 #[serde(deny_unknown_fields)]
 struct FileIndex {
     address: Option<bool>,
+    #[serde(default, deserialize_with = "de_index_cache_mib")]
+    cache_mib: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -365,6 +385,13 @@ fn de_ram_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D
         .map_err(serde::de::Error::custom)
 }
 
+fn de_index_cache_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    let n = i64::deserialize(d)?;
+    parse_index_cache_mib(&n.to_string())
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
 impl Layer {
     /// Reads a TOML configuration file.
     ///
@@ -411,6 +438,7 @@ impl Layer {
             assumevalid: file.validation.assumevalid,
             address_index: file.index.address,
             sozu_ram_mib: file.sozu.ram_mib,
+            index_cache_mib: file.index.cache_mib,
             unknown_env: Vec::new(),
         })
     }
@@ -434,6 +462,7 @@ impl Layer {
     /// | `KAKEHI_ASSUMEVALID` | `validation.assumevalid` |
     /// | `KAKEHI_ADDRESS_INDEX` (`true`/`false`) | `index.address` |
     /// | `KAKEHI_SOZU_RAM_MIB` | `sozu.ram_mib` |
+    /// | `KAKEHI_INDEX_CACHE_MIB` | `index.cache_mib` |
     ///
     /// # Errors
     /// [`ConfigError::Env`] for a bad value. Unknown `KAKEHI_*` variables
@@ -490,6 +519,9 @@ impl Layer {
                     )
                 }
                 "SOZU_RAM_MIB" => layer.sozu_ram_mib = Some(parse_ram_mib(&value).map_err(bad)?),
+                "INDEX_CACHE_MIB" => {
+                    layer.index_cache_mib = Some(parse_index_cache_mib(&value).map_err(bad)?)
+                }
                 _ => layer.unknown_env.push(var.clone()),
             }
         }
@@ -559,6 +591,9 @@ pub struct IndexSection {
     /// and time costs are in `docs/operations.md`. Turned on for a datadir
     /// without it, it is built from the block files at start-up.
     pub address: bool,
+    /// Page cache of the index database (sled), MiB. Applies at each
+    /// start. Default [`crate::store::DEFAULT_INDEX_CACHE_MIB`].
+    pub cache_mib: usize,
 }
 
 /// `[http]`.
@@ -660,6 +695,8 @@ impl Config {
             },
             index: IndexSection {
                 address: pick(layers, |l| l.address_index.as_ref()).unwrap_or(true),
+                cache_mib: pick(layers, |l| l.index_cache_mib.as_ref())
+                    .unwrap_or(crate::store::DEFAULT_INDEX_CACHE_MIB),
             },
         }
     }
@@ -755,6 +792,9 @@ mod tests {
         let (line, key, msg) = file_err("[sozu]\nram_mib = 8\n");
         assert_eq!((line, key.as_str()), (2, "sozu.ram_mib"));
         assert!(msg.contains("memory budget"), "{msg}");
+        let (line, key, msg) = file_err("[index]\ncache_mib = 4\n");
+        assert_eq!((line, key.as_str()), (2, "index.cache_mib"));
+        assert!(msg.contains("from 8 to"), "{msg}");
         let (line, key, _) = file_err("[log]\nformat = \"xml\"\n");
         assert_eq!((line, key.as_str()), (2, "log.format"));
         let (line, key, msg) = file_err("[validation]\nassumevalid = \"yes\"\n");
@@ -782,6 +822,7 @@ mod tests {
             ("RUST_LOG", "warn"),
             ("KAKEHI_SOZU_SHARDS", "4"),
             ("KAKEHI_SOZU_RAM_MIB", "2048"),
+            ("KAKEHI_INDEX_CACHE_MIB", "64"),
             ("PATH", "/bin"),
             ("KAKEHI_NETWROK", "regtest"),
         ])
@@ -792,12 +833,14 @@ mod tests {
         assert_eq!(l.log_filter.as_deref(), Some("warn"));
         assert_eq!(l.sozu_shards, Some(4));
         assert_eq!(l.sozu_ram_mib, Some(2048));
+        assert_eq!(l.index_cache_mib, Some(64));
         assert_eq!(l.unknown_env, vec!["KAKEHI_NETWROK".to_string()]);
         for bad in [
             ("KAKEHI_HTTP", "localhost"),
             ("KAKEHI_SOZU_SHARDS", "0"),
             ("KAKEHI_SOZU_RAM_MIB", "lots"),
             ("KAKEHI_SOZU_RAM_MIB", "2097152"),
+            ("KAKEHI_INDEX_CACHE_MIB", "7"),
             ("KAKEHI_LOG_FORMAT", "xml"),
             ("KAKEHI_ASSUMEVALID", "1"),
             ("KAKEHI_ASSUMEVALID", "00ff"),

@@ -127,7 +127,12 @@ pub fn open_table(datadir: &Path) -> Result<Box<dyn UtxoTable + Send>, NodeError
 /// [`NodeError`].
 pub fn open_chainstate(params: ChainParams, datadir: &DataDir) -> Result<Chainstate, NodeError> {
     let table = open_table(datadir.path())?;
-    Ok(Chainstate::open(params, datadir.path(), table)?)
+    Ok(Chainstate::open(
+        params,
+        datadir.path(),
+        table,
+        crate::store::DEFAULT_INDEX_CACHE_MIB,
+    )?)
 }
 
 /// A flag set by SIGINT/SIGTERM; long work checks it at block boundaries.

@@ -368,10 +368,11 @@ fn flat_pos_from(name: &str, bytes: Option<Vec<u8>>) -> Result<FlatPos, Pipeline
 }
 
 impl Chainstate {
-    /// Opens the chain state in `datadir` with the UTXO table `table`,
-    /// reconciling the stores after a crash (flat files truncated to their
-    /// committed length; a UTXO-table commit missing after the index's is
-    /// replayed).
+    /// Opens the chain state in `datadir` with the UTXO table `table` and
+    /// an index-database page cache of `index_cache_mib` MiB
+    /// ([`crate::store::DEFAULT_INDEX_CACHE_MIB`]), reconciling the stores
+    /// after a crash (flat files truncated to their committed length; a
+    /// UTXO-table commit missing after the index's is replayed).
     ///
     /// # Errors
     /// [`PipelineError`] when a store fails or the datadir is inconsistent.
@@ -379,8 +380,9 @@ impl Chainstate {
         params: ChainParams,
         datadir: &Path,
         table: Box<dyn UtxoTable + Send>,
+        index_cache_mib: usize,
     ) -> Result<Self, PipelineError> {
-        let store = Store::open(&datadir.join("index"))?;
+        let store = Store::open(&datadir.join("index"), index_cache_mib)?;
         let magic = params.magic();
         let pos = |name: &str| -> Result<FlatPos, PipelineError> {
             flat_pos_from(name, store.meta(name)?)
@@ -1019,12 +1021,14 @@ impl Chainstate {
         }
         // BIP30 candidates and proof of absence: a txid never stored before
         // cannot have outputs in the table (BIP34 makes txids unique; only a
-        // transaction seen in another block may already be there).
+        // transaction seen in another block may already be there). A txid
+        // prefix shared with another transaction only adds keys the table
+        // answers exactly.
         let mut seen_before = HashSet::new();
         for tx in &block.txdata {
             let txid = tx.compute_txid();
             let in_group = self.group.as_ref().is_some_and(|g| g.has_tx(&txid));
-            if in_group || self.store.tx_known(&txid)? {
+            if in_group || self.store.tx_maybe_known(&txid)? {
                 seen_before.insert(txid);
                 for vout in 0..tx.output.len() as u32 {
                     keys.push(OutPoint { txid, vout });
@@ -1194,10 +1198,10 @@ impl Chainstate {
         self.put_record(&mut batch, id);
         let txids: Vec<bitcoin::Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
         for (pos, txid) in txids.iter().enumerate() {
-            batch.put_tx(*txid, id, pos as u32);
+            batch.put_tx(txid, id, pos as u32);
         }
         for s in &spent {
-            batch.put_spend(s.outpoint, id, s.txid, s.vin);
+            batch.put_spend(&s.outpoint, id);
         }
         if self.address_index.write {
             address_index::put_block_rows(&mut batch, block, &txids, (id, entry.height), &spent);

@@ -107,7 +107,8 @@ pub fn check_no_swap_pending(datadir: &Path) -> Result<(), ReindexError> {
 }
 
 /// Rebuilds the chain state of `datadir` (locked by the caller) from its
-/// block files; `sozu` configures the new UTXO table and `configure` the
+/// block files; `sozu` configures the new UTXO table, `index_cache_mib`
+/// the new index database's page cache (MiB), and `configure` the
 /// new chain state once opened (group limits, assumevalid, address index,
 /// as the node sets them). Shows a progress bar
 /// per block file on standard error when `progress`; stops between blocks
@@ -121,6 +122,7 @@ pub fn reindex_chainstate(
     datadir: &Path,
     params: ChainParams,
     sozu: SozuConfig,
+    index_cache_mib: usize,
     stop: &AtomicBool,
     progress: bool,
     configure: &mut dyn FnMut(&mut Chainstate) -> Result<(), PipelineError>,
@@ -138,7 +140,14 @@ pub fn reindex_chainstate(
     }
     let files = block_files(&datadir.join("blocks"))?;
     std::fs::create_dir_all(&new).map_err(io(&new))?;
-    let summary = build(&new, (params, sozu), &files, stop, progress, configure)?;
+    let summary = build(
+        &new,
+        (params, sozu, index_cache_mib),
+        &files,
+        stop,
+        progress,
+        configure,
+    )?;
     for name in CHAINSTATE_DIRS {
         let d = new.join(name);
         std::fs::create_dir_all(&d).map_err(io(&d))?;
@@ -180,14 +189,14 @@ fn block_files(blocks: &Path) -> Result<Vec<PathBuf>, ReindexError> {
 /// Imports the blocks of `files` into a new chain state in `new`.
 fn build(
     new: &Path,
-    (params, sozu): (ChainParams, SozuConfig),
+    (params, sozu, index_cache_mib): (ChainParams, SozuConfig, usize),
     files: &[PathBuf],
     stop: &AtomicBool,
     progress: bool,
     configure: &mut dyn FnMut(&mut Chainstate) -> Result<(), PipelineError>,
 ) -> Result<ImportSummary, ReindexError> {
     let table = SozuTable::open(&new.join("utxo"), sozu)?;
-    let mut cs = Chainstate::open(params, new, Box::new(table))?;
+    let mut cs = Chainstate::open(params, new, Box::new(table), index_cache_mib)?;
     configure(&mut cs)?;
     let chain = Mutex::new(cs);
     let mut run = ImportRun::new(&chain);

@@ -159,6 +159,26 @@ impl std::fmt::Debug for Snapshots {
     }
 }
 
+/// A block's bytes as read from the `blocks/` files, with what names it in
+/// errors.
+struct StoredBlock {
+    raw: Vec<u8>,
+    path: std::path::PathBuf,
+    hash: BlockHash,
+}
+
+impl StoredBlock {
+    /// The error for these bytes failing a check (`reason`).
+    fn corrupt(&self, reason: &'static str) -> PipelineError {
+        PipelineError::CorruptRecord {
+            path: self.path.clone(),
+            block: self.hash,
+            what: "block",
+            reason,
+        }
+    }
+}
+
 /// Reads of one committed state of the chain (see [`ChainSnapshot`]).
 impl ChainSnapshot {
     /// The network parameters.
@@ -206,22 +226,33 @@ impl ChainSnapshot {
         Ok(self.read_checked_block(id)?.map(|(raw, _)| raw))
     }
 
-    fn read_checked_block(&self, id: BlockId) -> Result<Option<(Vec<u8>, Block)>, PipelineError> {
+    /// The stored bytes of block `id` (`None` without stored data), and
+    /// the error naming its file and hash for a given reason.
+    ///
+    /// # Errors
+    /// Flat-file failure.
+    fn read_stored_block(&self, id: BlockId) -> Result<Option<StoredBlock>, PipelineError> {
         let (Some(loc), Some(entry)) = (
             self.meta.get(id.0 as usize).and_then(|m| m.data),
             self.index.get(id),
         ) else {
             return Ok(None);
         };
-        let raw = self.blocks.read(loc)?;
-        let corrupt = |reason| PipelineError::CorruptRecord {
+        Ok(Some(StoredBlock {
+            raw: self.blocks.read(loc)?,
             path: self.blocks.path(loc.file),
-            block: entry.hash,
-            what: "block",
-            reason,
+            hash: entry.hash,
+        }))
+    }
+
+    fn read_checked_block(&self, id: BlockId) -> Result<Option<(Vec<u8>, Block)>, PipelineError> {
+        let Some(stored) = self.read_stored_block(id)? else {
+            return Ok(None);
         };
-        let block: Block = deserialize(&raw).map_err(|_| corrupt("does not decode"))?;
-        if block.block_hash() != entry.hash {
+        let corrupt = |reason| stored.corrupt(reason);
+        let raw = &stored.raw;
+        let block: Block = deserialize(raw).map_err(|_| corrupt("does not decode"))?;
+        if block.block_hash() != stored.hash {
             return Err(corrupt("its header hashes to another block"));
         }
         if !block.check_merkle_root() {
@@ -230,7 +261,7 @@ impl ChainSnapshot {
         if !block.check_witness_commitment() {
             return Err(corrupt("witness commitment mismatch"));
         }
-        Ok(Some((raw, block)))
+        Ok(Some((stored.raw, block)))
     }
 
     /// The BIP-158 basic filter and filter header of a connected block
@@ -526,37 +557,81 @@ impl ChainSnapshot {
     }
 
     /// Every block connected as of this snapshot (active or stale) that
-    /// contains `txid`, with the transaction's position in it
-    /// (`tx_position_by_txid_block`). Rows of blocks this snapshot does not
-    /// know as connected (written by the writer after it) are left out.
+    /// contains `txid`, with the transaction's position in it. The txid
+    /// index (`tx_by_txid_prefix`) gives candidates by txid prefix; each is
+    /// checked against the stored block. Rows of blocks this snapshot does
+    /// not know as connected (written by the writer after it) are left out.
     ///
     /// # Errors
-    /// sled failure or corruption.
+    /// sled failure or corruption; flat-file failure or a stored block
+    /// that no longer decodes ([`PipelineError::CorruptRecord`]).
     pub fn tx_blocks(&self, txid: &bitcoin::Txid) -> Result<Vec<(BlockId, u32)>, PipelineError> {
-        let mut rows = self.store.tx_blocks(txid)?;
-        rows.retain(|(id, _)| {
-            self.index
-                .get(*id)
-                .is_some_and(|e| e.status == BlockStatus::Valid)
-        });
+        let mut rows = Vec::new();
+        for (id, pos) in self.store.tx_candidates(txid)? {
+            let connected = self
+                .index
+                .get(id)
+                .is_some_and(|e| e.status == BlockStatus::Valid);
+            if connected && self.txid_at(id, pos)? == Some(*txid) {
+                rows.push((id, pos));
+            }
+        }
         Ok(rows)
     }
 
-    /// The spender of `outpoint` on this snapshot's active chain, if a block
-    /// of it spends it (`spend_by_outpoint_block`; rows of later blocks are
-    /// ignored).
+    /// The txid of the transaction at `position` in the stored block `id`
+    /// (`None` past its last transaction or without stored data), decoding
+    /// the block only up to it.
     ///
     /// # Errors
-    /// sled failure or corruption.
+    /// Flat-file failure; [`PipelineError::CorruptRecord`] when the stored
+    /// block does not decode up to `position`.
+    fn txid_at(&self, id: BlockId, position: u32) -> Result<Option<bitcoin::Txid>, PipelineError> {
+        use bitcoin::consensus::Decodable;
+        let Some(stored) = self.read_stored_block(id)? else {
+            return Ok(None);
+        };
+        let corrupt = || stored.corrupt("does not decode");
+        let mut r = stored.raw.as_slice();
+        bitcoin::block::Header::consensus_decode(&mut r).map_err(|_| corrupt())?;
+        let count = bitcoin::VarInt::consensus_decode(&mut r).map_err(|_| corrupt())?;
+        if u64::from(position) >= count.0 {
+            return Ok(None);
+        }
+        for _ in 0..position {
+            bitcoin::Transaction::consensus_decode(&mut r).map_err(|_| corrupt())?;
+        }
+        let tx = bitcoin::Transaction::consensus_decode(&mut r).map_err(|_| corrupt())?;
+        Ok(Some(tx.compute_txid()))
+    }
+
+    /// The spender of `outpoint` on this snapshot's active chain, if a block
+    /// of it spends it: the spend index (`spend_by_outpoint_prefix`) gives
+    /// candidate blocks by txid prefix and vout (rows of later blocks are
+    /// ignored); the spender is read from the active candidate's
+    /// spent-output record, which must name `outpoint`.
+    ///
+    /// # Errors
+    /// sled failure or corruption; a spent-output record that does not
+    /// decode ([`PipelineError::CorruptSpent`]).
     pub fn active_spender(
         &self,
         outpoint: &OutPoint,
     ) -> Result<Option<(BlockId, crate::store::SpendRecord)>, PipelineError> {
-        Ok(self
-            .store
-            .spenders(outpoint)?
-            .into_iter()
-            .find(|(b, _)| self.index.is_active(*b)))
+        for block in self.store.spend_candidates(outpoint)? {
+            if !self.index.is_active(block) {
+                continue;
+            }
+            let spent = self.spent_outputs(block)?.unwrap_or_default();
+            if let Some(s) = spent.iter().find(|s| s.outpoint == *outpoint) {
+                let record = crate::store::SpendRecord {
+                    txid: s.txid,
+                    vin: s.vin,
+                };
+                return Ok(Some((block, record)));
+            }
+        }
+        Ok(None)
     }
 
     /// The table entries of `outpoints`, in the same order (`None` when the

@@ -113,7 +113,11 @@ fn utxo_set_muhash_matches_core_and_survives_reorgs_and_restarts() {
 
     // A datadir without the stored state: built once from the UTXO table.
     {
-        let store = Store::open(&dir.path().join("index")).expect("open index");
+        let store = Store::open(
+            &dir.path().join("index"),
+            kakehi::store::DEFAULT_INDEX_CACHE_MIB,
+        )
+        .expect("open index");
         let mut batch = WriteBatch::default();
         batch.put_meta("muhash", &[]);
         store.commit(batch).expect("commit");

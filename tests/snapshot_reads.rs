@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bitcoin::consensus::deserialize;
+use bitcoin::hashes::Hash;
 use bitcoin::{Block, BlockHash, Network};
 use common::{data, json, TestNode};
 use kakehi::archive::OutpointStatus;
@@ -281,4 +282,59 @@ fn a_snapshot_keeps_answering_for_its_boundary_after_the_writer_moved_on() {
         }
     );
     assert!(now.active_spender(&op).expect("rows").is_some());
+}
+
+/// The txid and spend rows are keyed by the txid's first 8 bytes: a txid
+/// sharing them with a real transaction finds that transaction's rows,
+/// and the readers must check each row against the block and spent-output
+/// files before answering (here the real rows, not planted ones: the
+/// other txid's rows would have the same keys).
+#[test]
+fn rows_found_by_txid_prefix_are_checked_against_the_files() {
+    let node = TestNode::new(Network::Regtest);
+    for r in records(&node.chain.lock()).iter().take(150) {
+        submit(&node.chain, &r.block);
+    }
+    let s = node.chain.lock().snapshots().load();
+    let (block, spent) = (1..=s.index().tip_height())
+        .rev()
+        .find_map(|h| {
+            let e = s.index().active_at(h)?;
+            let spent = s.spent_outputs(e.id).ok()??;
+            spent.into_iter().next().map(|x| (e.id, x))
+        })
+        .expect("a block that spends an output");
+    let txs = s.read_block(block).expect("read").expect("stored").txdata;
+    let position = txs
+        .iter()
+        .position(|t| t.compute_txid() == spent.txid)
+        .expect("the spender is in the block") as u32;
+    let same_prefix = |txid: &bitcoin::Txid| {
+        let mut b = txid.to_byte_array();
+        b[31] ^= 0x5a;
+        bitcoin::Txid::from_byte_array(b)
+    };
+    // The real transaction and outpoint are found...
+    assert_eq!(
+        s.tx_blocks(&spent.txid).expect("rows"),
+        vec![(block, position)]
+    );
+    let (by, record) = s
+        .active_spender(&spent.outpoint)
+        .expect("rows")
+        .expect("spent");
+    assert_eq!(
+        (by, record.txid, record.vin),
+        (block, spent.txid, spent.vin)
+    );
+    // ...and the txids sharing their 8-byte prefix are not.
+    assert!(s
+        .tx_blocks(&same_prefix(&spent.txid))
+        .expect("rows")
+        .is_empty());
+    let other = bitcoin::OutPoint {
+        txid: same_prefix(&spent.outpoint.txid),
+        vout: spent.outpoint.vout,
+    };
+    assert!(s.active_spender(&other).expect("rows").is_none());
 }

@@ -3,17 +3,17 @@
 //! `src/rest.rs`), so BDK's `esplora-client` works unchanged.
 //!
 //! Only the confirmed part of the API exists (kakehi has no mempool): a
-//! transaction is found through the txid index (`tx_position_by_txid_block`)
-//! in the block of the active chain that holds it; a transaction only in
-//! stale blocks is 404, like a transaction Esplora dropped from its mempool.
+//! transaction is found through the txid index (`tx_by_txid_prefix`,
+//! candidates checked against the stored block) in the block of the active
+//! chain that holds it; a transaction only in stale blocks is 404, like a
+//! transaction Esplora dropped from its mempool.
 //!
-//! Outspends come from the spend index (`spend_by_outpoint_block`, written
-//! at connect; the row of a block on the active chain wins), then from the
-//! UTXO table's records. For a datadir created before the spend index
-//! (store format 1.0), an entry consumed at least `PURGE_DEPTH` (100) blocks
-//! deep is purged from the table and has no spend row: the output is then
-//! reported `spent: true` without the spender (`txid`, `vin`, `status`
-//! absent), which Esplora's shape allows.
+//! Outspends come from the spend index (`spend_by_outpoint_prefix`, written
+//! at connect; the spender is read from the spent-output record of the
+//! candidate block on the active chain), then from the UTXO table's records.
+//! An output the table purged and no spend row names is reported
+//! `spent: true` without the spender (`txid`, `vin`, `status` absent),
+//! which Esplora's shape allows.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};

@@ -10,8 +10,8 @@
 //! | `meta_by_name` | UTF-8 name | bytes (format version, tip marker, flat-file positions) |
 //! | `block_by_id` | `BlockId` u32 BE | [`BlockRecord`] |
 //! | `block_id_by_height` | height u32 BE | `BlockId` of the active chain |
-//! | `tx_position_by_txid_block` | txid (32) ‖ `BlockId` BE | position in block, u32 BE |
-//! | `spend_by_outpoint_block` | outpoint (36) ‖ `BlockId` BE | spending txid (32) ‖ vin u32 BE |
+//! | `tx_by_txid_prefix` | txid prefix (8) ‖ `BlockId` BE ‖ position u32 BE | empty |
+//! | `spend_by_outpoint_prefix` | txid prefix (8) ‖ vout u32 BE ‖ spending `BlockId` BE | empty |
 //! | `history_by_script` | script hash (32) ‖ height ‖ `BlockId` ‖ position ‖ kind ‖ vout/vin | [`HistoryValue`] (`store::history`) |
 
 pub mod fault;
@@ -57,7 +57,17 @@ use crate::primitives::BlockId;
 /// block ids in `block_by_id` are no longer dense. A 2.0 datadir opens
 /// as is. A 2.1 datadir with headers-only blocks is refused by a 2.0
 /// build ("not dense"), which changes nothing.
-pub const FORMAT_VERSION: (u16, u16) = (2, 1);
+///
+/// 3.0 (a 2.x datadir is refused: `kakehi reindex-chainstate` rebuilds it
+/// from its block files): the transaction and spend rows keep only what the
+/// flat files do not (electrs's layout): `tx_position_by_txid_block` (txid
+/// ‖ block → position, 40 bytes a row) became `tx_by_txid_prefix` (txid
+/// prefix ‖ block ‖ position, 16 bytes), and `spend_by_outpoint_block`
+/// (outpoint ‖ block → spending txid ‖ vin, 76 bytes) became
+/// `spend_by_outpoint_prefix` (txid prefix ‖ vout ‖ block, 16 bytes; the
+/// spender is read from the block's spent-output record). Readers check a
+/// row against the files it points at.
+pub const FORMAT_VERSION: (u16, u16) = (3, 0);
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +113,7 @@ pub enum StoreError {
         reason: &'static str,
     },
     /// The database was written by an incompatible version of kakehi.
-    #[error("database at {path} has format {found_major}.{found_minor}, this kakehi reads {major}.x: move it aside and re-import or resync (see docs/operations.md)")]
+    #[error("index database at {path} has format version {found_major}.{found_minor}; this build reads {major}.x: rebuild the chain state from the block files with `kakehi reindex-chainstate` (see docs/operations.md)")]
     FormatMismatch {
         /// The database directory.
         path: PathBuf,
@@ -151,71 +161,97 @@ impl Codec for BlockHash {
     }
 }
 
-/// Key of `tx_position_by_txid_block`: txid then block id (36 bytes).
+/// Leading bytes of a txid kept in the keys of `tx_by_txid_prefix` and
+/// `spend_by_outpoint_prefix` (electrs's layout): 8 bytes tell 10⁷
+/// transactions apart but for about one pair in 2⁴⁰; a row is a candidate,
+/// checked against the block (or spent-output) files it points at, which
+/// hold the full txids.
+pub const TXID_PREFIX_LEN: usize = 8;
+
+/// The first [`TXID_PREFIX_LEN`] bytes of `txid` (internal byte order).
+pub fn txid_prefix(txid: &Txid) -> [u8; TXID_PREFIX_LEN] {
+    let mut p = [0u8; TXID_PREFIX_LEN];
+    p.copy_from_slice(&txid.as_byte_array()[..TXID_PREFIX_LEN]);
+    p
+}
+
+/// Key of `tx_by_txid_prefix` (16 bytes, value empty): txid prefix (8) ‖
+/// `BlockId` u32 BE ‖ position in the block u32 BE. A candidate location
+/// of every transaction whose txid starts with the prefix.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct TxBlockKey {
-    /// The transaction.
-    pub txid: Txid,
+pub struct TxRowKey {
+    /// [`txid_prefix`] of the transaction.
+    pub prefix: [u8; TXID_PREFIX_LEN],
     /// A block that contains it.
     pub block: BlockId,
+    /// Its position in that block.
+    pub position: u32,
 }
 
-impl Codec for TxBlockKey {
+impl Codec for TxRowKey {
     fn encode(&self) -> Vec<u8> {
-        let mut v = self.txid.as_byte_array().to_vec();
+        let mut v = Vec::with_capacity(TXID_PREFIX_LEN + 8);
+        v.extend_from_slice(&self.prefix);
         v.extend_from_slice(&self.block.0.to_be_bytes());
+        v.extend_from_slice(&self.position.to_be_bytes());
         v
     }
     fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() != 36 {
+        if b.len() != TXID_PREFIX_LEN + 8 {
             return None;
         }
-        Some(TxBlockKey {
-            txid: Txid::from_byte_array(b[..32].try_into().ok()?),
-            block: BlockId(u32::decode(&b[32..])?),
+        let (prefix, rest) = b.split_at(TXID_PREFIX_LEN);
+        Some(TxRowKey {
+            prefix: prefix.try_into().ok()?,
+            block: BlockId(u32::decode(&rest[..4])?),
+            position: u32::decode(&rest[4..])?,
         })
     }
 }
 
-/// Key of `spend_by_outpoint_block`: the spent outpoint (txid 32 ‖ vout
-/// u32 BE) then the spending block's id (u32 BE), 40 bytes.
+/// Key of `spend_by_outpoint_prefix` (16 bytes, value empty): the spent
+/// outpoint's txid prefix (8) ‖ its vout u32 BE ‖ the spending block's
+/// `BlockId` u32 BE. The spender (txid, input) is in that block's
+/// spent-output record (`spent/` files), which is checked to name the
+/// outpoint.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct OutPointBlockKey {
-    /// The spent outpoint.
-    pub outpoint: OutPoint,
-    /// A block that spends it.
+pub struct SpendRowKey {
+    /// [`txid_prefix`] of the spent outpoint's txid.
+    pub prefix: [u8; TXID_PREFIX_LEN],
+    /// The spent outpoint's output index.
+    pub vout: u32,
+    /// A connected block that spends an outpoint with this prefix and vout.
     pub block: BlockId,
 }
 
-impl Codec for OutPointBlockKey {
+impl Codec for SpendRowKey {
     fn encode(&self) -> Vec<u8> {
-        let mut v = outpoint_prefix(&self.outpoint);
+        let mut v = spend_prefix(&self.prefix, self.vout);
         v.extend_from_slice(&self.block.0.to_be_bytes());
         v
     }
     fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() != 40 {
+        if b.len() != TXID_PREFIX_LEN + 8 {
             return None;
         }
-        Some(OutPointBlockKey {
-            outpoint: OutPoint {
-                txid: Txid::from_byte_array(b[..32].try_into().ok()?),
-                vout: u32::decode(&b[32..36])?,
-            },
-            block: BlockId(u32::decode(&b[36..])?),
+        let (prefix, rest) = b.split_at(TXID_PREFIX_LEN);
+        Some(SpendRowKey {
+            prefix: prefix.try_into().ok()?,
+            vout: u32::decode(&rest[..4])?,
+            block: BlockId(u32::decode(&rest[4..])?),
         })
     }
 }
 
-/// The 36-byte key prefix of an outpoint in `spend_by_outpoint_block`.
-fn outpoint_prefix(o: &OutPoint) -> Vec<u8> {
-    let mut v = o.txid.as_byte_array().to_vec();
-    v.extend_from_slice(&o.vout.to_be_bytes());
+/// The 12-byte key prefix of an outpoint in `spend_by_outpoint_prefix`.
+fn spend_prefix(prefix: &[u8; TXID_PREFIX_LEN], vout: u32) -> Vec<u8> {
+    let mut v = Vec::with_capacity(TXID_PREFIX_LEN + 8);
+    v.extend_from_slice(prefix);
+    v.extend_from_slice(&vout.to_be_bytes());
     v
 }
 
-/// Value of `spend_by_outpoint_block`: the spending transaction's txid (32)
-/// ‖ the input index u32 BE, 36 bytes.
+/// The spender of an outpoint: the spending transaction and its input.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct SpendRecord {
     /// The spending transaction.
@@ -224,20 +260,13 @@ pub struct SpendRecord {
     pub vin: u32,
 }
 
-impl Codec for SpendRecord {
+/// The empty value of the rows whose key says everything.
+impl Codec for () {
     fn encode(&self) -> Vec<u8> {
-        let mut v = self.txid.as_byte_array().to_vec();
-        v.extend_from_slice(&self.vin.to_be_bytes());
-        v
+        Vec::new()
     }
     fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() != 36 {
-            return None;
-        }
-        Some(SpendRecord {
-            txid: Txid::from_byte_array(b[..32].try_into().ok()?),
-            vin: u32::decode(&b[32..])?,
-        })
+        b.is_empty().then_some(())
     }
 }
 
@@ -498,19 +527,20 @@ pub struct Trees {
     pub block_by_id: TypedTree<BlockId, BlockRecord>,
     /// Active-chain block ids by height.
     pub block_id_by_height: TypedTree<u32, BlockId>,
-    /// Position of a transaction in each block that contains it.
-    pub tx_position_by_txid_block: TypedTree<TxBlockKey, u32>,
-    /// The spender of an outpoint in each connected block that spends it
-    /// (active or stale; readers pick the active one). Since format 1.1:
-    /// a datadir created by 1.0 lacks the rows of the blocks it connected.
-    pub spend_by_outpoint_block: TypedTree<OutPointBlockKey, SpendRecord>,
+    /// Candidate locations (block, position) of the transactions whose
+    /// txid starts with a prefix, one row per connected block holding one.
+    pub tx_by_txid_prefix: TypedTree<TxRowKey, ()>,
+    /// Candidate spending blocks of the outpoints whose txid starts with a
+    /// prefix, by vout: one row per connected block (active or stale;
+    /// readers pick the active one and check its spent-output record).
+    pub spend_by_outpoint_prefix: TypedTree<SpendRowKey, ()>,
     /// The address index: funding and spending rows by script hash, in
     /// chain order (`store::history`). Written when the address index is
     /// on (meta key [`META_ADDRESS_INDEX`]).
     pub history_by_script: TypedTree<HistoryKey, HistoryValue>,
 }
 
-/// A set of changes committed atomically ([`Store::commit`]); `#[must_use]`
+/// A set of changes made durable together ([`Store::commit`]); `#[must_use]`
 /// so a batch is never silently dropped.
 #[must_use]
 #[derive(Default)]
@@ -521,6 +551,8 @@ pub struct WriteBatch {
     txs: sled::Batch,
     spends: sled::Batch,
     history: sled::Batch,
+    txs_len: usize,
+    spends_len: usize,
     history_rows: usize,
 }
 
@@ -547,16 +579,25 @@ impl WriteBatch {
         self.by_height.remove(height.encode());
     }
     /// Records that `txid` is at `position` in `block`.
-    pub fn put_tx(&mut self, txid: Txid, block: BlockId, position: u32) {
-        self.txs
-            .insert(TxBlockKey { txid, block }.encode(), position.encode());
+    pub fn put_tx(&mut self, txid: &Txid, block: BlockId, position: u32) {
+        let key = TxRowKey {
+            prefix: txid_prefix(txid),
+            block,
+            position,
+        };
+        self.txs.insert(key.encode(), Vec::new());
+        self.txs_len += 1;
     }
-    /// Records that `block` spends `outpoint` by input `vin` of `txid`.
-    pub fn put_spend(&mut self, outpoint: OutPoint, block: BlockId, txid: Txid, vin: u32) {
-        self.spends.insert(
-            OutPointBlockKey { outpoint, block }.encode(),
-            SpendRecord { txid, vin }.encode(),
-        );
+    /// Records that `block` spends `outpoint` (the spender is in the
+    /// block's spent-output record).
+    pub fn put_spend(&mut self, outpoint: &OutPoint, block: BlockId) {
+        let key = SpendRowKey {
+            prefix: txid_prefix(&outpoint.txid),
+            vout: outpoint.vout,
+            block,
+        };
+        self.spends.insert(key.encode(), Vec::new());
+        self.spends_len += 1;
     }
     /// Writes one row of the address index.
     pub fn put_history(&mut self, key: &HistoryKey, value: &HistoryValue) {
@@ -609,11 +650,12 @@ pub const META_MUHASH: &str = "muhash";
 /// there (a build resumes from it while that block is still active).
 pub const META_ADDRESS_INDEX: &str = "address_index";
 
-/// Page cache of the index database (sled's `cache_capacity`), bytes:
-/// 128 MiB. sled's own default (1 GiB) made a headers sync of 1M headers
-/// use 1.4 GiB of RSS; the block index the node keeps in memory serves
-/// every hot read, so the database's cache only needs the recent rows.
-pub const INDEX_CACHE_BYTES: u64 = 128 * 1024 * 1024;
+/// Default page cache of the index database (sled's `cache_capacity`),
+/// MiB: 128 (config `index.cache_mib`). sled's own default (1 GiB) made a
+/// headers sync of 1M headers use 1.4 GiB of RSS; the block index the node
+/// keeps in memory serves every hot read, so the database's cache only
+/// needs the recent rows.
+pub const DEFAULT_INDEX_CACHE_MIB: usize = 128;
 
 /// The index database.
 #[derive(Clone, Debug)]
@@ -625,12 +667,13 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (or creates) the database in `path`, checking its format
+    /// Opens (or creates) the database in `path` with a page cache of
+    /// `cache_mib` MiB ([`DEFAULT_INDEX_CACHE_MIB`]), checking its format
     /// version.
     ///
     /// # Errors
     /// [`StoreError::FormatMismatch`] for another major version; sled errors.
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
+    pub fn open(path: &Path, cache_mib: usize) -> Result<Self, StoreError> {
         // sled panics on some damaged files during recovery (seen with a
         // `db` file cut to half: an index out of bounds); a panic must not
         // escape as a crash, it is a corrupt database like any other. The
@@ -639,7 +682,7 @@ impl Store {
         let config = sled::Config::new()
             .path(path)
             .mode(sled::Mode::LowSpace)
-            .cache_capacity(INDEX_CACHE_BYTES);
+            .cache_capacity((cache_mib as u64).saturating_mul(1 << 20));
         let db = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()))
             .map_err(|_| None)
             .and_then(|r| r.map_err(Some))
@@ -651,8 +694,8 @@ impl Store {
             meta_by_name: TypedTree::open(&db, "meta_by_name")?,
             block_by_id: TypedTree::open(&db, "block_by_id")?,
             block_id_by_height: TypedTree::open(&db, "block_id_by_height")?,
-            tx_position_by_txid_block: TypedTree::open(&db, "tx_position_by_txid_block")?,
-            spend_by_outpoint_block: TypedTree::open(&db, "spend_by_outpoint_block")?,
+            tx_by_txid_prefix: TypedTree::open(&db, "tx_by_txid_prefix")?,
+            spend_by_outpoint_prefix: TypedTree::open(&db, "spend_by_outpoint_prefix")?,
             history_by_script: TypedTree::open(&db, "history_by_script")?,
         };
         let store = Store {
@@ -697,90 +740,112 @@ impl Store {
         self.trees.meta_by_name.get(&name.to_string())
     }
 
-    /// Applies `batch` atomically across all trees and flushes it to disk
-    /// (one durable commit).
+    /// Makes `batch` durable: first the rows (transactions, spends, address
+    /// history), each tree's rows one atomic sled batch, flushed; then the
+    /// metadata, block records and active chain in one sled transaction,
+    /// flushed (one durable commit of the chain state).
+    ///
+    /// The rows go outside the transaction because a sled transaction reads
+    /// every key it writes (its conflict check): with the rows inside, those
+    /// reads were a third of the import's CPU time at scale (BENCHMARKS.md
+    /// "Scale"). A crash between the two flushes leaves rows of blocks the
+    /// index does not count as connected; readers only take rows of
+    /// connected (or active) blocks, and connecting the blocks again writes
+    /// the same keys.
     ///
     /// # Errors
-    /// sled failure: nothing of the batch is applied.
+    /// sled failure: the chain state (metadata, records, active chain) is
+    /// unchanged; some rows may be written.
     pub fn commit(&self, batch: WriteBatch) -> Result<(), StoreError> {
         use sled::Transactional;
-        let write_error = |source: std::io::Error| StoreError::Write {
+        let write_err = |source| StoreError::Write {
             path: self.path.to_path_buf(),
-            source: source.into(),
+            source,
         };
-        fault::check(fault::IoOp::Write, &self.path).map_err(write_error)?;
+        let fault_err = |source: std::io::Error| write_err(source.into());
+        fault::check(fault::IoOp::Write, &self.path).map_err(fault_err)?;
         let t = &self.trees;
+        let rows = batch.txs_len + batch.spends_len + batch.history_rows;
+        if rows > 0 {
+            t.tx_by_txid_prefix
+                .tree
+                .apply_batch(batch.txs)
+                .map_err(write_err)?;
+            t.spend_by_outpoint_prefix
+                .tree
+                .apply_batch(batch.spends)
+                .map_err(write_err)?;
+            t.history_by_script
+                .tree
+                .apply_batch(batch.history)
+                .map_err(write_err)?;
+            fault::check(fault::IoOp::Sync, &self.path).map_err(fault_err)?;
+            self.db.flush().map_err(write_err)?;
+        }
         (
             &t.meta_by_name.tree,
             &t.block_by_id.tree,
             &t.block_id_by_height.tree,
-            &t.tx_position_by_txid_block.tree,
-            &t.spend_by_outpoint_block.tree,
-            &t.history_by_script.tree,
         )
-            .transaction(|(meta, blocks, by_height, txs, spends, history)| {
+            .transaction(|(meta, blocks, by_height)| {
                 meta.apply_batch(&batch.meta)?;
                 blocks.apply_batch(&batch.blocks)?;
                 by_height.apply_batch(&batch.by_height)?;
-                txs.apply_batch(&batch.txs)?;
-                spends.apply_batch(&batch.spends)?;
-                history.apply_batch(&batch.history)?;
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
             .map_err(|e| match e {
-                sled::transaction::TransactionError::Storage(source) => StoreError::Write {
-                    path: self.path.to_path_buf(),
-                    source,
-                },
+                sled::transaction::TransactionError::Storage(source) => write_err(source),
                 sled::transaction::TransactionError::Abort(()) => StoreError::Corrupt {
                     tree: "*",
                     reason: "transaction aborted",
                 },
             })?;
-        fault::check(fault::IoOp::Sync, &self.path).map_err(write_error)?;
-        self.db.flush().map_err(|source| StoreError::Write {
-            path: self.path.to_path_buf(),
-            source,
-        })?;
+        fault::check(fault::IoOp::Sync, &self.path).map_err(fault_err)?;
+        self.db.flush().map_err(write_err)?;
         Ok(())
     }
 
-    /// Every block id that contains `txid`, with the position.
+    /// Every (block, position) of a transaction whose txid starts as
+    /// `txid`'s: candidates, to check against the block (8 bytes of prefix:
+    /// another transaction's row shows up about once in 2⁴⁰ lookups at 10⁷
+    /// transactions).
     ///
     /// # Errors
     /// sled failure or corruption.
-    pub fn tx_blocks(&self, txid: &Txid) -> Result<Vec<(BlockId, u32)>, StoreError> {
+    pub fn tx_candidates(&self, txid: &Txid) -> Result<Vec<(BlockId, u32)>, StoreError> {
         Ok(self
             .trees
-            .tx_position_by_txid_block
-            .scan_prefix(txid.as_byte_array())?
+            .tx_by_txid_prefix
+            .scan_prefix(&txid_prefix(txid))?
             .into_iter()
-            .map(|(k, pos)| (k.block, pos))
+            .map(|(k, ())| (k.block, k.position))
             .collect())
     }
 
-    /// Every connected block that spends `outpoint`, with the spender.
+    /// Every connected block that may spend `outpoint` (same txid prefix
+    /// and vout): candidates, to check against the block's spent-output
+    /// record.
     ///
     /// # Errors
     /// sled failure or corruption.
-    pub fn spenders(&self, outpoint: &OutPoint) -> Result<Vec<(BlockId, SpendRecord)>, StoreError> {
+    pub fn spend_candidates(&self, outpoint: &OutPoint) -> Result<Vec<BlockId>, StoreError> {
         Ok(self
             .trees
-            .spend_by_outpoint_block
-            .scan_prefix(&outpoint_prefix(outpoint))?
+            .spend_by_outpoint_prefix
+            .scan_prefix(&spend_prefix(&txid_prefix(&outpoint.txid), outpoint.vout))?
             .into_iter()
-            .map(|(k, v)| (k.block, v))
+            .map(|(k, ())| k.block)
             .collect())
     }
 
-    /// Whether `txid` is in any stored block.
+    /// Whether a transaction whose txid starts as `txid`'s is in any
+    /// connected block: `false` proves `txid` was never connected; `true`
+    /// may be another transaction with the same prefix.
     ///
     /// # Errors
     /// sled failure.
-    pub fn tx_known(&self, txid: &Txid) -> Result<bool, StoreError> {
-        self.trees
-            .tx_position_by_txid_block
-            .has_prefix(txid.as_byte_array())
+    pub fn tx_maybe_known(&self, txid: &Txid) -> Result<bool, StoreError> {
+        self.trees.tx_by_txid_prefix.has_prefix(&txid_prefix(txid))
     }
 }
 
@@ -825,46 +890,80 @@ mod tests {
     }
 
     #[test]
-    fn spend_row_exact_bytes_and_prefix_order() {
-        let txid = Txid::from_byte_array([0xab; 32]);
-        let key = OutPointBlockKey {
-            outpoint: OutPoint {
-                txid,
-                vout: 0x0102_0304,
-            },
+    fn tx_and_spend_rows_exact_bytes_and_prefix_order() {
+        let mut bytes = [0xab; 32];
+        bytes[8] = 0xcd;
+        let txid = Txid::from_byte_array(bytes);
+        let mut b = WriteBatch::default();
+        b.put_tx(&txid, BlockId(0x0a0b_0c0d), 7);
+        let outpoint = OutPoint {
+            txid,
+            vout: 0x0102_0304,
+        };
+        b.put_spend(&outpoint, BlockId(5));
+        let tx_key = TxRowKey {
+            prefix: txid_prefix(&txid),
             block: BlockId(0x0a0b_0c0d),
+            position: 7,
         };
-        let k = key.encode();
-        assert_eq!(k.len(), 40);
-        assert_eq!(&k[..32], &[0xab; 32]);
-        assert_eq!(&k[32..], &[1, 2, 3, 4, 0x0a, 0x0b, 0x0c, 0x0d]);
-        assert_eq!(OutPointBlockKey::decode(&k), Some(key));
-        assert_eq!(OutPointBlockKey::decode(&k[..39]), None);
-        // The 36-byte prefix of an outpoint selects exactly its rows.
-        assert_eq!(outpoint_prefix(&key.outpoint), k[..36].to_vec());
-        let rec = SpendRecord {
-            txid: Txid::from_byte_array([7; 32]),
-            vin: 9,
+        let k = tx_key.encode();
+        assert_eq!(k.len(), 16);
+        assert_eq!(&k[..8], &[0xab; 8]);
+        assert_eq!(&k[8..], &[0x0a, 0x0b, 0x0c, 0x0d, 0, 0, 0, 7]);
+        assert_eq!(TxRowKey::decode(&k), Some(tx_key));
+        assert_eq!(TxRowKey::decode(&k[..15]), None);
+        let spend_key = SpendRowKey {
+            prefix: txid_prefix(&txid),
+            vout: 0x0102_0304,
+            block: BlockId(5),
         };
-        let v = rec.encode();
-        assert_eq!(v.len(), 36);
-        assert_eq!(&v[32..], &[0, 0, 0, 9]);
-        assert_eq!(SpendRecord::decode(&v), Some(rec));
-        assert_eq!(SpendRecord::decode(&v[..35]), None);
+        let k = spend_key.encode();
+        assert_eq!(k.len(), 16);
+        assert_eq!(&k[8..], &[1, 2, 3, 4, 0, 0, 0, 5]);
+        assert_eq!(SpendRowKey::decode(&k), Some(spend_key));
+        assert_eq!(<()>::decode(&[0]), None);
+
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap();
+        s.commit(b).unwrap();
+        // A txid sharing the 8-byte prefix finds the row (a candidate the
+        // reader checks); one differing there does not.
+        let mut same = bytes;
+        same[31] ^= 1;
+        let same = Txid::from_byte_array(same);
+        assert_eq!(
+            s.tx_candidates(&same).unwrap(),
+            vec![(BlockId(0x0a0b_0c0d), 7)]
+        );
+        assert!(s.tx_maybe_known(&txid).unwrap());
+        let mut other = bytes;
+        other[7] ^= 1;
+        let other = Txid::from_byte_array(other);
+        assert!(!s.tx_maybe_known(&other).unwrap());
+        assert_eq!(s.spend_candidates(&outpoint).unwrap(), vec![BlockId(5)]);
+        let next_vout = OutPoint {
+            txid,
+            vout: outpoint.vout + 1,
+        };
+        assert!(s.spend_candidates(&next_vout).unwrap().is_empty());
     }
 
     #[test]
     fn format_mismatch_refuses_to_open() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let s = Store::open(dir.path()).unwrap();
+            let s = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap();
             let mut b = WriteBatch::default();
             b.put_meta(META_FORMAT, &[0, 9, 0, 0]);
             s.commit(b).unwrap();
         }
-        let err = Store::open(dir.path()).unwrap_err();
+        let err = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap_err();
         assert!(
             matches!(err, StoreError::FormatMismatch { found_major: 9, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("kakehi reindex-chainstate"),
             "{err}"
         );
     }
