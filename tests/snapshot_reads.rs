@@ -292,7 +292,8 @@ fn a_snapshot_keeps_answering_for_its_boundary_after_the_writer_moved_on() {
 #[test]
 fn rows_found_by_txid_prefix_are_checked_against_the_files() {
     let node = TestNode::new(Network::Regtest);
-    for r in records(&node.chain.lock()).iter().take(150) {
+    let records = records(&node.chain.lock());
+    for r in records.iter().take(150) {
         submit(&node.chain, &r.block);
     }
     let s = node.chain.lock().snapshots().load();
