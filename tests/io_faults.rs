@@ -21,17 +21,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::path::Path;
 
-use bitcoin::hex::DisplayHex;
-use bitcoin::Network;
-use common::{data, json, Rng};
-use kakehi::chain::ChainParams;
-use kakehi::import::import_files;
-use kakehi::muhash::{coin_bytes, MuHash3072};
-use kakehi::node::{open_chainstate, DataDir};
-use kakehi::pipeline::{Chainstate, GroupLimits};
+use common::faults::{check_recovery, import, open, reference_run, EndState, BLOCKS};
+use common::{json, Rng};
 use kakehi::store::fault::{self, FaultPlan, IoOp};
 use parking_lot::Mutex;
 
@@ -50,98 +43,6 @@ const FAULTS: [(IoOp, i32, &str); 3] = [
     (IoOp::Write, 5, "Input/output error"),
     (IoOp::Sync, 5, "Input/output error"),
 ];
-
-/// Groups of 100 blocks, whatever the time (the node's default also ends
-/// a group after 1 s, which would make the number of syncs vary).
-const LIMITS: GroupLimits = GroupLimits {
-    max_blocks: 100,
-    max_bytes: 32 * 1024 * 1024,
-    max_age: std::time::Duration::from_secs(3600),
-};
-
-fn open(dir: &Path) -> (DataDir, Chainstate) {
-    let datadir = DataDir::open(dir).unwrap();
-    let mut cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).unwrap();
-    cs.set_group_limits(LIMITS);
-    (datadir, cs)
-}
-
-/// Blocks of regtest-a imported: enough for 2 sealed archive epochs (144
-/// blocks each, final 100 blocks below the tip) and 4 groups.
-const BLOCKS: usize = 400;
-
-/// The first [`BLOCKS`] records of regtest-a's `blocks.dat` (blk framing:
-/// magic, length LE, block), written once into `dir`.
-fn prefix_file(dir: &Path) -> PathBuf {
-    let bytes = std::fs::read(data("regtest-a/blocks.dat")).unwrap();
-    let mut end = 0;
-    for _ in 0..BLOCKS {
-        let len = u32::from_le_bytes(bytes[end + 4..end + 8].try_into().unwrap()) as usize;
-        end += 8 + len;
-    }
-    let path = dir.join("prefix.dat");
-    std::fs::write(&path, &bytes[..end]).unwrap();
-    path
-}
-
-fn import(chain: &Mutex<Chainstate>, blocks: &Path) -> Result<(), String> {
-    import_files(
-        chain,
-        &[blocks.to_path_buf()],
-        &AtomicBool::new(false),
-        false,
-    )
-    .map(|_| ())
-    .map_err(|e| error_chain(&e))
-}
-
-/// An error and all its sources, one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(" / ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-/// What an uninterrupted import ends with: tip hash, MuHash, filter header
-/// at the tip, archive commitment.
-#[derive(Debug, PartialEq, Eq)]
-struct EndState {
-    tip: String,
-    muhash: String,
-    filter_header: String,
-    commitment: String,
-}
-
-fn end_state(cs: &Chainstate) -> EndState {
-    let snap = cs.snapshot();
-    let tip = snap.index().tip();
-    let (_, filter_header) = snap.filter(tip.id).unwrap().unwrap();
-    EndState {
-        tip: tip.hash.to_string(),
-        muhash: snap.utxo_stats().muhash,
-        filter_header: filter_header.to_string(),
-        commitment: snap.archive().commitment().to_lower_hex_string(),
-    }
-}
-
-/// The MuHash of the UTXO table's coins at the tip, from scratch.
-fn rebuilt_muhash(cs: &mut Chainstate) -> String {
-    let mut state = MuHash3072::new();
-    cs.for_each_utxo(&mut |op, coin, h| {
-        let coin = kakehi::sozu::Coin {
-            height: h,
-            ..coin.clone()
-        };
-        state.insert(&coin_bytes(op, &coin));
-    })
-    .unwrap();
-    state.core_hex()
-}
 
 /// One fault at the `after`-th matching operation; returns a line for the
 /// log.
@@ -198,24 +99,9 @@ fn one_case(
     );
     drop(chain);
     drop(datadir);
-    // Restart: nothing published is lost, the stores agree.
-    let (datadir, mut cs) = open(&root);
-    let reopened = cs.index().tip_height();
-    assert!(
-        reopened >= published,
-        "{case}: reopened at {reopened}, below the published {published}"
-    );
-    assert_eq!(
-        cs.snapshot().utxo_stats().muhash,
-        rebuilt_muhash(&mut cs),
-        "{case}: the kept MuHash differs from the UTXO table's at {reopened}"
-    );
-    // Resume to the end: the uninterrupted import's state.
-    let chain = Mutex::new(cs);
-    import(&chain, blocks).unwrap_or_else(|e| panic!("{case}: resume failed: {e}"));
-    assert_eq!(&end_state(&chain.lock()), reference, "{case}");
-    drop(chain);
-    drop(datadir);
+    // Restart: nothing published is lost, the stores agree, the resumed
+    // import ends as the uninterrupted one.
+    let reopened = check_recovery(&root, blocks, published, reference, &case);
     format!(
         "{case}: failed at {}, published {published}, reopened {reopened}",
         fired
@@ -237,22 +123,10 @@ fn io_faults_stop_writes_name_the_file_and_lose_nothing_committed() {
     let seed = rng.0;
 
     let scratch = tempfile::tempdir().unwrap();
-    let blocks = &prefix_file(scratch.path());
+    let blocks = &common::regtest_a_prefix(scratch.path(), BLOCKS);
     // The uninterrupted import, counting every write and sync by path.
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().canonicalize().unwrap();
-    let (_datadir, cs) = open(&root);
-    let chain = Mutex::new(cs);
-    fault::arm(FaultPlan {
-        under: root.clone(),
-        path_contains: String::new(),
-        op: IoOp::Write,
-        after: u64::MAX,
-        errno: 5,
-    });
-    import(&chain, blocks).unwrap();
-    let seen = fault::disarm().seen;
-    let reference = end_state(&chain.lock());
+    let (reference, seen) = reference_run(&dir.path().canonicalize().unwrap(), blocks);
     // The reference itself is bcoin's: the filter header at its tip.
     let filters = json("regtest-a/filters.json");
     let at_tip = filters
@@ -265,8 +139,6 @@ fn io_faults_stop_writes_name_the_file_and_lose_nothing_committed() {
         reference.filter_header,
         at_tip["filter_header"].as_str().unwrap()
     );
-    assert_eq!(chain.lock().snapshot().archive().epochs().len(), 2);
-    drop(chain);
 
     let count = |contains: &str, op: IoOp| -> u64 {
         seen.iter()

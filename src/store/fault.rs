@@ -68,6 +68,9 @@ pub struct FaultReport {
     /// by path and kind (a run armed with `after: u64::MAX` measures where
     /// a node writes).
     pub seen: BTreeMap<(PathBuf, IoOp), u64>,
+    /// Each regular file's length when it was last synced (what a power
+    /// cut keeps of an append-only file: the flat files).
+    pub synced_len: BTreeMap<PathBuf, u64>,
     /// The fault, if it fired.
     pub fired: Option<Fired>,
 }
@@ -119,11 +122,18 @@ pub fn check(op: IoOp, path: &Path) -> io::Result<()> {
         .entry((path.to_path_buf(), op))
         .or_default() += 1;
     let matches = op == plan.op && path.to_string_lossy().contains(plan.path_contains.as_str());
-    if !matches {
-        return Ok(());
+    if matches {
+        armed.report.matched += 1;
     }
-    armed.report.matched += 1;
-    if armed.report.fired.is_some() || armed.report.matched <= plan.after {
+    let fires = matches && armed.report.fired.is_none() && armed.report.matched > plan.after;
+    if !fires {
+        // The file's length now is what this sync makes durable (its
+        // writer is the caller, blocked here).
+        if op == IoOp::Sync {
+            if let Some(m) = std::fs::metadata(path).ok().filter(|m| m.is_file()) {
+                armed.report.synced_len.insert(path.to_path_buf(), m.len());
+            }
+        }
         return Ok(());
     }
     armed.report.fired = Some(Fired {

@@ -5,6 +5,7 @@
 pub mod blockgen;
 pub mod core_asm;
 pub mod core_versions;
+pub mod faults;
 pub mod feed;
 pub mod python;
 
@@ -205,4 +206,18 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
+}
+
+/// The first `blocks` records of regtest-a's `blocks.dat` (blk framing:
+/// magic, length LE, block), written to `dir/prefix.dat`.
+pub fn regtest_a_prefix(dir: &std::path::Path, blocks: usize) -> PathBuf {
+    let bytes = std::fs::read(data("regtest-a/blocks.dat")).expect("blocks.dat");
+    let mut end = 0;
+    for _ in 0..blocks {
+        let len = u32::from_le_bytes(bytes[end + 4..end + 8].try_into().expect("4 bytes")) as usize;
+        end += 8 + len;
+    }
+    let path = dir.join("prefix.dat");
+    std::fs::write(&path, &bytes[..end]).expect("write prefix");
+    path
 }

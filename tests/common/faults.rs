@@ -1,0 +1,155 @@
+//! Helpers of the storage-fault tests (`io_faults`, `power_loss`): a
+//! regtest-a import in process, in groups of 100 blocks, and the state it
+//! ends with.
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use bitcoin::hex::DisplayHex;
+use bitcoin::Network;
+use kakehi::chain::ChainParams;
+use kakehi::import::import_files;
+use kakehi::muhash::{coin_bytes, MuHash3072};
+use kakehi::node::{open_chainstate, DataDir};
+use kakehi::pipeline::{Chainstate, GroupLimits};
+use parking_lot::Mutex;
+
+/// Groups of 100 blocks, whatever the time (the node's default also ends
+/// a group after 1 s, which would make the number of syncs vary).
+pub const LIMITS: GroupLimits = GroupLimits {
+    max_blocks: 100,
+    max_bytes: 32 * 1024 * 1024,
+    max_age: std::time::Duration::from_secs(3600),
+};
+
+pub fn open(dir: &Path) -> (DataDir, Chainstate) {
+    let datadir = DataDir::open(dir).unwrap();
+    let mut cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).unwrap();
+    cs.set_group_limits(LIMITS);
+    (datadir, cs)
+}
+
+/// Blocks of regtest-a imported: enough for 2 sealed archive epochs (144
+/// blocks each, final 100 blocks below the tip) and 4 groups.
+pub const BLOCKS: usize = 400;
+
+pub fn import(chain: &Mutex<Chainstate>, blocks: &Path) -> Result<(), String> {
+    import_files(
+        chain,
+        &[blocks.to_path_buf()],
+        &AtomicBool::new(false),
+        false,
+    )
+    .map(|_| ())
+    .map_err(|e| error_chain(&e))
+}
+
+/// An error and all its sources, one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(" / ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// What an uninterrupted import ends with: tip hash, MuHash, filter header
+/// at the tip, archive commitment.
+#[derive(Debug, PartialEq, Eq)]
+pub struct EndState {
+    pub tip: String,
+    pub muhash: String,
+    pub filter_header: String,
+    pub commitment: String,
+}
+
+pub fn end_state(cs: &Chainstate) -> EndState {
+    let snap = cs.snapshot();
+    let tip = snap.index().tip();
+    let (_, filter_header) = snap.filter(tip.id).unwrap().unwrap();
+    EndState {
+        tip: tip.hash.to_string(),
+        muhash: snap.utxo_stats().muhash,
+        filter_header: filter_header.to_string(),
+        commitment: snap.archive().commitment().to_lower_hex_string(),
+    }
+}
+
+/// The MuHash of the UTXO table's coins at the tip, from scratch.
+pub fn rebuilt_muhash(cs: &mut Chainstate) -> String {
+    let mut state = MuHash3072::new();
+    cs.for_each_utxo(&mut |op, coin, h| {
+        let coin = kakehi::sozu::Coin {
+            height: h,
+            ..coin.clone()
+        };
+        state.insert(&coin_bytes(op, &coin));
+    })
+    .unwrap();
+    state.core_hex()
+}
+
+/// The uninterrupted import of `blocks` into `root` with the seam armed to
+/// count (nothing fails): its end state and every write and sync it made,
+/// by path and kind.
+pub fn reference_run(
+    root: &Path,
+    blocks: &Path,
+) -> (
+    EndState,
+    std::collections::BTreeMap<(std::path::PathBuf, kakehi::store::fault::IoOp), u64>,
+) {
+    use kakehi::store::fault::{self, FaultPlan, IoOp};
+    let (_datadir, cs) = open(root);
+    let chain = Mutex::new(cs);
+    fault::arm(FaultPlan {
+        under: root.to_path_buf(),
+        path_contains: String::new(),
+        op: IoOp::Write,
+        after: u64::MAX,
+        errno: 5,
+    });
+    import(&chain, blocks).expect("uninterrupted import");
+    let seen = fault::disarm().seen;
+    let state = end_state(&chain.lock());
+    assert_eq!(
+        chain.lock().snapshot().archive().epochs().len(),
+        2,
+        "epochs sealed by the reference"
+    );
+    (state, seen)
+}
+
+/// Reopens the datadir at `root` after a failure (the start-up recovery
+/// runs) and checks it: its tip at or above `published` (the last tip
+/// published before the failure), its kept MuHash equal to one rebuilt
+/// from the UTXO table; then resumes the import of `blocks` and checks it
+/// ends at `reference`. Returns the reopened tip height.
+pub fn check_recovery(
+    root: &Path,
+    blocks: &Path,
+    published: u32,
+    reference: &EndState,
+    case: &str,
+) -> u32 {
+    let (datadir, mut cs) = open(root);
+    let reopened = cs.index().tip_height();
+    assert!(
+        reopened >= published,
+        "{case}: reopened at {reopened}, below the published {published}"
+    );
+    assert_eq!(
+        cs.snapshot().utxo_stats().muhash,
+        rebuilt_muhash(&mut cs),
+        "{case}: the kept MuHash differs from the UTXO table's at {reopened}"
+    );
+    let chain = Mutex::new(cs);
+    import(&chain, blocks).unwrap_or_else(|e| panic!("{case}: resume failed: {e}"));
+    assert_eq!(&end_state(&chain.lock()), reference, "{case}");
+    drop(chain);
+    drop(datadir);
+    reopened
+}
