@@ -150,27 +150,24 @@ impl Store {
     /// block are given: the caller filters them by its active chain.
     ///
     /// # Errors
-    /// sled failure, or [`StoreError::Corrupt`] for a row that does not
-    /// decode.
+    /// [`StoreError::Read`] (sled failure, damaged files), or
+    /// [`StoreError::Corrupt`] for a row that does not decode.
     pub fn history_rev(
         &self,
         script_hash: &[u8; 32],
         below: Option<&[u8]>,
         f: &mut dyn FnMut(HistoryKey, HistoryValue) -> bool,
     ) -> Result<(), StoreError> {
-        let tree = &self.trees.history_by_script.tree;
+        let typed = &self.trees.history_by_script;
+        let tree = &typed.tree;
         let rows: Box<dyn DoubleEndedIterator<Item = sled::Result<(sled::IVec, sled::IVec)>>> =
             match below {
                 None => Box::new(tree.scan_prefix(script_hash)),
                 Some(end) => Box::new(tree.range(script_hash.to_vec()..end.to_vec())),
             };
         for item in rows.rev() {
-            let (k, v) = item?;
-            let row = HistoryKey::decode(&k).zip(HistoryValue::decode(&v));
-            let (key, value) = row.ok_or(StoreError::Corrupt {
-                tree: "history_by_script",
-                reason: "entry does not decode",
-            })?;
+            let (k, v) = item.map_err(|e| typed.read_err(e))?;
+            let (key, value) = typed.decode_entry(&k, &v)?;
             if !f(key, value) {
                 break;
             }

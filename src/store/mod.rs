@@ -73,9 +73,17 @@ pub const FORMAT_VERSION: (u16, u16) = (3, 0);
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// sled reported an error.
-    #[error("index database error: {0}")]
-    Sled(#[from] sled::Error),
+    /// Reading the index database failed: sled reported an I/O error or
+    /// damaged data (a flipped byte in `db` shows here, at the first read
+    /// of the damaged page, not at open).
+    #[error("index database at {path}: reading failed: {source}; restore the datadir from a backup or rebuild it with `kakehi reindex-chainstate`")]
+    Read {
+        /// The database directory.
+        path: PathBuf,
+        /// sled's error.
+        #[source]
+        source: sled::Error,
+    },
     /// The database files cannot be opened: sled refused them, or panicked
     /// while recovering them (`source` is `None` then). Damaged files.
     #[error(
@@ -104,9 +112,11 @@ pub enum StoreError {
     Flat(#[from] FlatFileError),
     /// A stored value does not decode, or the database files are damaged.
     #[error(
-        "corrupt index database ({tree}): {reason}; restore the datadir from a backup or resync"
+        "corrupt index database at {path} ({tree}): {reason}; restore the datadir from a backup or rebuild it with `kakehi reindex-chainstate`"
     )]
     Corrupt {
+        /// The database directory.
+        path: PathBuf,
         /// The tree.
         tree: &'static str,
         /// What is wrong.
@@ -411,51 +421,72 @@ impl Codec for BlockRecord {
 pub struct TypedTree<K, V> {
     name: &'static str,
     tree: sled::Tree,
+    /// The database directory, named by every error.
+    path: Arc<Path>,
     _types: PhantomData<(K, V)>,
 }
 
 impl<K: Codec, V: Codec> TypedTree<K, V> {
-    fn open(db: &sled::Db, name: &'static str) -> Result<Self, StoreError> {
+    fn open(db: &sled::Db, path: &Arc<Path>, name: &'static str) -> Result<Self, StoreError> {
+        let tree = db.open_tree(name).map_err(|source| StoreError::Open {
+            path: path.to_path_buf(),
+            source: Some(source),
+        })?;
         Ok(TypedTree {
             name,
-            tree: db.open_tree(name)?,
+            tree,
+            path: path.clone(),
             _types: PhantomData,
         })
+    }
+
+    /// [`StoreError::Read`] of this tree's database.
+    fn read_err(&self, source: sled::Error) -> StoreError {
+        StoreError::Read {
+            path: self.path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// [`StoreError::Corrupt`] for an entry of this tree.
+    fn corrupt(&self, reason: &'static str) -> StoreError {
+        StoreError::Corrupt {
+            path: self.path.to_path_buf(),
+            tree: self.name,
+            reason,
+        }
+    }
+
+    /// One stored (key, value), decoded.
+    fn decode_entry(&self, k: &[u8], v: &[u8]) -> Result<(K, V), StoreError> {
+        K::decode(k)
+            .zip(V::decode(v))
+            .ok_or_else(|| self.corrupt("entry does not decode"))
     }
 
     /// The value of `key`.
     ///
     /// # Errors
-    /// sled failure, or [`StoreError::Corrupt`] if the value does not decode.
+    /// [`StoreError::Read`] (sled failure, damaged files), or
+    /// [`StoreError::Corrupt`] if the value does not decode.
     pub fn get(&self, key: &K) -> Result<Option<V>, StoreError> {
-        match self.tree.get(key.encode())? {
+        match self.tree.get(key.encode()).map_err(|e| self.read_err(e))? {
             None => Ok(None),
-            Some(v) => V::decode(&v).map(Some).ok_or(StoreError::Corrupt {
-                tree: self.name,
-                reason: "value does not decode",
-            }),
+            Some(v) => V::decode(&v)
+                .map(Some)
+                .ok_or_else(|| self.corrupt("value does not decode")),
         }
     }
 
     /// Every (key, value) whose key starts with `prefix`, in key order.
     ///
     /// # Errors
-    /// sled failure or corrupt entries.
+    /// [`StoreError::Read`] or [`StoreError::Corrupt`] entries.
     pub fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(K, V)>, StoreError> {
         let mut out = Vec::new();
         for item in self.tree.scan_prefix(prefix) {
-            let (k, v) = item?;
-            let corrupt = StoreError::Corrupt {
-                tree: self.name,
-                reason: "entry does not decode",
-            };
-            out.push((
-                K::decode(&k).ok_or(corrupt)?,
-                V::decode(&v).ok_or(StoreError::Corrupt {
-                    tree: self.name,
-                    reason: "entry does not decode",
-                })?,
-            ));
+            let (k, v) = item.map_err(|e| self.read_err(e))?;
+            out.push(self.decode_entry(&k, &v)?);
         }
         Ok(out)
     }
@@ -463,29 +494,24 @@ impl<K: Codec, V: Codec> TypedTree<K, V> {
     /// Whether any key starts with `prefix`.
     ///
     /// # Errors
-    /// sled failure.
+    /// [`StoreError::Read`].
     pub fn has_prefix(&self, prefix: &[u8]) -> Result<bool, StoreError> {
-        Ok(self.tree.scan_prefix(prefix).next().transpose()?.is_some())
+        let first = self.tree.scan_prefix(prefix).next().transpose();
+        Ok(first.map_err(|e| self.read_err(e))?.is_some())
     }
 
     /// Calls `f` with every (key, value), in key order, one at a time.
     ///
     /// # Errors
-    /// sled failure, corrupt entries, `f`'s errors.
+    /// [`StoreError::Read`], [`StoreError::Corrupt`] entries, `f`'s errors.
     pub fn for_each<E: From<StoreError>>(
         &self,
         f: &mut dyn FnMut(K, V) -> Result<(), E>,
     ) -> Result<(), E> {
         for item in self.tree.iter() {
-            let (k, v) = item.map_err(StoreError::from)?;
-            let corrupt = || StoreError::Corrupt {
-                tree: self.name,
-                reason: "entry does not decode",
-            };
-            f(
-                K::decode(&k).ok_or_else(corrupt)?,
-                V::decode(&v).ok_or_else(corrupt)?,
-            )?;
+            let (k, v) = item.map_err(|e| self.read_err(e))?;
+            let (k, v) = self.decode_entry(&k, &v)?;
+            f(k, v)?;
         }
         Ok(())
     }
@@ -493,7 +519,7 @@ impl<K: Codec, V: Codec> TypedTree<K, V> {
     /// Every value, in key order.
     ///
     /// # Errors
-    /// sled failure or corrupt entries.
+    /// [`StoreError::Read`] or [`StoreError::Corrupt`] entries.
     pub fn values(&self) -> Result<Vec<V>, StoreError> {
         self.scan_prefix(&[])
             .map(|v| v.into_iter().map(|(_, v)| v).collect())
@@ -690,44 +716,45 @@ impl Store {
                 path: path.into(),
                 source,
             })?;
+        let path: Arc<Path> = Arc::from(path);
         let trees = Trees {
-            meta_by_name: TypedTree::open(&db, "meta_by_name")?,
-            block_by_id: TypedTree::open(&db, "block_by_id")?,
-            block_id_by_height: TypedTree::open(&db, "block_id_by_height")?,
-            tx_by_txid_prefix: TypedTree::open(&db, "tx_by_txid_prefix")?,
-            spend_by_outpoint_prefix: TypedTree::open(&db, "spend_by_outpoint_prefix")?,
-            history_by_script: TypedTree::open(&db, "history_by_script")?,
+            meta_by_name: TypedTree::open(&db, &path, "meta_by_name")?,
+            block_by_id: TypedTree::open(&db, &path, "block_by_id")?,
+            block_id_by_height: TypedTree::open(&db, &path, "block_id_by_height")?,
+            tx_by_txid_prefix: TypedTree::open(&db, &path, "tx_by_txid_prefix")?,
+            spend_by_outpoint_prefix: TypedTree::open(&db, &path, "spend_by_outpoint_prefix")?,
+            history_by_script: TypedTree::open(&db, &path, "history_by_script")?,
         };
-        let store = Store {
-            db,
-            path: Arc::from(path),
-            trees,
+        let store = Store { db, path, trees };
+        let write_err = |source| StoreError::Write {
+            path: store.path.to_path_buf(),
+            source,
         };
         match store.trees.meta_by_name.get(&META_FORMAT.to_string())? {
             None => {
                 let mut v = FORMAT_VERSION.0.to_be_bytes().to_vec();
                 v.extend_from_slice(&FORMAT_VERSION.1.to_be_bytes());
-                store.trees.meta_by_name.tree.insert(META_FORMAT, v)?;
-                store.db.flush()?;
+                store
+                    .trees
+                    .meta_by_name
+                    .tree
+                    .insert(META_FORMAT, v)
+                    .map_err(write_err)?;
+                store.db.flush().map_err(write_err)?;
             }
             Some(v) if v.len() == 4 => {
                 let major = u16::from_be_bytes([v[0], v[1]]);
                 let minor = u16::from_be_bytes([v[2], v[3]]);
                 if major != FORMAT_VERSION.0 {
                     return Err(StoreError::FormatMismatch {
-                        path: path.into(),
+                        path: store.path.to_path_buf(),
                         found_major: major,
                         found_minor: minor,
                         major: FORMAT_VERSION.0,
                     });
                 }
             }
-            Some(_) => {
-                return Err(StoreError::Corrupt {
-                    tree: "meta_by_name",
-                    reason: "bad format_version",
-                })
-            }
+            Some(_) => return Err(store.trees.meta_by_name.corrupt("bad format_version")),
         }
         Ok(store)
     }
@@ -735,7 +762,7 @@ impl Store {
     /// Reads a metadata value.
     ///
     /// # Errors
-    /// sled failure.
+    /// [`StoreError::Read`] or [`StoreError::Corrupt`].
     pub fn meta(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.trees.meta_by_name.get(&name.to_string())
     }
@@ -796,6 +823,7 @@ impl Store {
             .map_err(|e| match e {
                 sled::transaction::TransactionError::Storage(source) => write_err(source),
                 sled::transaction::TransactionError::Abort(()) => StoreError::Corrupt {
+                    path: self.path.to_path_buf(),
                     tree: "*",
                     reason: "transaction aborted",
                 },
