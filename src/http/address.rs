@@ -276,11 +276,7 @@ pub(super) async fn mempool_empty_list() -> Response {
 }
 
 /// The route table of this module: (method, path, handler).
-pub(super) fn route_table() -> Vec<(
-    &'static str,
-    &'static str,
-    axum::routing::MethodRouter<AppState>,
-)> {
+pub(super) fn route_table() -> Vec<super::RouteEntry> {
     use axum::routing::get;
     vec![
         ("get", "/address/{address}", get(address)),

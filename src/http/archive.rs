@@ -42,11 +42,7 @@ pub fn routes() -> Router<AppState> {
 
 /// The archive routes as (method, path, handler), registered by the main
 /// router so they appear in its route list (and the OpenAPI check).
-pub(crate) fn route_table() -> Vec<(
-    &'static str,
-    &'static str,
-    axum::routing::MethodRouter<AppState>,
-)> {
+pub(crate) fn route_table() -> Vec<super::RouteEntry> {
     vec![
         ("get", "/archive/epochs", get(epochs)),
         ("get", "/archive/epoch/{n}", get(epoch)),

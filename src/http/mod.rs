@@ -13,7 +13,7 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use bitcoin::consensus::encode::{serialize, serialize_hex};
 use bitcoin::hashes::Hash;
@@ -411,110 +411,134 @@ pub fn route_list() -> Vec<(&'static str, &'static str)> {
     list
 }
 
+/// One route: (method, path template, handler).
+pub(crate) type RouteEntry = (&'static str, &'static str, MethodRouter<AppState>);
+
 fn routes(list: &mut Vec<(&'static str, &'static str)>) -> Router<AppState> {
-    let mut r = Router::new();
-    let mut add = |r: Router<AppState>,
-                   m: &'static str,
-                   p: &'static str,
-                   h: axum::routing::MethodRouter<AppState>| {
-        list.push((m, p));
-        r.route(p, h)
-    };
-    r = add(r, "get", "/blocks/tip/height", get(tip_height));
-    r = add(r, "get", "/blocks/tip/hash", get(tip_hash));
-    r = add(r, "get", "/block-height/{height}", get(block_at_height));
-    r = add(r, "get", "/block/{hash}/header", get(block_header));
-    r = add(r, "get", "/blocks", get(esplora::blocks_tip));
-    r = add(
-        r,
-        "get",
-        "/blocks/{start_height}",
-        get(esplora::blocks_from_height),
-    );
-    r = add(r, "get", "/block/{hash}", get(esplora::block));
-    r = add(r, "get", "/block/{hash}/status", get(esplora::block_status));
-    r = add(r, "get", "/block/{hash}/txids", get(esplora::block_txids));
-    r = add(
-        r,
-        "get",
-        "/block/{hash}/txid/{index}",
-        get(esplora::block_txid_at),
-    );
-    r = add(r, "get", "/block/{hash}/raw", get(esplora::block_raw));
-    r = add(r, "post", "/tx", post(esplora::post_tx));
-    for (m, p, h) in archive::route_table() {
-        r = add(r, m, p, h);
-    }
-    r = add(r, "get", "/tx/{txid}", get(esplora::tx));
-    r = add(r, "get", "/tx/{txid}/hex", get(esplora::tx_hex));
-    r = add(r, "get", "/tx/{txid}/raw", get(esplora::tx_raw));
-    r = add(r, "get", "/tx/{txid}/status", get(esplora::tx_status));
-    r = add(
-        r,
-        "get",
-        "/tx/{txid}/merkle-proof",
-        get(esplora::tx_merkle_proof),
-    );
-    r = add(
-        r,
-        "get",
-        "/tx/{txid}/merkleblock-proof",
-        get(esplora::tx_merkleblock_proof),
-    );
-    r = add(
-        r,
-        "get",
-        "/tx/{txid}/outspend/{vout}",
-        get(esplora::tx_outspend),
-    );
-    r = add(r, "get", "/tx/{txid}/outspends", get(esplora::tx_outspends));
-    for (m, p, h) in address::route_table() {
-        r = add(r, m, p, h);
-    }
-    r = add(r, "get", "/fee-estimates", get(fees::fee_estimates));
-    r = add(r, "get", "/chain/tips", get(chain_tips));
-    r = add(r, "get", "/utxo/stats", get(utxo_stats));
-    r = add(r, "get", "/health", get(health));
-    r = add(
-        r,
-        "get",
-        "/rest/blockfilter/basic/{file}",
-        get(rest_blockfilter),
-    );
-    r = add(
-        r,
-        "get",
-        "/rest/blockfilterheaders/basic/{file}",
-        get(rest_filterheaders),
-    );
-    r = add(
-        r,
-        "get",
-        "/rest/blockfilterheaders/basic/{count}/{file}",
-        get(rest_filterheaders_legacy),
-    );
-    r = add(r, "get", "/rest/chaininfo.json", get(core_rest::chaininfo));
-    r = add(r, "get", "/rest/block/{file}", get(core_rest::block));
-    r = add(
-        r,
-        "get",
-        "/rest/block/notxdetails/{file}",
-        get(core_rest::block_notxdetails),
-    );
-    r = add(r, "get", "/rest/headers/{file}", get(core_rest::headers));
-    r = add(
-        r,
-        "get",
-        "/rest/headers/{count}/{file}",
-        get(core_rest::headers_legacy),
-    );
-    r = add(r, "get", "/filters/basic", get(light::basic));
-    r = add(r, "get", "/filters/checkpoints", get(light::checkpoints));
-    r = add(r, "get", "/metrics", get(metrics::metrics));
-    r = add(r, "get", "/openapi.json", get(openapi));
-    r = add(r, "get", "/node/status", get(status::node_status));
-    r = add(r, "get", "/", get(status::page));
-    r
+    let tables = [
+        esplora_block_routes(),
+        archive::route_table(),
+        esplora_tx_routes(),
+        address::route_table(),
+        node_routes(),
+        core_rest_routes(),
+        light_and_status_routes(),
+    ];
+    tables
+        .into_iter()
+        .flatten()
+        .fold(Router::new(), |r, (m, p, h)| {
+            list.push((m, p));
+            r.route(p, h)
+        })
+}
+
+/// Esplora's block routes.
+fn esplora_block_routes() -> Vec<RouteEntry> {
+    vec![
+        ("get", "/blocks/tip/height", get(tip_height)),
+        ("get", "/blocks/tip/hash", get(tip_hash)),
+        ("get", "/block-height/{height}", get(block_at_height)),
+        ("get", "/block/{hash}/header", get(block_header)),
+        ("get", "/blocks", get(esplora::blocks_tip)),
+        (
+            "get",
+            "/blocks/{start_height}",
+            get(esplora::blocks_from_height),
+        ),
+        ("get", "/block/{hash}", get(esplora::block)),
+        ("get", "/block/{hash}/status", get(esplora::block_status)),
+        ("get", "/block/{hash}/txids", get(esplora::block_txids)),
+        (
+            "get",
+            "/block/{hash}/txid/{index}",
+            get(esplora::block_txid_at),
+        ),
+        ("get", "/block/{hash}/raw", get(esplora::block_raw)),
+        ("post", "/tx", post(esplora::post_tx)),
+    ]
+}
+
+/// Esplora's transaction routes.
+fn esplora_tx_routes() -> Vec<RouteEntry> {
+    vec![
+        ("get", "/tx/{txid}", get(esplora::tx)),
+        ("get", "/tx/{txid}/hex", get(esplora::tx_hex)),
+        ("get", "/tx/{txid}/raw", get(esplora::tx_raw)),
+        ("get", "/tx/{txid}/status", get(esplora::tx_status)),
+        (
+            "get",
+            "/tx/{txid}/merkle-proof",
+            get(esplora::tx_merkle_proof),
+        ),
+        (
+            "get",
+            "/tx/{txid}/merkleblock-proof",
+            get(esplora::tx_merkleblock_proof),
+        ),
+        (
+            "get",
+            "/tx/{txid}/outspend/{vout}",
+            get(esplora::tx_outspend),
+        ),
+        ("get", "/tx/{txid}/outspends", get(esplora::tx_outspends)),
+    ]
+}
+
+/// Fee estimates, chain tips, UTXO set statistics, health.
+fn node_routes() -> Vec<RouteEntry> {
+    vec![
+        ("get", "/fee-estimates", get(fees::fee_estimates)),
+        ("get", "/chain/tips", get(chain_tips)),
+        ("get", "/utxo/stats", get(utxo_stats)),
+        ("get", "/health", get(health)),
+    ]
+}
+
+/// Bitcoin Core's REST interface (`rest.cpp`): filters, headers, blocks.
+fn core_rest_routes() -> Vec<RouteEntry> {
+    vec![
+        (
+            "get",
+            "/rest/blockfilter/basic/{file}",
+            get(rest_blockfilter),
+        ),
+        (
+            "get",
+            "/rest/blockfilterheaders/basic/{file}",
+            get(rest_filterheaders),
+        ),
+        (
+            "get",
+            "/rest/blockfilterheaders/basic/{count}/{file}",
+            get(rest_filterheaders_legacy),
+        ),
+        ("get", "/rest/chaininfo.json", get(core_rest::chaininfo)),
+        ("get", "/rest/block/{file}", get(core_rest::block)),
+        (
+            "get",
+            "/rest/block/notxdetails/{file}",
+            get(core_rest::block_notxdetails),
+        ),
+        ("get", "/rest/headers/{file}", get(core_rest::headers)),
+        (
+            "get",
+            "/rest/headers/{count}/{file}",
+            get(core_rest::headers_legacy),
+        ),
+    ]
+}
+
+/// Light-client filters, metrics, the OpenAPI document and the status page.
+fn light_and_status_routes() -> Vec<RouteEntry> {
+    vec![
+        ("get", "/filters/basic", get(light::basic)),
+        ("get", "/filters/checkpoints", get(light::checkpoints)),
+        ("get", "/metrics", get(metrics::metrics)),
+        ("get", "/openapi.json", get(openapi)),
+        ("get", "/node/status", get(status::node_status)),
+        ("get", "/", get(status::page)),
+    ]
 }
 
 /// The router with every route and the default [`HttpConfig`] limits.
