@@ -23,10 +23,9 @@ mod common;
 
 use std::path::Path;
 
-use common::faults::{check_recovery, import, open, reference_run, EndState, BLOCKS};
-use common::{json, Rng};
-use kakehi::store::fault::{self, FaultPlan, IoOp};
-use parking_lot::Mutex;
+use common::faults::{check_recovery, import, EndState, FaultedImport, Suite};
+use common::json;
+use kakehi::store::fault::{FaultPlan, IoOp};
 
 /// Where faults go: a name and a string the paths contain.
 const PLACES: [(&str, &str); 5] = [
@@ -55,27 +54,25 @@ fn one_case(
     reference: &EndState,
 ) -> String {
     let (op, errno, message) = fault;
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().canonicalize().unwrap();
-    let (datadir, cs) = open(&root);
-    let chain = Mutex::new(cs);
-    fault::arm(FaultPlan {
-        under: root.clone(),
+    let run = FaultedImport::run(blocks, |under| FaultPlan {
+        under,
         path_contains: contains.into(),
         op,
         after,
         errno,
     });
-    let result = import(&chain, blocks);
-    let report = fault::disarm();
+    let (chain, report) = (&run.chain, &run.report);
     let case = format!("{place}, {op:?} {message}, after {after}");
-    let fired = report.fired.unwrap_or_else(|| {
+    let fired = report.fired.clone().unwrap_or_else(|| {
         panic!(
             "{case}: the fault never fired ({} matching operations)",
             report.matched
         )
     });
-    let err = result.expect_err(&format!("{case}: the import succeeded"));
+    let err = run
+        .result
+        .clone()
+        .expect_err(&format!("{case}: the import succeeded"));
     assert!(
         err.contains(&fired.path.display().to_string()) && err.contains(message),
         "{case}: the error does not name {} and {message}: {err}",
@@ -87,7 +84,7 @@ fn one_case(
         chain.lock().write_failure().is_some(),
         "{case}: writes not stopped"
     );
-    let again = import(&chain, blocks);
+    let again = import(chain, blocks);
     assert!(
         again.is_err(),
         "{case}: a second import went on after the failure"
@@ -97,19 +94,13 @@ fn one_case(
         published,
         "{case}"
     );
-    drop(chain);
-    drop(datadir);
-    // Restart: nothing published is lost, the stores agree, the resumed
-    // import ends as the uninterrupted one.
+    let (root, shown) = (run.root.clone(), run.shown(&fired.path));
+    // Restart (the datadir stays: only the node closes): nothing published
+    // is lost, the stores agree, the resumed import ends as the
+    // uninterrupted one.
+    let _datadir = run.close();
     let reopened = check_recovery(&root, blocks, published, reference, &case);
-    format!(
-        "{case}: failed at {}, published {published}, reopened {reopened}",
-        fired
-            .path
-            .strip_prefix(&root)
-            .unwrap_or(&fired.path)
-            .display()
-    )
+    format!("{case}: failed at {shown}, published {published}, reopened {reopened}")
 }
 
 #[test]
@@ -119,14 +110,8 @@ fn io_faults_stop_writes_name_the_file_and_lose_nothing_committed() {
     } else {
         1
     };
-    let mut rng = Rng::from_env_or_clock("io fault");
-    let seed = rng.0;
-
-    let scratch = tempfile::tempdir().unwrap();
-    let blocks = &common::regtest_a_prefix(scratch.path(), BLOCKS);
-    // The uninterrupted import, counting every write and sync by path.
-    let dir = tempfile::tempdir().unwrap();
-    let (reference, seen) = reference_run(&dir.path().canonicalize().unwrap(), blocks);
+    let mut suite = Suite::new("io fault");
+    let reference = &suite.reference;
     // The reference itself is bcoin's: the filter header at its tip.
     let filters = json("regtest-a/filters.json");
     let at_tip = filters
@@ -140,37 +125,41 @@ fn io_faults_stop_writes_name_the_file_and_lose_nothing_committed() {
         at_tip["filter_header"].as_str().unwrap()
     );
 
-    let count = |contains: &str, op: IoOp| -> u64 {
-        seen.iter()
-            .filter(|((p, o), _)| *o == op && p.to_string_lossy().contains(contains))
-            .map(|(_, n)| n)
-            .sum()
-    };
     for (place, contains) in PLACES {
         eprintln!(
             "{place}: {} writes, {} syncs in a whole import",
-            count(contains, IoOp::Write),
-            count(contains, IoOp::Sync)
+            suite.ops(contains, IoOp::Write),
+            suite.ops(contains, IoOp::Sync)
         );
     }
     let mut cases = 0;
     for (place, contains) in PLACES {
         for fault in FAULTS {
-            let total = count(contains, fault.0);
+            let total = suite.ops(contains, fault.0);
             assert!(
                 total > 0,
                 "no {:?} of the {place} in a whole import",
                 fault.0
             );
             for _ in 0..rounds {
-                let after = rng.next() % total;
+                let after = suite.rng.next() % total;
                 eprintln!(
                     "{}",
-                    one_case(blocks, place, contains, fault, after, &reference)
+                    one_case(
+                        &suite.blocks,
+                        place,
+                        contains,
+                        fault,
+                        after,
+                        &suite.reference
+                    )
                 );
                 cases += 1;
             }
         }
     }
-    eprintln!("{cases} faults injected, each recovered (seed {seed})");
+    eprintln!(
+        "{cases} faults injected, each recovered (seed {})",
+        suite.seed
+    );
 }

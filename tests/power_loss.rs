@@ -19,10 +19,8 @@ mod common;
 
 use std::path::Path;
 
-use common::faults::{check_recovery, import, open, reference_run, EndState, BLOCKS};
-use common::Rng;
-use kakehi::store::fault::{self, FaultPlan, IoOp};
-use parking_lot::Mutex;
+use common::faults::{check_recovery, EndState, FaultedImport, Suite};
+use kakehi::store::fault::{FaultPlan, IoOp};
 
 /// Flat-file directories: append-only, so a power cut keeps a prefix.
 const FLAT_DIRS: [&str; 4] = ["blocks", "filters", "spent", "headers"];
@@ -58,40 +56,29 @@ fn power_cut_copy(
 }
 
 fn one_cut(blocks: &Path, op: IoOp, after: u64, reference: &EndState) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().canonicalize().unwrap();
-    let (datadir, cs) = open(&root);
-    let chain = Mutex::new(cs);
-    fault::arm(FaultPlan {
-        under: root.clone(),
+    let run = FaultedImport::run(blocks, |under| FaultPlan {
+        under,
         path_contains: String::new(),
         op,
         after,
         errno: 5,
     });
-    let result = import(&chain, blocks);
-    let published = chain.lock().snapshot().index().tip_height();
+    let published = run.chain.lock().snapshot().index().tip_height();
     // The image is taken before the node is dropped (a drop flushes sled).
     let image = tempfile::tempdir().unwrap();
-    let report = fault::disarm();
-    power_cut_copy(&root, image.path(), &report.synced_len);
-    drop(chain);
-    drop(datadir);
+    power_cut_copy(&run.root, image.path(), &run.report.synced_len);
     let case = format!("cut at {op:?} {after}");
-    let fired = report
+    let fired = run
+        .report
         .fired
+        .clone()
         .unwrap_or_else(|| panic!("{case}: never reached"));
-    assert!(result.is_err(), "{case}: the import did not stop");
+    assert!(run.result.is_err(), "{case}: the import did not stop");
+    let shown = run.shown(&fired.path);
+    drop(run.close());
 
     let reopened = check_recovery(image.path(), blocks, published, reference, &case);
-    format!(
-        "{case} ({}): published {published}, reopened {reopened}",
-        fired
-            .path
-            .strip_prefix(&root)
-            .unwrap_or(&fired.path)
-            .display()
-    )
+    format!("{case} ({shown}): published {published}, reopened {reopened}")
 }
 
 #[test]
@@ -101,23 +88,11 @@ fn power_cut_keeps_every_published_block() {
     } else {
         8
     };
-    let mut rng = Rng::from_env_or_clock("power loss");
-    let seed = rng.0;
-    let scratch = tempfile::tempdir().unwrap();
-    let blocks = &common::regtest_a_prefix(scratch.path(), BLOCKS);
-
-    let dir = tempfile::tempdir().unwrap();
-    let (reference, seen) = reference_run(&dir.path().canonicalize().unwrap(), blocks);
-    let total = |op: IoOp| -> u64 {
-        seen.iter()
-            .filter(|((_, o), _)| *o == op)
-            .map(|(_, n)| n)
-            .sum()
-    };
+    let mut suite = Suite::new("power loss");
     for i in 0..cuts {
         let op = if i % 2 == 0 { IoOp::Write } else { IoOp::Sync };
-        let after = rng.next() % total(op);
-        eprintln!("{}", one_cut(blocks, op, after, &reference));
+        let after = suite.rng.next() % suite.ops("", op);
+        eprintln!("{}", one_cut(&suite.blocks, op, after, &suite.reference));
     }
-    eprintln!("{cuts} power cuts, each recovered (seed {seed})");
+    eprintln!("{cuts} power cuts, each recovered (seed {})", suite.seed);
 }

@@ -2,7 +2,7 @@
 //! regtest-a import in process, in groups of 100 blocks, and the state it
 //! ends with.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use bitcoin::hex::DisplayHex;
@@ -12,7 +12,9 @@ use kakehi::import::import_files;
 use kakehi::muhash::{coin_bytes, MuHash3072};
 use kakehi::node::{open_chainstate, DataDir};
 use kakehi::pipeline::{Chainstate, GroupLimits};
+use kakehi::store::fault::{self, FaultPlan, FaultReport, IoOp};
 use parking_lot::Mutex;
+use tempfile::TempDir;
 
 /// Groups of 100 blocks, whatever the time (the node's default also ends
 /// a group after 1 s, which would make the number of syncs vary).
@@ -95,14 +97,7 @@ pub fn rebuilt_muhash(cs: &mut Chainstate) -> String {
 /// The uninterrupted import of `blocks` into `root` with the seam armed to
 /// count (nothing fails): its end state and every write and sync it made,
 /// by path and kind.
-pub fn reference_run(
-    root: &Path,
-    blocks: &Path,
-) -> (
-    EndState,
-    std::collections::BTreeMap<(std::path::PathBuf, kakehi::store::fault::IoOp), u64>,
-) {
-    use kakehi::store::fault::{self, FaultPlan, IoOp};
+pub fn reference_run(root: &Path, blocks: &Path) -> (EndState, SeenOps) {
     let (_datadir, cs) = open(root);
     let chain = Mutex::new(cs);
     fault::arm(FaultPlan {
@@ -152,4 +147,108 @@ pub fn check_recovery(
     drop(chain);
     drop(datadir);
     reopened
+}
+
+/// Every write and sync of a whole import, by path and kind
+/// ([`reference_run`]).
+pub type SeenOps = std::collections::BTreeMap<(PathBuf, IoOp), u64>;
+
+/// The shared start of a fault suite: a seeded RNG (replayed with
+/// `KAKEHI_SEED`), regtest-a's first [`BLOCKS`] blocks in a file, and the
+/// uninterrupted reference import with the writes and syncs it made.
+pub struct Suite {
+    /// The RNG of the suite's choices.
+    pub rng: super::Rng,
+    /// Its seed, for the log.
+    pub seed: u64,
+    /// The block file.
+    pub blocks: PathBuf,
+    /// The reference import's end state.
+    pub reference: EndState,
+    /// The reference import's writes and syncs.
+    pub seen: SeenOps,
+    _scratch: TempDir,
+}
+
+impl Suite {
+    /// Sets the suite up; `what` names its seed in the log.
+    pub fn new(what: &str) -> Self {
+        let rng = super::Rng::from_env_or_clock(what);
+        let seed = rng.0;
+        let scratch = tempfile::tempdir().unwrap();
+        let blocks = super::regtest_a_prefix(scratch.path(), BLOCKS);
+        let dir = tempfile::tempdir().unwrap();
+        let (reference, seen) = reference_run(&dir.path().canonicalize().unwrap(), &blocks);
+        Suite {
+            rng,
+            seed,
+            blocks,
+            reference,
+            seen,
+            _scratch: scratch,
+        }
+    }
+
+    /// The reference import's operations of kind `op` on paths containing
+    /// `contains` (empty: all).
+    pub fn ops(&self, contains: &str, op: IoOp) -> u64 {
+        self.seen
+            .iter()
+            .filter(|((p, o), _)| *o == op && p.to_string_lossy().contains(contains))
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+/// An import into a fresh datadir with one fault planned, stopped where
+/// the fault stopped it.
+pub struct FaultedImport {
+    /// The datadir's root (canonical).
+    pub root: PathBuf,
+    /// The open datadir (its lock held).
+    pub datadir: DataDir,
+    /// The chain state the import wrote.
+    pub chain: Mutex<Chainstate>,
+    /// The import's result.
+    pub result: Result<(), String>,
+    /// What the seam saw, disarmed right after the import.
+    pub report: FaultReport,
+    _dir: TempDir,
+}
+
+impl FaultedImport {
+    /// Imports `blocks` into a fresh datadir with `fault(root)` armed.
+    pub fn run(blocks: &Path, fault: impl FnOnce(PathBuf) -> FaultPlan) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let (datadir, cs) = open(&root);
+        let chain = Mutex::new(cs);
+        fault::arm(fault(root.clone()));
+        let result = import(&chain, blocks);
+        let report = fault::disarm();
+        FaultedImport {
+            root,
+            datadir,
+            chain,
+            result,
+            report,
+            _dir: dir,
+        }
+    }
+
+    /// Closes the node (chain state, then the datadir's lock) and keeps the
+    /// datadir: it lives as long as the returned directory.
+    pub fn close(self) -> TempDir {
+        drop(self.chain);
+        drop(self.datadir);
+        self._dir
+    }
+
+    /// `path` relative to the datadir, for the log.
+    pub fn shown(&self, path: &Path) -> String {
+        path.strip_prefix(&self.root)
+            .unwrap_or(path)
+            .display()
+            .to_string()
+    }
 }
