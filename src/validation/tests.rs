@@ -3,9 +3,13 @@
 //! the 19 real invalid blocks and the whole real chain).
 
 use super::*;
+use std::collections::HashMap;
+
 use bitcoin::absolute::LockTime;
 use bitcoin::block::{Header, Version as BlockVersion};
+use bitcoin::blockdata::script::Builder;
 use bitcoin::hashes::sha256d;
+use bitcoin::hashes::Hash;
 use bitcoin::transaction::Version;
 use bitcoin::{Amount, CompactTarget, ScriptBuf, Sequence, TxIn, TxOut, Witness};
 
