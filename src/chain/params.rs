@@ -99,175 +99,197 @@ fn hex32(s: &str) -> [u8; 32] {
 impl ChainParams {
     /// The parameters of `network`.
     pub fn new(network: Network) -> Self {
-        let pow = bitcoin::params::Params::new(network);
         match network {
-            Network::Bitcoin => ChainParams {
-                network,
-                pow,
-                bip34_height: 227_931,
-                bip65_height: 388_381,
-                bip66_height: 363_725,
-                csv_height: 419_328,
-                segwit_height: 481_824,
-                coinbase_maturity: COINBASE_MATURITY,
-                subsidy_halving_interval: 210_000,
-                enforce_bip94: false,
-                p2p_port: 8333,
-                http_port: 3000,
-                dns_seeds: &[
-                    "seed.bitcoin.sipa.be",
-                    "dnsseed.bluematt.me",
-                    "seed.bitcoin.jonasschnelli.ch",
-                    "seed.btc.petertodd.net",
-                    "seed.bitcoin.sprovoost.nl",
-                    "dnsseed.emzy.de",
-                    "seed.bitcoin.wiz.biz",
-                ],
-                minimum_chain_work: hex32(
-                    "0000000000000000000000000000000000000001128750f82f4c366153a3a030",
+            Network::Bitcoin => Self::mainnet(),
+            Network::Testnet => Self::testnet3(),
+            Network::Testnet4 => Self::testnet4(),
+            Network::Signet => Self::signet(),
+            _ => Self::regtest(),
+        }
+    }
+
+    /// The parameters of mainnet (Core's `CMainParams`, `src/kernel/chainparams.cpp`).
+    fn mainnet() -> Self {
+        ChainParams {
+            network: Network::Bitcoin,
+            pow: bitcoin::params::Params::new(Network::Bitcoin),
+            bip34_height: 227_931,
+            bip65_height: 388_381,
+            bip66_height: 363_725,
+            csv_height: 419_328,
+            segwit_height: 481_824,
+            coinbase_maturity: COINBASE_MATURITY,
+            subsidy_halving_interval: 210_000,
+            enforce_bip94: false,
+            p2p_port: 8333,
+            http_port: 3000,
+            dns_seeds: &[
+                "seed.bitcoin.sipa.be",
+                "dnsseed.bluematt.me",
+                "seed.bitcoin.jonasschnelli.ch",
+                "seed.btc.petertodd.net",
+                "seed.bitcoin.sprovoost.nl",
+                "dnsseed.emzy.de",
+                "seed.bitcoin.wiz.biz",
+            ],
+            minimum_chain_work: hex32(
+                "0000000000000000000000000000000000000001128750f82f4c366153a3a030",
+            ),
+            // Height 938,343.
+            default_assume_valid: Some(
+                "00000000000000000000ccebd6d74d9194d8dcdc1d177c478e094bfad51ba5ac",
+            ),
+            archive_epoch_length: 2016,
+            bip30_exceptions: &[
+                (
+                    91_842,
+                    "00000000000a4d0a398161ffc163c503763b1f4360639393e0e4c8e300e0caec",
                 ),
-                // Height 938,343.
-                default_assume_valid: Some(
-                    "00000000000000000000ccebd6d74d9194d8dcdc1d177c478e094bfad51ba5ac",
+                (
+                    91_880,
+                    "00000000000743f190a18c5577a3c2d2a1f610ae9601ac046a38084ccb7cd721",
                 ),
-                archive_epoch_length: 2016,
-                bip30_exceptions: &[
-                    (
-                        91_842,
-                        "00000000000a4d0a398161ffc163c503763b1f4360639393e0e4c8e300e0caec",
-                    ),
-                    (
-                        91_880,
-                        "00000000000743f190a18c5577a3c2d2a1f610ae9601ac046a38084ccb7cd721",
-                    ),
-                ],
-                script_flag_exceptions: &[
-                    // BIP16 exception (height 170,060): SCRIPT_VERIFY_NONE.
-                    (
-                        "00000000000002dc756eebf4f49723ed8d30cc28a5f108eb94b1ba88ac4f9c22",
-                        0,
-                    ),
-                    // Taproot exception (height 692,261): P2SH | WITNESS.
-                    (
-                        "0000000000000000000f14c35b2d841e986ab5441de8c585d5ffe55ea1e395ad",
-                        SCRIPT_VERIFY_P2SH | SCRIPT_VERIFY_WITNESS,
-                    ),
-                ],
-            },
-            Network::Testnet => ChainParams {
-                network,
-                pow,
-                bip34_height: 21_111,
-                bip65_height: 581_885,
-                bip66_height: 330_776,
-                csv_height: 770_112,
-                segwit_height: 834_624,
-                coinbase_maturity: COINBASE_MATURITY,
-                subsidy_halving_interval: 210_000,
-                enforce_bip94: false,
-                p2p_port: 18333,
-                http_port: 3001,
-                dns_seeds: &[
-                    "testnet-seed.bitcoin.jonasschnelli.ch",
-                    "seed.tbtc.petertodd.net",
-                    "seed.testnet.bitcoin.sprovoost.nl",
-                    "testnet-seed.bluematt.me",
-                ],
-                minimum_chain_work: hex32(
-                    "0000000000000000000000000000000000000000000017dde1c649f3708d14b6",
+            ],
+            script_flag_exceptions: &[
+                // BIP16 exception (height 170,060): SCRIPT_VERIFY_NONE.
+                (
+                    "00000000000002dc756eebf4f49723ed8d30cc28a5f108eb94b1ba88ac4f9c22",
+                    0,
                 ),
-                // Height 4,842,348.
-                default_assume_valid: Some(
-                    "000000007a61e4230b28ac5cb6b5e5a0130de37ac1faf2f8987d2fa6505b67f4",
+                // Taproot exception (height 692,261): P2SH | WITNESS.
+                (
+                    "0000000000000000000f14c35b2d841e986ab5441de8c585d5ffe55ea1e395ad",
+                    SCRIPT_VERIFY_P2SH | SCRIPT_VERIFY_WITNESS,
                 ),
-                archive_epoch_length: 2016,
-                bip30_exceptions: &[],
-                script_flag_exceptions: &[
-                    // BIP16 exception: SCRIPT_VERIFY_NONE.
-                    (
-                        "00000000dd30457c001f4095d208cc1296b0eed002427aa599874af7a432b105",
-                        0,
-                    ),
-                ],
-            },
-            Network::Testnet4 => ChainParams {
-                network,
-                pow,
-                bip34_height: 1,
-                bip65_height: 1,
-                bip66_height: 1,
-                csv_height: 1,
-                segwit_height: 1,
-                coinbase_maturity: COINBASE_MATURITY,
-                subsidy_halving_interval: 210_000,
-                enforce_bip94: true,
-                p2p_port: 48333,
-                http_port: 3004,
-                dns_seeds: &[
-                    "seed.testnet4.bitcoin.sprovoost.nl",
-                    "seed.testnet4.wiz.biz",
-                ],
-                minimum_chain_work: hex32(
-                    "0000000000000000000000000000000000000000000009a0fe15d0177d086304",
+            ],
+        }
+    }
+
+    /// The parameters of testnet3 (Core's `CTestNetParams`).
+    fn testnet3() -> Self {
+        ChainParams {
+            network: Network::Testnet,
+            pow: bitcoin::params::Params::new(Network::Testnet),
+            bip34_height: 21_111,
+            bip65_height: 581_885,
+            bip66_height: 330_776,
+            csv_height: 770_112,
+            segwit_height: 834_624,
+            coinbase_maturity: COINBASE_MATURITY,
+            subsidy_halving_interval: 210_000,
+            enforce_bip94: false,
+            p2p_port: 18333,
+            http_port: 3001,
+            dns_seeds: &[
+                "testnet-seed.bitcoin.jonasschnelli.ch",
+                "seed.tbtc.petertodd.net",
+                "seed.testnet.bitcoin.sprovoost.nl",
+                "testnet-seed.bluematt.me",
+            ],
+            minimum_chain_work: hex32(
+                "0000000000000000000000000000000000000000000017dde1c649f3708d14b6",
+            ),
+            // Height 4,842,348.
+            default_assume_valid: Some(
+                "000000007a61e4230b28ac5cb6b5e5a0130de37ac1faf2f8987d2fa6505b67f4",
+            ),
+            archive_epoch_length: 2016,
+            bip30_exceptions: &[],
+            script_flag_exceptions: &[
+                // BIP16 exception: SCRIPT_VERIFY_NONE.
+                (
+                    "00000000dd30457c001f4095d208cc1296b0eed002427aa599874af7a432b105",
+                    0,
                 ),
-                // Height 123,613.
-                default_assume_valid: Some(
-                    "0000000002368b1e4ee27e2e85676ae6f9f9e69579b29093e9a82c170bf7cf8a",
-                ),
-                archive_epoch_length: 2016,
-                bip30_exceptions: &[],
-                script_flag_exceptions: &[],
-            },
-            Network::Signet => ChainParams {
-                network,
-                pow,
-                bip34_height: 1,
-                bip65_height: 1,
-                bip66_height: 1,
-                csv_height: 1,
-                segwit_height: 1,
-                coinbase_maturity: COINBASE_MATURITY,
-                subsidy_halving_interval: 210_000,
-                enforce_bip94: false,
-                p2p_port: 38333,
-                http_port: 3003,
-                dns_seeds: &[
-                    "seed.signet.bitcoin.sprovoost.nl",
-                    "seed.signet.achownodes.xyz",
-                ],
-                minimum_chain_work: hex32(
-                    "00000000000000000000000000000000000000000000000000000b463ea0a4b8",
-                ),
-                // Height 293,175.
-                default_assume_valid: Some(
-                    "00000008414aab61092ef93f1aacc54cf9e9f16af29ddad493b908a01ff5c329",
-                ),
-                archive_epoch_length: 2016,
-                bip30_exceptions: &[],
-                script_flag_exceptions: &[],
-            },
-            // Regtest (and any future network rust-bitcoin adds, which we
-            // treat as regtest-like until given real parameters).
-            _ => ChainParams {
-                network: Network::Regtest,
-                pow: bitcoin::params::Params::new(Network::Regtest),
-                bip34_height: 1,
-                bip65_height: 1,
-                bip66_height: 1,
-                csv_height: 1,
-                segwit_height: 0,
-                coinbase_maturity: COINBASE_MATURITY,
-                subsidy_halving_interval: 150,
-                enforce_bip94: false,
-                p2p_port: 18444,
-                http_port: 3002,
-                dns_seeds: &[],
-                minimum_chain_work: [0u8; 32],
-                default_assume_valid: None,
-                archive_epoch_length: 144,
-                bip30_exceptions: &[],
-                script_flag_exceptions: &[],
-            },
+            ],
+        }
+    }
+
+    /// The parameters of testnet4 (Core's `CTestNet4Params`, BIP94 rules on).
+    fn testnet4() -> Self {
+        ChainParams {
+            network: Network::Testnet4,
+            pow: bitcoin::params::Params::new(Network::Testnet4),
+            bip34_height: 1,
+            bip65_height: 1,
+            bip66_height: 1,
+            csv_height: 1,
+            segwit_height: 1,
+            coinbase_maturity: COINBASE_MATURITY,
+            subsidy_halving_interval: 210_000,
+            enforce_bip94: true,
+            p2p_port: 48333,
+            http_port: 3004,
+            dns_seeds: &[
+                "seed.testnet4.bitcoin.sprovoost.nl",
+                "seed.testnet4.wiz.biz",
+            ],
+            minimum_chain_work: hex32(
+                "0000000000000000000000000000000000000000000009a0fe15d0177d086304",
+            ),
+            // Height 123,613.
+            default_assume_valid: Some(
+                "0000000002368b1e4ee27e2e85676ae6f9f9e69579b29093e9a82c170bf7cf8a",
+            ),
+            archive_epoch_length: 2016,
+            bip30_exceptions: &[],
+            script_flag_exceptions: &[],
+        }
+    }
+
+    /// The parameters of the default signet (Core's `SigNetParams`).
+    fn signet() -> Self {
+        ChainParams {
+            network: Network::Signet,
+            pow: bitcoin::params::Params::new(Network::Signet),
+            bip34_height: 1,
+            bip65_height: 1,
+            bip66_height: 1,
+            csv_height: 1,
+            segwit_height: 1,
+            coinbase_maturity: COINBASE_MATURITY,
+            subsidy_halving_interval: 210_000,
+            enforce_bip94: false,
+            p2p_port: 38333,
+            http_port: 3003,
+            dns_seeds: &[
+                "seed.signet.bitcoin.sprovoost.nl",
+                "seed.signet.achownodes.xyz",
+            ],
+            minimum_chain_work: hex32(
+                "00000000000000000000000000000000000000000000000000000b463ea0a4b8",
+            ),
+            // Height 293,175.
+            default_assume_valid: Some(
+                "00000008414aab61092ef93f1aacc54cf9e9f16af29ddad493b908a01ff5c329",
+            ),
+            archive_epoch_length: 2016,
+            bip30_exceptions: &[],
+            script_flag_exceptions: &[],
+        }
+    }
+
+    /// The parameters of regtest (Core's `CRegTestParams`), and any future network rust-bitcoin adds, treated as regtest-like until given real parameters.
+    fn regtest() -> Self {
+        ChainParams {
+            network: Network::Regtest,
+            pow: bitcoin::params::Params::new(Network::Regtest),
+            bip34_height: 1,
+            bip65_height: 1,
+            bip66_height: 1,
+            csv_height: 1,
+            segwit_height: 0,
+            coinbase_maturity: COINBASE_MATURITY,
+            subsidy_halving_interval: 150,
+            enforce_bip94: false,
+            p2p_port: 18444,
+            http_port: 3002,
+            dns_seeds: &[],
+            minimum_chain_work: [0u8; 32],
+            default_assume_valid: None,
+            archive_epoch_length: 144,
+            bip30_exceptions: &[],
+            script_flag_exceptions: &[],
         }
     }
 
