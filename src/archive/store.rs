@@ -2,6 +2,7 @@
 //! header list, written crash-safely (tmp file, fsync, rename, dir fsync).
 //! File layouts in `docs/archive.md` ("On disk").
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
@@ -721,86 +722,44 @@ impl Archive {
         only: Option<u32>,
         txoutproof: Option<TxOutProofFn<'_>>,
     ) -> Result<ProofBatch, ArchiveError> {
-        if outpoints.is_empty() || outpoints.len() > MAX_ITEMS {
-            return Err(ArchiveError::BadRequest {
-                count: outpoints.len(),
-                max: MAX_ITEMS,
-            });
-        }
-        let mut seen = std::collections::HashSet::with_capacity(outpoints.len());
-        if let Some(o) = outpoints.iter().find(|o| !seen.insert(**o)) {
-            return Err(ArchiveError::DuplicateOutpoint { outpoint: *o });
-        }
+        check_request(outpoints)?;
         let scope: Vec<u32> = match only {
             Some(e) => vec![e],
             None => (0..self.next_epoch()).collect(),
         };
-        let mut per_epoch: std::collections::BTreeMap<
-            u32,
-            std::collections::BTreeMap<u32, TreeEntry>,
-        > = Default::default();
+        let mut leaves = EpochLeaves::new();
         let mut items = Vec::with_capacity(outpoints.len());
         let mut any_absent = false;
         let mut min_spent = u32::MAX;
         for op in outpoints {
             let key = outpoint_key(op);
-            let mut found = None;
-            for e in self.candidate_epochs(op) {
-                if only.is_some_and(|o| o != e) {
-                    continue;
-                }
-                if let Ok((idx, entry)) = self.search(&self.files[e as usize], &key)? {
-                    found = Some((e, idx, entry));
-                    break;
-                }
-            }
-            match found {
+            let item = match self.find_spent(op, &key, only)? {
                 Some((epoch, index, entry)) => {
-                    let mb = match (&entry, txoutproof) {
+                    let txoutproof = match (&entry, txoutproof) {
                         (TreeEntry::Spent { leaf, .. }, Some(f)) => {
                             f(&leaf.spend.block_hash, &leaf.spend.txid)
                         }
                         _ => None,
                     };
-                    per_epoch.entry(epoch).or_default().insert(index, entry);
+                    leaves.entry(epoch).or_default().insert(index, entry);
                     min_spent = min_spent.min(epoch);
-                    items.push(ProofItem::Spent {
+                    ProofItem::Spent {
                         outpoint: *op,
                         epoch,
                         index,
-                        txoutproof: mb,
-                    });
+                        txoutproof,
+                    }
                 }
                 None => {
                     any_absent = true;
-                    let mut gaps = Vec::with_capacity(scope.len());
-                    for &e in &scope {
-                        let ef = &self.files[e as usize];
-                        let low = match self.search(ef, &key)? {
-                            Err(low) => low,
-                            // The filter missed a held key: impossible
-                            // unless the file or filter is damaged.
-                            Ok(_) => {
-                                return Err(corrupt(
-                                    &ef.path,
-                                    "filter does not hold a key the epoch holds",
-                                ))
-                            }
-                        };
-                        let m = per_epoch.entry(e).or_default();
-                        for i in [low, low + 1] {
-                            if let std::collections::btree_map::Entry::Vacant(v) = m.entry(i) {
-                                v.insert(self.entry_at(ef, i)?);
-                            }
-                        }
-                        gaps.push(Gap { epoch: e, low });
-                    }
-                    items.push(ProofItem::Absent {
+                    let gaps = self.gaps(&key, &scope, &mut leaves)?;
+                    ProofItem::Absent {
                         outpoint: *op,
                         gaps,
-                    });
+                    }
                 }
-            }
+            };
+            items.push(item);
         }
         let headers: Vec<EpochHeader> = match only {
             Some(e) => vec![self.headers[e as usize]],
@@ -812,8 +771,91 @@ impl Archive {
                     .unwrap_or_default()
             }
         };
-        let mut epochs = Vec::with_capacity(per_epoch.len());
-        for (e, entries) in per_epoch {
+        let batch = ProofBatch {
+            headers,
+            epochs: self.epoch_proofs(leaves)?,
+            items,
+        };
+        let anchor = match only {
+            Some(e) => Anchor::EpochRoot(self.headers[e as usize].root),
+            None => Anchor::Commitment(self.commitment()),
+        };
+        verify(&batch, anchor).map_err(|source| ArchiveError::SelfCheck {
+            dir: self.dir.to_path_buf(),
+            source: Box::new(source),
+        })?;
+        Ok(batch)
+    }
+
+    /// The epoch, leaf index and entry of spent outpoint `op` (whose key is
+    /// `key`), searched in the epochs its filters may hold (only epoch
+    /// `only` when given); `None` when no epoch holds it.
+    ///
+    /// # Errors
+    /// [`ArchiveError`] when an epoch file cannot be read.
+    fn find_spent(
+        &self,
+        op: &OutPoint,
+        key: &[u8; 36],
+        only: Option<u32>,
+    ) -> Result<Option<(u32, u32, TreeEntry)>, ArchiveError> {
+        for e in self.candidate_epochs(op) {
+            if only.is_some_and(|o| o != e) {
+                continue;
+            }
+            if let Ok((idx, entry)) = self.search(&self.files[e as usize], key)? {
+                return Ok(Some((e, idx, entry)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The gap where absent `key` would sit in each epoch of `scope`: the
+    /// two neighbouring leaves, added to `leaves` for the proof.
+    ///
+    /// # Errors
+    /// [`ArchiveError`] when an epoch file cannot be read, or is corrupt
+    /// (its filter missed a key it holds).
+    fn gaps(
+        &self,
+        key: &[u8; 36],
+        scope: &[u32],
+        leaves: &mut EpochLeaves,
+    ) -> Result<Vec<Gap>, ArchiveError> {
+        let mut gaps = Vec::with_capacity(scope.len());
+        for &e in scope {
+            let ef = &self.files[e as usize];
+            let low = match self.search(ef, key)? {
+                Err(low) => low,
+                // The filter missed a held key: impossible unless the file
+                // or filter is damaged.
+                Ok(_) => {
+                    return Err(corrupt(
+                        &ef.path,
+                        "filter does not hold a key the epoch holds",
+                    ))
+                }
+            };
+            let m = leaves.entry(e).or_default();
+            for i in [low, low + 1] {
+                if let std::collections::btree_map::Entry::Vacant(v) = m.entry(i) {
+                    v.insert(self.entry_at(ef, i)?);
+                }
+            }
+            gaps.push(Gap { epoch: e, low });
+        }
+        Ok(gaps)
+    }
+
+    /// Each epoch's proven leaves with the tree nodes that link them to
+    /// the epoch's root.
+    ///
+    /// # Errors
+    /// [`ArchiveError`] when an epoch file cannot be read or a leaf index
+    /// is out of its range.
+    fn epoch_proofs(&self, leaves: EpochLeaves) -> Result<Vec<EpochProof>, ArchiveError> {
+        let mut epochs = Vec::with_capacity(leaves.len());
+        for (e, entries) in leaves {
             let ef = &self.files[e as usize];
             let idx: Vec<u32> = entries.keys().copied().collect();
             let need = needed_nodes(ef.leaf_count, &idx)
@@ -832,21 +874,29 @@ impl Archive {
                 nodes,
             });
         }
-        let batch = ProofBatch {
-            headers,
-            epochs,
-            items,
-        };
-        let anchor = match only {
-            Some(e) => Anchor::EpochRoot(self.headers[e as usize].root),
-            None => Anchor::Commitment(self.commitment()),
-        };
-        verify(&batch, anchor).map_err(|source| ArchiveError::SelfCheck {
-            dir: self.dir.to_path_buf(),
-            source: Box::new(source),
-        })?;
-        Ok(batch)
+        Ok(epochs)
     }
+}
+
+/// The leaves a proof batch carries: epoch → leaf index → entry.
+type EpochLeaves = BTreeMap<u32, BTreeMap<u32, TreeEntry>>;
+
+/// Checks a proof request: 1..=[`MAX_ITEMS`] outpoints, none twice.
+///
+/// # Errors
+/// [`ArchiveError::BadRequest`], [`ArchiveError::DuplicateOutpoint`].
+fn check_request(outpoints: &[OutPoint]) -> Result<(), ArchiveError> {
+    if outpoints.is_empty() || outpoints.len() > MAX_ITEMS {
+        return Err(ArchiveError::BadRequest {
+            count: outpoints.len(),
+            max: MAX_ITEMS,
+        });
+    }
+    let mut seen = std::collections::HashSet::with_capacity(outpoints.len());
+    if let Some(o) = outpoints.iter().find(|o| !seen.insert(**o)) {
+        return Err(ArchiveError::DuplicateOutpoint { outpoint: *o });
+    }
+    Ok(())
 }
 
 /// `[n·L, (n+1)·L − 1]`, saturating.
