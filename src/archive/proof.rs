@@ -905,6 +905,64 @@ fn check_txoutproof(
 pub fn verify(proof: &ProofBatch, anchor: Anchor) -> Result<Verified, VerifyError> {
     proof.check_caps()?;
     let hs = &proof.headers;
+    check_header_chain(hs)?;
+    check_anchor(proof, anchor)?;
+    for (i, ep) in proof.epochs.iter().enumerate() {
+        if i > 0 && proof.epochs[i - 1].epoch >= ep.epoch {
+            return Err(VerifyError::UnexpectedEpoch {
+                epoch: ep.epoch,
+                reason: "not in ascending order",
+            });
+        }
+        let h = header_of(hs, ep.epoch).ok_or(VerifyError::UnexpectedEpoch {
+            epoch: ep.epoch,
+            reason: "no header for it",
+        })?;
+        verify_epoch(ep, h)?;
+    }
+    let mut entries = EntryUse {
+        epochs: &proof.epochs,
+        used: proof
+            .epochs
+            .iter()
+            .map(|ep| vec![false; ep.entries.len()])
+            .collect(),
+    };
+    let mut seen = HashSet::with_capacity(proof.items.len());
+    let mut out = Vec::with_capacity(proof.items.len());
+    for item in &proof.items {
+        let outpoint = *item.outpoint();
+        if !seen.insert(outpoint) {
+            return Err(VerifyError::DuplicateItem { outpoint });
+        }
+        let status = match item {
+            ProofItem::Spent {
+                epoch,
+                index,
+                txoutproof,
+                ..
+            } => verify_spent(&mut entries, outpoint, *epoch, *index, txoutproof.as_ref())?,
+            ProofItem::Absent { gaps, .. } => verify_absent(&mut entries, outpoint, gaps, hs)?,
+        };
+        out.push((outpoint, status));
+    }
+    entries.check_all_used()?;
+    Ok(Verified {
+        anchor,
+        headers: hs.clone(),
+        outpoints: out,
+    })
+}
+
+/// The header of `epoch` among consecutive headers `hs`.
+fn header_of(hs: &[EpochHeader], epoch: u32) -> Option<&EpochHeader> {
+    let first = hs.first()?.epoch;
+    hs.get(epoch.checked_sub(first)? as usize)
+}
+
+/// Each header is well formed, and each follows the one before it:
+/// consecutive epoch numbers, contiguous height ranges, `prev` linking.
+fn check_header_chain(hs: &[EpochHeader]) -> Result<(), VerifyError> {
     for h in hs {
         h.check_shape().map_err(|reason| VerifyError::BadHeader {
             epoch: h.epoch,
@@ -913,29 +971,28 @@ pub fn verify(proof: &ProofBatch, anchor: Anchor) -> Result<Verified, VerifyErro
     }
     for w in hs.windows(2) {
         let (a, b) = (&w[0], &w[1]);
+        let broken = |reason| VerifyError::BrokenChain {
+            epoch: b.epoch,
+            reason,
+        };
         if a.epoch.checked_add(1) != Some(b.epoch) {
-            return Err(VerifyError::BrokenChain {
-                epoch: b.epoch,
-                reason: "epoch numbers not consecutive",
-            });
+            return Err(broken("epoch numbers not consecutive"));
         }
         if a.last_height.checked_add(1) != Some(b.first_height) {
-            return Err(VerifyError::BrokenChain {
-                epoch: b.epoch,
-                reason: "height ranges not contiguous",
-            });
+            return Err(broken("height ranges not contiguous"));
         }
         if b.prev != a.hash() {
-            return Err(VerifyError::BrokenChain {
-                epoch: b.epoch,
-                reason: "prev is not the previous header's hash",
-            });
+            return Err(broken("prev is not the previous header's hash"));
         }
     }
-    let any_absent = proof
-        .items
-        .iter()
-        .any(|i| matches!(i, ProofItem::Absent { .. }));
+    Ok(())
+}
+
+/// The headers are the ones `anchor` names: a commitment over them all,
+/// starting at the canonical epoch (0 if any item is claimed absent, else
+/// the lowest epoch an existence item uses), or the one epoch of a root.
+fn check_anchor(proof: &ProofBatch, anchor: Anchor) -> Result<(), VerifyError> {
+    let hs = &proof.headers;
     match anchor {
         Anchor::Commitment(c) => {
             let computed = super::header::commitment(hs);
@@ -945,27 +1002,31 @@ pub fn verify(proof: &ProofBatch, anchor: Anchor) -> Result<Verified, VerifyErro
                     computed: computed.to_lower_hex_string(),
                 });
             }
-            // Canonical range: from epoch 0 if anything is claimed absent,
-            // else from the lowest epoch an existence item uses.
-            if let Some(first) = hs.first() {
-                let want = if any_absent {
-                    Some(0)
-                } else {
-                    proof
-                        .items
-                        .iter()
-                        .filter_map(|i| match i {
-                            ProofItem::Spent { epoch, .. } => Some(*epoch),
-                            ProofItem::Absent { .. } => None,
-                        })
-                        .min()
-                };
-                if want != Some(first.epoch) {
-                    return Err(VerifyError::HeadersNotCanonical {
-                        reason: "do not start at the first epoch the items need",
-                    });
-                }
+            let Some(first) = hs.first() else {
+                return Ok(());
+            };
+            let any_absent = proof
+                .items
+                .iter()
+                .any(|i| matches!(i, ProofItem::Absent { .. }));
+            let want = if any_absent {
+                Some(0)
+            } else {
+                proof
+                    .items
+                    .iter()
+                    .filter_map(|i| match i {
+                        ProofItem::Spent { epoch, .. } => Some(*epoch),
+                        ProofItem::Absent { .. } => None,
+                    })
+                    .min()
+            };
+            if want != Some(first.epoch) {
+                return Err(VerifyError::HeadersNotCanonical {
+                    reason: "do not start at the first epoch the items need",
+                });
             }
+            Ok(())
         }
         Anchor::EpochRoot(r) => {
             if hs.len() != 1 || hs[0].root != r {
@@ -973,182 +1034,176 @@ pub fn verify(proof: &ProofBatch, anchor: Anchor) -> Result<Verified, VerifyErro
                     expected: r.to_lower_hex_string(),
                 });
             }
+            Ok(())
         }
     }
-    // Epoch proofs.
-    let header_of = |epoch: u32| -> Option<&EpochHeader> {
-        let first = hs.first()?.epoch;
-        hs.get(epoch.checked_sub(first)? as usize)
-    };
-    let mut used: Vec<Vec<bool>> = Vec::with_capacity(proof.epochs.len());
-    for (i, ep) in proof.epochs.iter().enumerate() {
-        if i > 0 && proof.epochs[i - 1].epoch >= ep.epoch {
-            return Err(VerifyError::UnexpectedEpoch {
-                epoch: ep.epoch,
-                reason: "not in ascending order",
-            });
-        }
-        let h = header_of(ep.epoch).ok_or(VerifyError::UnexpectedEpoch {
+}
+
+/// Epoch proof `ep` is sound against its header `h`: every entry at a
+/// place it may hold (boundaries at the ends, spent leaves between them),
+/// in ascending index and outpoint order, and the entries with the nodes
+/// give the header's root.
+fn verify_epoch(ep: &EpochProof, h: &EpochHeader) -> Result<(), VerifyError> {
+    let n = h.leaf_count;
+    let mut leaves = Vec::with_capacity(ep.entries.len());
+    for (k, e) in ep.entries.iter().enumerate() {
+        let idx = e.index();
+        let place = |reason| VerifyError::BadEntryPlace {
             epoch: ep.epoch,
-            reason: "no header for it",
-        })?;
-        let n = h.leaf_count;
-        let mut leaves = Vec::with_capacity(ep.entries.len());
-        for (k, e) in ep.entries.iter().enumerate() {
-            let idx = e.index();
-            let place = |reason| VerifyError::BadEntryPlace {
-                epoch: ep.epoch,
-                index: idx,
-                reason,
-            };
-            match e {
-                TreeEntry::LowerBound { .. } if idx != 0 => {
-                    return Err(place("lower boundary not at index 0"))
-                }
-                TreeEntry::UpperBound { .. } if idx.checked_add(1) != Some(n) => {
-                    return Err(place("upper boundary not at the last index"))
-                }
-                TreeEntry::Spent { .. } if idx == 0 || idx.checked_add(1) >= Some(n) => {
-                    return Err(place("spent leaf at a boundary index"))
-                }
-                _ => {}
+            index: idx,
+            reason,
+        };
+        match e {
+            TreeEntry::LowerBound { .. } if idx != 0 => {
+                return Err(place("lower boundary not at index 0"))
             }
-            if k > 0 {
-                let prev = &ep.entries[k - 1];
-                if prev.index() >= idx {
-                    return Err(place("entries not in ascending index order"));
-                }
-                if let TreeEntry::Spent { leaf, .. } = e {
-                    if prev.cmp_key(&leaf.key()) != std::cmp::Ordering::Less {
-                        return Err(place("entries not in outpoint order"));
-                    }
+            TreeEntry::UpperBound { .. } if idx.checked_add(1) != Some(n) => {
+                return Err(place("upper boundary not at the last index"))
+            }
+            TreeEntry::Spent { .. } if idx == 0 || idx.checked_add(1) >= Some(n) => {
+                return Err(place("spent leaf at a boundary index"))
+            }
+            _ => {}
+        }
+        if k > 0 {
+            let prev = &ep.entries[k - 1];
+            if prev.index() >= idx {
+                return Err(place("entries not in ascending index order"));
+            }
+            if let TreeEntry::Spent { leaf, .. } = e {
+                if prev.cmp_key(&leaf.key()) != std::cmp::Ordering::Less {
+                    return Err(place("entries not in outpoint order"));
                 }
             }
-            leaves.push((idx, leaf_hash(&e.encode())));
         }
-        let nodes: Vec<(u8, u32, NodeHash)> = ep
-            .nodes
-            .iter()
-            .map(|n| (n.level, n.index, n.hash))
-            .collect();
-        let root = multiproof_root(n, &leaves, &nodes).map_err(|detail| VerifyError::BadPaths {
-            epoch: ep.epoch,
-            detail,
-        })?;
-        if root != h.root {
-            return Err(VerifyError::RootMismatch {
-                epoch: ep.epoch,
-                computed: root.to_lower_hex_string(),
-            });
-        }
-        used.push(vec![false; ep.entries.len()]);
+        leaves.push((idx, leaf_hash(&e.encode())));
     }
-    let mut find = |epoch: u32, index: u32| -> Option<&TreeEntry> {
-        let e = proof
-            .epochs
-            .binary_search_by_key(&epoch, |p| p.epoch)
-            .ok()?;
-        let k = proof.epochs[e]
+    let nodes: Vec<(u8, u32, NodeHash)> = ep
+        .nodes
+        .iter()
+        .map(|n| (n.level, n.index, n.hash))
+        .collect();
+    let root = multiproof_root(n, &leaves, &nodes).map_err(|detail| VerifyError::BadPaths {
+        epoch: ep.epoch,
+        detail,
+    })?;
+    if root != h.root {
+        return Err(VerifyError::RootMismatch {
+            epoch: ep.epoch,
+            computed: root.to_lower_hex_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The epoch proofs' entries, with which of them an item used (a proof
+/// may carry no entry it does not need).
+struct EntryUse<'p> {
+    epochs: &'p [EpochProof],
+    /// Per epoch proof, per entry: used by an item.
+    used: Vec<Vec<bool>>,
+}
+
+impl<'p> EntryUse<'p> {
+    /// The entry at `index` of epoch `epoch`, marked used; `None` when the
+    /// proof does not carry it.
+    fn find(&mut self, epoch: u32, index: u32) -> Option<&'p TreeEntry> {
+        let e = self.epochs.binary_search_by_key(&epoch, |p| p.epoch).ok()?;
+        let k = self.epochs[e]
             .entries
             .binary_search_by_key(&index, |x| x.index())
             .ok()?;
-        used[e][k] = true;
-        Some(&proof.epochs[e].entries[k])
-    };
-    let mut seen = HashSet::with_capacity(proof.items.len());
-    let mut out = Vec::with_capacity(proof.items.len());
-    for item in &proof.items {
-        let outpoint = *item.outpoint();
-        if !seen.insert(outpoint) {
-            return Err(VerifyError::DuplicateItem { outpoint });
+        self.used[e][k] = true;
+        Some(&self.epochs[e].entries[k])
+    }
+
+    /// The entry at `index` of `epoch`, needed by `outpoint`'s item.
+    fn need(
+        &mut self,
+        outpoint: OutPoint,
+        epoch: u32,
+        index: u32,
+    ) -> Result<&'p TreeEntry, VerifyError> {
+        self.find(epoch, index).ok_or(VerifyError::MissingEntry {
+            outpoint,
+            epoch,
+            index,
+        })
+    }
+
+    /// Every entry was used by some item.
+    fn check_all_used(&self) -> Result<(), VerifyError> {
+        for (e, u) in self.epochs.iter().zip(&self.used) {
+            let count = u.iter().filter(|x| !**x).count();
+            if count > 0 {
+                return Err(VerifyError::UnusedEntries {
+                    epoch: e.epoch,
+                    count,
+                });
+            }
         }
-        match item {
-            ProofItem::Spent {
+        Ok(())
+    }
+}
+
+/// An existence item: the leaf at (`epoch`, `index`) is `outpoint`'s, and
+/// its txoutproof, when given, proves the spending transaction in its
+/// block.
+fn verify_spent(
+    entries: &mut EntryUse,
+    outpoint: OutPoint,
+    epoch: u32,
+    index: u32,
+    txoutproof: Option<&MerkleBlock>,
+) -> Result<VerifiedStatus, VerifyError> {
+    let leaf = match entries.need(outpoint, epoch, index)? {
+        TreeEntry::Spent { leaf, .. } if leaf.outpoint == outpoint => leaf,
+        _ => {
+            return Err(VerifyError::OutpointMismatch {
+                outpoint,
                 epoch,
                 index,
-                txoutproof,
-                ..
-            } => {
-                let entry = find(*epoch, *index).ok_or(VerifyError::MissingEntry {
-                    outpoint,
-                    epoch: *epoch,
-                    index: *index,
-                })?;
-                let leaf = match entry {
-                    TreeEntry::Spent { leaf, .. } if leaf.outpoint == outpoint => leaf,
-                    _ => {
-                        return Err(VerifyError::OutpointMismatch {
-                            outpoint,
-                            epoch: *epoch,
-                            index: *index,
-                        })
-                    }
-                };
-                let inclusion = match txoutproof {
-                    Some(mb) => Some(check_txoutproof(outpoint, leaf, mb)?),
-                    None => None,
-                };
-                out.push((
-                    outpoint,
-                    VerifiedStatus::Spent {
-                        epoch: *epoch,
-                        leaf: leaf.clone(),
-                        inclusion,
-                    },
-                ));
-            }
-            ProofItem::Absent { gaps, .. } => {
-                if gaps.len() != hs.len() || gaps.iter().zip(hs).any(|(g, h)| g.epoch != h.epoch) {
-                    return Err(VerifyError::IncompleteAbsence { outpoint });
-                }
-                let key = outpoint_key(&outpoint);
-                for g in gaps {
-                    let bad = || VerifyError::GapDoesNotBracket {
-                        outpoint,
-                        epoch: g.epoch,
-                        low: g.low,
-                    };
-                    let high_index = g.low.checked_add(1).ok_or_else(bad)?;
-                    let lo = find(g.epoch, g.low)
-                        .ok_or(VerifyError::MissingEntry {
-                            outpoint,
-                            epoch: g.epoch,
-                            index: g.low,
-                        })?
-                        .cmp_key(&key);
-                    let hi = find(g.epoch, high_index)
-                        .ok_or(VerifyError::MissingEntry {
-                            outpoint,
-                            epoch: g.epoch,
-                            index: high_index,
-                        })?
-                        .cmp_key(&key);
-                    if lo != std::cmp::Ordering::Less || hi != std::cmp::Ordering::Greater {
-                        return Err(bad());
-                    }
-                }
-                out.push((
-                    outpoint,
-                    VerifiedStatus::Absent {
-                        epochs: gaps.iter().map(|g| g.epoch).collect(),
-                    },
-                ));
-            }
+            })
+        }
+    };
+    let inclusion = match txoutproof {
+        Some(mb) => Some(check_txoutproof(outpoint, leaf, mb)?),
+        None => None,
+    };
+    Ok(VerifiedStatus::Spent {
+        epoch,
+        leaf: leaf.clone(),
+        inclusion,
+    })
+}
+
+/// A non-existence item: one gap per header, in the headers' epochs, and
+/// each gap's two adjacent leaves bracket `outpoint`'s key.
+fn verify_absent(
+    entries: &mut EntryUse,
+    outpoint: OutPoint,
+    gaps: &[Gap],
+    hs: &[EpochHeader],
+) -> Result<VerifiedStatus, VerifyError> {
+    if gaps.len() != hs.len() || gaps.iter().zip(hs).any(|(g, h)| g.epoch != h.epoch) {
+        return Err(VerifyError::IncompleteAbsence { outpoint });
+    }
+    let key = outpoint_key(&outpoint);
+    for g in gaps {
+        let bad = || VerifyError::GapDoesNotBracket {
+            outpoint,
+            epoch: g.epoch,
+            low: g.low,
+        };
+        let high_index = g.low.checked_add(1).ok_or_else(bad)?;
+        let lo = entries.need(outpoint, g.epoch, g.low)?.cmp_key(&key);
+        let hi = entries.need(outpoint, g.epoch, high_index)?.cmp_key(&key);
+        if lo != std::cmp::Ordering::Less || hi != std::cmp::Ordering::Greater {
+            return Err(bad());
         }
     }
-    for (e, u) in proof.epochs.iter().zip(&used) {
-        let count = u.iter().filter(|x| !**x).count();
-        if count > 0 {
-            return Err(VerifyError::UnusedEntries {
-                epoch: e.epoch,
-                count,
-            });
-        }
-    }
-    Ok(Verified {
-        anchor,
-        headers: hs.clone(),
-        outpoints: out,
+    Ok(VerifiedStatus::Absent {
+        epochs: gaps.iter().map(|g| g.epoch).collect(),
     })
 }
 
