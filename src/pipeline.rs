@@ -337,7 +337,7 @@ impl Chainstate {
         self.index.params()
     }
 
-    /// The writer's block index (its read core, [`ChainIndex`], through
+    /// The writer's block index (its read core, [`ChainIndex`](crate::chain::index::ChainIndex), through
     /// `Deref`): the state being written, for the writer. Readers use
     /// [`Chainstate::snapshots`].
     pub fn index(&self) -> &BlockIndex {

@@ -59,7 +59,7 @@ pub struct UtxoStats {
 /// the block index's read core, the per-block metadata, read handles on
 /// the stores and the sealed archive epochs. The writer publishes one at
 /// the end of every operation that changes the chain state
-/// ([`Chainstate::snapshots`]); readers load the latest and keep it as long
+/// ([`Chainstate::snapshots`](crate::pipeline::Chainstate::snapshots)); readers load the latest and keep it as long
 /// as they like, without locks, while the writer goes on.
 ///
 /// Cheap to publish: the index and metadata are persistent structures

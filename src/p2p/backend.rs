@@ -345,7 +345,7 @@ pub enum FilterQueryError {
 }
 
 /// Why the node could not answer an archive query (the answer is then an
-/// `archproof` with status [`ArchProofStatus::Unavailable`]).
+/// `archproof` with status [`ArchProofStatus::Unavailable`](super::archive::ArchProofStatus::Unavailable)).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ArchiveQueryError {

@@ -21,7 +21,7 @@ pub enum Misbehaviour {
         command: &'static str,
     },
     /// A `version` whose user agent is longer than
-    /// [`MAX_SUBVERSION_LENGTH`] bytes.
+    /// [`MAX_SUBVERSION_LENGTH`](super::peer::MAX_SUBVERSION_LENGTH) bytes.
     #[error("user agent of {len} bytes, limit {max}")]
     UserAgentTooLong {
         /// Its length in bytes.

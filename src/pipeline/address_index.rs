@@ -148,7 +148,7 @@ impl Chainstate {
     /// commit), so the HTTP address routes answer 503 and a later start
     /// with the index on builds it anew. On: when the marker is not
     /// "complete", builds the rows of every active block from the block
-    /// and spent-output files, in batches of [`BUILD_BATCH_BLOCKS`] blocks
+    /// and spent-output files, in batches of `BUILD_BATCH_BLOCKS` (500) blocks
     /// each committed with its progress (a build interrupted by a crash
     /// resumes there, or from genesis if a reorg replaced the block below
     /// it), calling `progress` after each batch; then marks it complete and

@@ -12,7 +12,7 @@ use super::{now_secs, Chainstate, HeadersAccepted, PipelineError, RefusedHeader}
 impl Chainstate {
     /// Checks `headers` (PoW, difficulty, timestamps, version, linkage; see
     /// [`crate::chain::index::BlockIndex::accept_header`]) one by one and stores the new ones with
-    /// status [`BlockStatus::HeadersOnly`] (like Core's
+    /// status [`BlockStatus::HeadersOnly`](crate::chain::index::BlockStatus::HeadersOnly) (like Core's
     /// `ProcessNewBlockHeaders`): one record appended to the `headers/`
     /// files (`store::headers`), then one index-database batch with its
     /// committed length. Headers already known are skipped.

@@ -69,7 +69,7 @@ impl Chainstate {
     /// end of an import; tests).
     ///
     /// # Errors
-    /// As [`Chainstate::flush`] and [`Chainstate::seal_final_epochs`].
+    /// As [`Chainstate::flush`], and the sealing of final epochs.
     pub fn finish_seals(&mut self) -> Result<(), PipelineError> {
         self.flush()?;
         if self.sealing.is_none() {

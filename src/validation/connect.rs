@@ -69,7 +69,7 @@ impl BlockView<'_> {
     }
 }
 
-/// Economic checks of a block whose [`check_block`] passed, in Core's
+/// Economic checks of a block whose [`check_block`](super::check_block) passed, in Core's
 /// `ConnectBlock` order, and the block's effects on the UTXO set.
 ///
 /// `coins` must hold the coins *unspent on the block's branch* for (a)
@@ -81,7 +81,7 @@ impl BlockView<'_> {
 /// Rules:
 /// - BIP30: no output of the block is already among `coins`, except in
 ///   `params.bip30_exceptions` (`bad-txns-BIP30`); the check is as good as
-///   the candidates supplied ([`bip30_check_needed`] says when Core looks);
+///   the candidates supplied ([`bip30_check_needed`](super::bip30_check_needed) says when Core looks);
 /// - every input spends a coin unspent on the branch or created by an
 ///   *earlier* transaction of the block, and no outpoint twice in the block
 ///   (`bad-txns-inputs-missingorspent`);
