@@ -66,6 +66,7 @@ mod group;
 mod headers;
 mod load;
 mod open;
+mod rows;
 mod scripts;
 mod sealing;
 pub mod spent;
@@ -306,9 +307,13 @@ pub struct Chainstate {
     group_limits: GroupLimits,
     /// The open group, if any: connected blocks not durable yet.
     group: Option<PendingGroup>,
-    /// Index rows of the open group's blocks, not committed yet; every
-    /// write starts its batch from it ([`Chainstate::take_batch`]).
+    /// Index metadata and records of the open group's blocks, not
+    /// committed yet; every write starts its batch from it
+    /// ([`Chainstate::take_batch`]).
     pending: WriteBatch,
+    /// The open group's transaction, spend and address rows, applied on
+    /// a thread of their own ahead of the group's commit (`rows`).
+    rows: rows::RowWriter,
     /// When block scripts may be skipped (assumevalid).
     assume_valid: AssumeValidState,
     /// The last reason logged for checking scripts (`None`: skipping),

@@ -350,6 +350,11 @@ impl Chainstate {
         write: &BlockWrite,
         tag: CommitTag,
     ) -> Result<(), PipelineError> {
+        // The open group's rows first (the index commit below names their
+        // blocks as connected).
+        if let Err(e) = self.rows.wait() {
+            return Err(self.stop_writes(e.into()));
+        }
         let (durable, written) = {
             let (blocks, filters, spent_files, store) = (
                 &mut self.blocks,

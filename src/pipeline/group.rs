@@ -6,10 +6,14 @@
 //! time is more than [`MAX_TIP_AGE_SECS`] in the past, Core's
 //! `DEFAULT_MAX_TIP_AGE`, or the index knows a header with more work) is
 //! connected without waiting for the disk: its flat-file records are
-//! appended but not synced, its index rows stay in the writer's pending
-//! batch, and its UTXO-table write is applied in memory but not committed.
-//! The group ends, in the order of every block boundary (flat files synced,
-//! then the index batch flushed, then the table's commit), when the next
+//! appended but not synced, its block record and metadata stay in the
+//! writer's pending batch, its transaction, spend and address rows are
+//! applied to the index database on a thread of their own, not flushed
+//! (`pipeline/rows.rs`: readers ignore rows of blocks not connected), and
+//! its UTXO-table write is applied in memory but not committed.
+//! The group ends, in the order of every block boundary (the rows thread
+//! drained, flat files synced, then the index batch flushed with the rows,
+//! then the table's commit), when the next
 //! block would exceed [`GroupLimits`] (blocks, raw bytes, time since the
 //! group's first block), when a block is not catching up, before any other
 //! write (a side branch, a reorg, an invalid block, a header batch), and on
@@ -181,6 +185,9 @@ impl Chainstate {
         entry: GroupEntry<'_>,
     ) -> Result<(), PipelineError> {
         self.put_sozu_base(&mut batch, entry.tag.block);
+        if let Err(e) = self.rows.send(batch.take_rows()) {
+            return Err(self.stop_writes(e.into()));
+        }
         if let Err(e) = self
             .table
             .write_block(write, self.index.core(), &mut |_| {})
@@ -240,13 +247,15 @@ impl Chainstate {
     /// lack, and a restart resumes from the last durable boundary.
     pub(super) fn commit_boundary(&mut self, batch: WriteBatch) -> Result<(), PipelineError> {
         let group = self.group.take();
-        let durable = sync_concurrently(&mut [
+        // The open group's rows first (the index commit names their blocks).
+        let rows = self.rows.wait().map_err(PipelineError::from);
+        let durable = rows.and_then(|()| sync_concurrently(&mut [
             &mut self.blocks,
             &mut self.filters,
             &mut self.spent,
             &mut self.headers,
         ])
-        .map_err(PipelineError::from)
+        .map_err(PipelineError::from))
         .and_then(|()| self.store.commit(batch).map_err(PipelineError::from));
         let result = match group {
             None => durable,

@@ -132,6 +132,7 @@ impl Chainstate {
             assume_valid: AssumeValid::default_for(&params),
             address_index: false,
         };
+        let rows = super::rows::RowWriter::new(store.clone());
         let mut cs = Chainstate {
             archive,
             index,
@@ -153,6 +154,7 @@ impl Chainstate {
             sealing: None,
             group: None,
             pending: WriteBatch::default(),
+            rows,
             assume_valid: AssumeValidState::new(AssumeValid::default_for(&params)),
             last_script_check: None,
             script_threads: std::thread::available_parallelism()

@@ -21,6 +21,7 @@ pub mod history;
 
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bitcoin::block::Header;
@@ -133,6 +134,17 @@ pub enum StoreError {
         found_minor: u16,
         /// The major version this build reads.
         major: u16,
+    },
+    /// The thread that applies a group's index rows ahead of its commit
+    /// could not be started, or stopped: nothing after the last durable
+    /// boundary may be committed.
+    #[error("index database at {path}: the index rows thread failed: {source}")]
+    Thread {
+        /// The database directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
     },
 }
 
@@ -634,6 +646,47 @@ impl WriteBatch {
     pub fn history_rows(&self) -> usize {
         self.history_rows
     }
+    /// Takes this batch's index rows (transactions, spends, address
+    /// history) out of it, to be applied ahead of the batch's commit with
+    /// [`Store::apply_rows`]; the metadata, block records and active chain
+    /// stay.
+    pub fn take_rows(&mut self) -> RowBatch {
+        let rows = RowBatch {
+            txs: std::mem::take(&mut self.txs),
+            spends: std::mem::take(&mut self.spends),
+            history: std::mem::take(&mut self.history),
+            len: self.txs_len + self.spends_len + self.history_rows,
+        };
+        self.txs_len = 0;
+        self.spends_len = 0;
+        self.history_rows = 0;
+        rows
+    }
+}
+
+/// The index rows of a [`WriteBatch`] (transaction, spend and address
+/// history rows), taken out with [`WriteBatch::take_rows`]. Rows of blocks
+/// that are not connected are ignored by every reader (format 3.0), so
+/// they may reach the database before the commit of their block, in any
+/// order with it.
+#[must_use]
+#[derive(Default)]
+pub struct RowBatch {
+    txs: sled::Batch,
+    spends: sled::Batch,
+    history: sled::Batch,
+    len: usize,
+}
+
+impl RowBatch {
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it holds no row.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// Meta key of the format version: major u16 BE ‖ minor u16 BE.
@@ -688,6 +741,10 @@ pub const DEFAULT_INDEX_CACHE_MIB: usize = 128;
 pub struct Store {
     db: sled::Db,
     path: Arc<Path>,
+    /// Whether [`Store::apply_rows`] applied rows since the last
+    /// [`Store::commit`] (shared by the clones): that commit then flushes
+    /// them before its transaction, as it does its own rows.
+    rows_applied: Arc<AtomicBool>,
     /// The typed trees.
     pub trees: Trees,
 }
@@ -725,7 +782,12 @@ impl Store {
             spend_by_outpoint_prefix: TypedTree::open(&db, &path, "spend_by_outpoint_prefix")?,
             history_by_script: TypedTree::open(&db, &path, "history_by_script")?,
         };
-        let store = Store { db, path, trees };
+        let store = Store {
+            db,
+            path,
+            trees,
+            rows_applied: Arc::new(AtomicBool::new(false)),
+        };
         let write_err = |source| StoreError::Write {
             path: store.path.to_path_buf(),
             source,
@@ -793,19 +855,15 @@ impl Store {
         fault::check(fault::IoOp::Write, &self.path).map_err(fault_err)?;
         let t = &self.trees;
         let rows = batch.txs_len + batch.spends_len + batch.history_rows;
-        if rows > 0 {
-            t.tx_by_txid_prefix
-                .tree
-                .apply_batch(batch.txs)
-                .map_err(write_err)?;
-            t.spend_by_outpoint_prefix
-                .tree
-                .apply_batch(batch.spends)
-                .map_err(write_err)?;
-            t.history_by_script
-                .tree
-                .apply_batch(batch.history)
-                .map_err(write_err)?;
+        let applied = self.rows_applied.swap(false, Ordering::AcqRel);
+        if rows > 0 || applied {
+            self.apply_rows(RowBatch {
+                txs: batch.txs,
+                spends: batch.spends,
+                history: batch.history,
+                len: rows,
+            })?;
+            self.rows_applied.store(false, Ordering::Release);
             fault::check(fault::IoOp::Sync, &self.path).map_err(fault_err)?;
             self.db.flush().map_err(write_err)?;
         }
@@ -830,6 +888,44 @@ impl Store {
             })?;
         fault::check(fault::IoOp::Sync, &self.path).map_err(fault_err)?;
         self.db.flush().map_err(write_err)?;
+        Ok(())
+    }
+
+    /// The database directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Applies `rows` to their trees, not durably: the next
+    /// [`Store::commit`] flushes them before its own transaction. Nothing
+    /// passes the I/O fault seam here (the writes stay in sled's memory,
+    /// like its background flusher's they reach the disk unchecked); the
+    /// commit's checks are the same as when it applies the rows itself.
+    ///
+    /// # Errors
+    /// sled failure.
+    pub fn apply_rows(&self, rows: RowBatch) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let write_err = |source| StoreError::Write {
+            path: self.path.to_path_buf(),
+            source,
+        };
+        let t = &self.trees;
+        t.tx_by_txid_prefix
+            .tree
+            .apply_batch(rows.txs)
+            .map_err(write_err)?;
+        t.spend_by_outpoint_prefix
+            .tree
+            .apply_batch(rows.spends)
+            .map_err(write_err)?;
+        t.history_by_script
+            .tree
+            .apply_batch(rows.history)
+            .map_err(write_err)?;
+        self.rows_applied.store(true, Ordering::Release);
         Ok(())
     }
 
