@@ -133,3 +133,52 @@ fn thread_gone(store: &Store) -> StoreError {
         source: std::io::Error::other("the index rows thread stopped"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::primitives::BlockId;
+    use crate::store::{WriteBatch, DEFAULT_INDEX_CACHE_MIB};
+    use bitcoin::hashes::Hash;
+    use bitcoin::Txid;
+
+    /// Rows sent are in the database once `wait` returns, and are still
+    /// there after a commit whose own batch had no row and a reopen.
+    #[test]
+    fn rows_are_applied_before_wait_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let txids: Vec<Txid> = (1..=300u16)
+            .map(|i| {
+                let mut b = [0u8; 32];
+                b[..2].copy_from_slice(&i.to_be_bytes());
+                Txid::from_byte_array(b)
+            })
+            .collect();
+        {
+            let store = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap();
+            let mut writer = RowWriter::new(store.clone());
+            writer.wait().unwrap();
+            for (block, chunk) in txids.chunks(10).enumerate() {
+                let mut batch = WriteBatch::default();
+                for (pos, txid) in chunk.iter().enumerate() {
+                    batch.put_tx(txid, BlockId(block as u32 + 1), pos as u32);
+                }
+                let rows = batch.take_rows();
+                assert_eq!(rows.len(), chunk.len());
+                writer.send(rows).unwrap();
+            }
+            writer.wait().unwrap();
+            for txid in &txids {
+                assert!(store.tx_maybe_known(txid).unwrap(), "{txid}");
+            }
+            let mut batch = WriteBatch::default();
+            batch.put_meta("test", &[1]);
+            store.commit(batch).unwrap();
+        }
+        let store = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap();
+        assert_eq!(
+            store.tx_candidates(&txids[299]).unwrap(),
+            vec![(BlockId(30), 9)]
+        );
+    }
+}
