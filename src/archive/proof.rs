@@ -499,6 +499,30 @@ impl Verified {
     }
 }
 
+/// The names a length-prefixed field's errors use.
+#[derive(Clone, Copy)]
+struct Bounded {
+    /// The field.
+    name: &'static str,
+    /// Its length prefix.
+    length: &'static str,
+    /// Its byte count, when over the cap.
+    bytes: &'static str,
+}
+
+impl Bounded {
+    const ENTRY: Bounded = Bounded {
+        name: "entry",
+        length: "entry length",
+        bytes: "entry bytes",
+    };
+    const TXOUTPROOF: Bounded = Bounded {
+        name: "txoutproof",
+        length: "txoutproof length",
+        bytes: "txoutproof bytes",
+    };
+}
+
 struct Reader<'a> {
     b: &'a [u8],
     pos: usize,
@@ -555,6 +579,98 @@ impl<'a> Reader<'a> {
             });
         }
         Ok(n)
+    }
+
+    /// A byte string of at most `max` bytes behind a 4-byte length, with
+    /// the error names of `what`.
+    fn bounded(&mut self, what: Bounded, max: usize) -> Result<&'a [u8], VerifyError> {
+        let len = self.u32(what.length)? as usize;
+        if len > max {
+            return Err(VerifyError::CountTooLarge {
+                what: what.bytes,
+                count: len,
+                max,
+            });
+        }
+        self.take(len, what.name)
+    }
+
+    /// One epoch proof: its epoch, entries (each behind its length), and
+    /// nodes (level, index, hash).
+    fn epoch_proof(&mut self) -> Result<EpochProof, VerifyError> {
+        let epoch = self.u32("epoch")?;
+        let nent = self.count("entries", MAX_ENTRIES_PER_EPOCH, 9)?;
+        let mut entries = Vec::with_capacity(nent);
+        for _ in 0..nent {
+            let eb = self.bounded(Bounded::ENTRY, MAX_ENTRY_LEN)?;
+            entries.push(
+                TreeEntry::decode(eb).map_err(|source| VerifyError::BadEntry { epoch, source })?,
+            );
+        }
+        let nn = self.count("nodes", MAX_NODES_PER_EPOCH, 37)?;
+        let mut nodes = Vec::with_capacity(nn);
+        for _ in 0..nn {
+            let level = self.u8("node level")?;
+            let index = self.u32("node index")?;
+            let hash = self.h32("node hash")?;
+            nodes.push(ProofNode { level, index, hash });
+        }
+        Ok(EpochProof {
+            epoch,
+            entries,
+            nodes,
+        })
+    }
+
+    /// One item: tag 0, an existence item (epoch, index, an optional
+    /// txoutproof), or tag 1, a non-existence item (its gaps).
+    fn item(&mut self) -> Result<ProofItem, VerifyError> {
+        let tag = self.u8("item tag")?;
+        let mut k = [0u8; 36];
+        k.copy_from_slice(self.take(36, "outpoint")?);
+        let outpoint = crate::primitives::key_outpoint(&k);
+        match tag {
+            0 => {
+                let epoch = self.u32("item epoch")?;
+                let index = self.u32("item index")?;
+                let txoutproof = match self.u8("txoutproof flag")? {
+                    0 => None,
+                    1 => {
+                        let mb = self.bounded(Bounded::TXOUTPROOF, MAX_TXOUTPROOF_LEN)?;
+                        let mb =
+                            bitcoin::consensus::deserialize::<MerkleBlock>(mb).map_err(|_| {
+                                VerifyError::BadTxOutProof {
+                                    outpoint,
+                                    reason: "does not decode as a MerkleBlock",
+                                }
+                            })?;
+                        Some(mb)
+                    }
+                    _ => {
+                        return Err(VerifyError::BadField {
+                            what: "txoutproof flag",
+                        })
+                    }
+                };
+                Ok(ProofItem::Spent {
+                    outpoint,
+                    epoch,
+                    index,
+                    txoutproof,
+                })
+            }
+            1 => {
+                let ng = self.count("gaps", MAX_PROOF_EPOCHS, 8)?;
+                let mut gaps = Vec::with_capacity(ng);
+                for _ in 0..ng {
+                    let epoch = self.u32("gap epoch")?;
+                    let low = self.u32("gap low")?;
+                    gaps.push(Gap { epoch, low });
+                }
+                Ok(ProofItem::Absent { outpoint, gaps })
+            }
+            _ => Err(VerifyError::BadField { what: "item tag" }),
+        }
     }
 }
 
@@ -720,93 +836,12 @@ impl ProofBatch {
         let ne = r.count("epoch proofs", MAX_PROOF_EPOCHS, 12)?;
         let mut epochs = Vec::with_capacity(ne);
         for _ in 0..ne {
-            let epoch = r.u32("epoch")?;
-            let nent = r.count("entries", MAX_ENTRIES_PER_EPOCH, 9)?;
-            let mut entries = Vec::with_capacity(nent);
-            for _ in 0..nent {
-                let len = r.u32("entry length")? as usize;
-                if len > MAX_ENTRY_LEN {
-                    return Err(VerifyError::CountTooLarge {
-                        what: "entry bytes",
-                        count: len,
-                        max: MAX_ENTRY_LEN,
-                    });
-                }
-                let eb = r.take(len, "entry")?;
-                entries.push(
-                    TreeEntry::decode(eb)
-                        .map_err(|source| VerifyError::BadEntry { epoch, source })?,
-                );
-            }
-            let nn = r.count("nodes", MAX_NODES_PER_EPOCH, 37)?;
-            let mut nodes = Vec::with_capacity(nn);
-            for _ in 0..nn {
-                let level = r.u8("node level")?;
-                let index = r.u32("node index")?;
-                let hash = r.h32("node hash")?;
-                nodes.push(ProofNode { level, index, hash });
-            }
-            epochs.push(EpochProof {
-                epoch,
-                entries,
-                nodes,
-            });
+            epochs.push(r.epoch_proof()?);
         }
         let ni = r.count("items", MAX_ITEMS, 41)?;
         let mut items = Vec::with_capacity(ni);
         for _ in 0..ni {
-            let tag = r.u8("item tag")?;
-            let mut k = [0u8; 36];
-            k.copy_from_slice(r.take(36, "outpoint")?);
-            let outpoint = crate::primitives::key_outpoint(&k);
-            match tag {
-                0 => {
-                    let epoch = r.u32("item epoch")?;
-                    let index = r.u32("item index")?;
-                    let txoutproof = match r.u8("txoutproof flag")? {
-                        0 => None,
-                        1 => {
-                            let len = r.u32("txoutproof length")? as usize;
-                            if len > MAX_TXOUTPROOF_LEN {
-                                return Err(VerifyError::CountTooLarge {
-                                    what: "txoutproof bytes",
-                                    count: len,
-                                    max: MAX_TXOUTPROOF_LEN,
-                                });
-                            }
-                            let mb = r.take(len, "txoutproof")?;
-                            Some(bitcoin::consensus::deserialize::<MerkleBlock>(mb).map_err(
-                                |_| VerifyError::BadTxOutProof {
-                                    outpoint,
-                                    reason: "does not decode as a MerkleBlock",
-                                },
-                            )?)
-                        }
-                        _ => {
-                            return Err(VerifyError::BadField {
-                                what: "txoutproof flag",
-                            })
-                        }
-                    };
-                    items.push(ProofItem::Spent {
-                        outpoint,
-                        epoch,
-                        index,
-                        txoutproof,
-                    });
-                }
-                1 => {
-                    let ng = r.count("gaps", MAX_PROOF_EPOCHS, 8)?;
-                    let mut gaps = Vec::with_capacity(ng);
-                    for _ in 0..ng {
-                        let epoch = r.u32("gap epoch")?;
-                        let low = r.u32("gap low")?;
-                        gaps.push(Gap { epoch, low });
-                    }
-                    items.push(ProofItem::Absent { outpoint, gaps });
-                }
-                _ => return Err(VerifyError::BadField { what: "item tag" }),
-            }
+            items.push(r.item()?);
         }
         if r.pos != body.len() {
             return Err(VerifyError::TrailingBytes {
