@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use bitcoin::hex::DisplayHex;
 
 use super::proof::MAX_PROOF_JSON_BYTES;
-use super::{verify_bytes, verify_json, Anchor, VerifiedStatus, VerifyError};
+use super::{verify_bytes, verify_json, Anchor, Verified, VerifiedStatus, VerifyError};
 
 /// Errors of [`verify_command`].
 #[derive(Debug, thiserror::Error)]
@@ -83,19 +83,7 @@ pub fn verify_command(
     .map_err(|source| ProofCliError::Anchor {
         source: Box::new(source),
     })?;
-    let read_err = |source| ProofCliError::Read {
-        path: file.into(),
-        source,
-    };
-    let len = std::fs::metadata(file).map_err(read_err)?.len();
-    if len > MAX_PROOF_JSON_BYTES as u64 {
-        return Err(ProofCliError::TooLarge {
-            path: file.into(),
-            len,
-            max: MAX_PROOF_JSON_BYTES,
-        });
-    }
-    let bytes = std::fs::read(file).map_err(read_err)?;
+    let bytes = read_proof_file(file)?;
     let is_json = bytes
         .iter()
         .find(|b| !b.is_ascii_whitespace())
@@ -115,7 +103,33 @@ pub fn verify_command(
         verify_bytes(&bytes, anchor)
     }
     .map_err(rejected)?;
+    Ok(report(&verified))
+}
 
+/// The bytes of proof file `file`, refused above
+/// [`MAX_PROOF_JSON_BYTES`] before it is read.
+///
+/// # Errors
+/// [`ProofCliError::Read`], [`ProofCliError::TooLarge`].
+fn read_proof_file(file: &Path) -> Result<Vec<u8>, ProofCliError> {
+    let read_err = |source| ProofCliError::Read {
+        path: file.into(),
+        source,
+    };
+    let len = std::fs::metadata(file).map_err(read_err)?.len();
+    if len > MAX_PROOF_JSON_BYTES as u64 {
+        return Err(ProofCliError::TooLarge {
+            path: file.into(),
+            len,
+            max: MAX_PROOF_JSON_BYTES,
+        });
+    }
+    std::fs::read(file).map_err(read_err)
+}
+
+/// The report of a verified proof: the anchor, the epochs' height range,
+/// then one line per outpoint.
+fn report(verified: &Verified) -> String {
     let mut out = String::new();
     let (kind, value) = match verified.anchor {
         Anchor::Commitment(c) => ("archive commitment", c),
@@ -176,5 +190,5 @@ pub fn verify_command(
             }
         }
     }
-    Ok(out)
+    out
 }

@@ -49,20 +49,7 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), P2pError> {
     let P2pControl { mut cmd_rx, shared } = control;
-    let listener = match config.listen {
-        Some(addr) => {
-            let l = TcpListener::bind(addr)
-                .await
-                .map_err(|source| P2pError::Bind { addr, source })?;
-            let local = l
-                .local_addr()
-                .map_err(|source| P2pError::Bind { addr, source })?;
-            info!(%local, "p2p listening");
-            shared.local_addr.send_replace(Some(local));
-            Some(l)
-        }
-        None => None,
-    };
+    let listener = bind_listener(config.listen, &shared).await?;
     let net = Arc::new(Net::new(backend, config, shared)?);
     let mut tasks = JoinSet::new();
     let mut connecting: HashSet<SocketAddr> = HashSet::new();
@@ -71,9 +58,7 @@ pub async fn run(
     let mut tick = tokio::time::interval(net.config.timeouts.maintenance);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_save = Instant::now();
-
     let mut last_seed: Option<Instant> = None;
-
     loop {
         if *shutdown.borrow() {
             break;
@@ -89,56 +74,16 @@ pub async fn run(
                 }
             }
             Some((addr, event)) = done_rx.recv() => {
-                let manual = net.config.connect.contains(&addr) || net.config.addnode.contains(&addr);
-                let grow = |retry: &HashMap<SocketAddr, (Instant, Duration)>| {
-                    retry.get(&addr).map(|(_, d)| (*d * 2).min(MAX_BACKOFF)).unwrap_or(MIN_BACKOFF)
-                };
-                let backoff = match event {
-                    DialEvent::Connected => {
-                        connecting.remove(&addr);
-                        None
-                    }
-                    DialEvent::Failed => {
-                        connecting.remove(&addr);
-                        Some(grow(&retry))
-                    }
-                    // A session that ended quickly (the peer refuses us, or
-                    // we it) backs off like a failure; a long one resets.
-                    DialEvent::Ended(lasted) if lasted < Duration::from_secs(10) => Some(grow(&retry)),
-                    DialEvent::Ended(_) => Some(MIN_BACKOFF),
-                };
-                if let (true, Some(b)) = (manual, backoff) {
-                    retry.insert(addr, (Instant::now() + b, b));
+                on_dial_event(&net, &mut connecting, &mut retry, addr, event);
+            }
+            cmd = cmd_rx.recv() => {
+                if let Some(cmd) = cmd {
+                    on_command(&net, cmd);
                 }
             }
-            cmd = cmd_rx.recv() => match cmd {
-                Some(NetCommand::AnnounceTip) => net.broadcast(|| PeerCmd::AnnounceTip),
-                Some(NetCommand::RelayTx(tx)) => {
-                    {
-                        let mut recent = net.recent_txs.lock();
-                        recent.push_back(tx.clone());
-                        while recent.len() > RECENT_TXS {
-                            recent.pop_front();
-                        }
-                    }
-                    net.broadcast(|| PeerCmd::RelayTx(tx.clone()));
-                }
-                None => {}
-            },
             _ = tick.tick() => {
                 maintain_outbound(&net, &mut tasks, &shutdown, &mut connecting, &mut retry, &done_tx);
-                // DNS seeds at start, and again every 5 min while the book
-                // stays small (all its entries may have failed and gone).
-                if net.config.connect.is_empty()
-                    && net.config.dns_seeds
-                    && !net.backend.params().dns_seeds.is_empty()
-                    && last_seed.is_none_or(|t: Instant| t.elapsed() > SEED_INTERVAL)
-                    && net.addrs.lock().len() < 100
-                {
-                    last_seed = Some(Instant::now());
-                    let n = net.clone();
-                    tasks.spawn(async move { seed_from_dns(n).await });
-                }
+                maybe_seed(&net, &mut tasks, &mut last_seed);
                 if last_save.elapsed() > Duration::from_secs(300) {
                     last_save = Instant::now();
                     save_book(&net).await;
@@ -164,6 +109,98 @@ pub async fn run(
     }
     save_book(&net).await;
     Ok(())
+}
+
+/// Binds the listen address, if any, and publishes the bound address
+/// (port 0 becomes the port the system gave).
+///
+/// # Errors
+/// [`P2pError::Bind`] when the address cannot be bound.
+async fn bind_listener(
+    listen: Option<SocketAddr>,
+    shared: &super::HandleShared,
+) -> Result<Option<TcpListener>, P2pError> {
+    let Some(addr) = listen else {
+        return Ok(None);
+    };
+    let l = TcpListener::bind(addr)
+        .await
+        .map_err(|source| P2pError::Bind { addr, source })?;
+    let local = l
+        .local_addr()
+        .map_err(|source| P2pError::Bind { addr, source })?;
+    info!(%local, "p2p listening");
+    shared.local_addr.send_replace(Some(local));
+    Ok(Some(l))
+}
+
+/// The end of a dial or of an outbound session to `addr`: it is no longer
+/// connecting, and a manual peer (`connect`, `addnode`) gets its next try
+/// after a backoff that doubles (up to `MAX_BACKOFF`) while sessions fail
+/// or end within 10 s, and resets after a longer one.
+fn on_dial_event(
+    net: &Net,
+    connecting: &mut HashSet<SocketAddr>,
+    retry: &mut HashMap<SocketAddr, (Instant, Duration)>,
+    addr: SocketAddr,
+    event: DialEvent,
+) {
+    let manual = net.config.connect.contains(&addr) || net.config.addnode.contains(&addr);
+    let grown = retry
+        .get(&addr)
+        .map(|(_, d)| (*d * 2).min(MAX_BACKOFF))
+        .unwrap_or(MIN_BACKOFF);
+    let backoff = match event {
+        DialEvent::Connected => {
+            connecting.remove(&addr);
+            None
+        }
+        DialEvent::Failed => {
+            connecting.remove(&addr);
+            Some(grown)
+        }
+        // A session that ended quickly (the peer refuses us, or we it)
+        // backs off like a failure; a long one resets.
+        DialEvent::Ended(lasted) if lasted < Duration::from_secs(10) => Some(grown),
+        DialEvent::Ended(_) => Some(MIN_BACKOFF),
+    };
+    if let (true, Some(b)) = (manual, backoff) {
+        retry.insert(addr, (Instant::now() + b, b));
+    }
+}
+
+/// A command from the node: announce the new tip to every peer, or relay a
+/// transaction (kept for `getdata`, the last [`RECENT_TXS`]).
+fn on_command(net: &Net, cmd: NetCommand) {
+    match cmd {
+        NetCommand::AnnounceTip => net.broadcast(|| PeerCmd::AnnounceTip),
+        NetCommand::RelayTx(tx) => {
+            {
+                let mut recent = net.recent_txs.lock();
+                recent.push_back(tx.clone());
+                while recent.len() > RECENT_TXS {
+                    recent.pop_front();
+                }
+            }
+            net.broadcast(|| PeerCmd::RelayTx(tx.clone()));
+        }
+    }
+}
+
+/// Asks the network's DNS seeds for addresses at start, and again every
+/// `SEED_INTERVAL` while the book stays small (under 100 entries: all its
+/// entries may have failed and gone); never with `connect` set.
+fn maybe_seed(net: &Arc<Net>, tasks: &mut JoinSet<()>, last_seed: &mut Option<Instant>) {
+    if net.config.connect.is_empty()
+        && net.config.dns_seeds
+        && !net.backend.params().dns_seeds.is_empty()
+        && last_seed.is_none_or(|t: Instant| t.elapsed() > SEED_INTERVAL)
+        && net.addrs.lock().len() < 100
+    {
+        *last_seed = Some(Instant::now());
+        let n = net.clone();
+        tasks.spawn(async move { seed_from_dns(n).await });
+    }
 }
 
 async fn accept(l: &Option<TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
