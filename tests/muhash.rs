@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use bitcoin::{Network, OutPoint, Txid};
-use common::{data, TestNode};
+use common::{data, muhash_of_table, TestNode};
 use kakehi::muhash::{coin_bytes, MuHash3072};
 use kakehi::node::open_chainstate;
 use kakehi::primitives::Coin;
@@ -125,20 +125,6 @@ fn utxo_set_muhash_matches_core_and_survives_reorgs_and_restarts() {
     let cs = open_chainstate(params, &datadir).expect("reopen");
     assert_eq!(cs.snapshot().utxo_stats().muhash, core, "after a rebuild");
     assert_ne!(core, MuHash3072::new().core_hex());
-}
-
-/// MuHash of the UTXO table as it stands (a full walk), display hex.
-fn muhash_of_table(cs: &mut kakehi::pipeline::Chainstate) -> String {
-    let mut acc = MuHash3072::new();
-    cs.for_each_utxo(&mut |op, coin, height| {
-        let coin = Coin {
-            height,
-            ..coin.clone()
-        };
-        acc.insert(&coin_bytes(op, &coin));
-    })
-    .expect("walk the UTXO table");
-    acc.core_hex()
 }
 
 /// Block by block through regtest-a: right after each of the 7 reorgs (and

@@ -8,7 +8,11 @@
 //! has A's tip, A gets the rest of the file (the reorg, then 300 more
 //! blocks) while B runs; B is killed at a random moment of following it, and
 //! again after restarts: 10 kills in all (`KAKEHI_LONG=1`: 40, 0.1–1.2 s
-//! after each start). Then B runs to A's tip and is stopped with SIGTERM,
+//! after each start). After every kill B's datadir is opened as its next
+//! start would open it (recovery included): the tip it recovered to must
+//! have bcoin's filter header for that block (`filters.json`,
+//! `stale_filters.json`), and the MuHash B keeps must equal a walk of its
+//! UTXO table. Then B runs to A's tip and is stopped with SIGTERM,
 //! and its datadir must hold exactly A's state (and know A's old tip as a
 //! stale block): the
 //! `kakehi dump-utxos` bytes (= bcoin's `utxos.txt`), the UTXO summary, and
@@ -19,6 +23,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -27,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bitcoin::{BlockHash, Network};
-use common::{data, json};
+use common::{data, json, muhash_of_table, regtest_a_filter_headers};
 use kakehi::chain::ChainParams;
 use kakehi::import::read_file;
 use kakehi::node::{open_chainstate, DataDir};
@@ -161,44 +166,92 @@ fn state(chain: &Mutex<Chainstate>) -> State {
     }
 }
 
-/// Starts B `n` times and kills it (SIGKILL) at a random moment after each
-/// start, recording B's height just before (`None`: not serving yet). Stops
-/// early once B is at `stop_height`.
-#[allow(clippy::too_many_arguments)]
-fn kill_cycles(
-    rng: &mut Rng,
+/// B's kills: the kill moments, what B reported before each, and the check
+/// of B's datadir after each.
+struct Kills<'a> {
+    rng: Rng,
     long: bool,
-    n: usize,
-    stop_height: u64,
-    heights: &mut Vec<Option<u64>>,
-    spawn: &dyn Fn() -> Child,
+    /// B's height just before each kill (`None`: not serving yet).
+    heights: Vec<Option<u64>>,
+    spawn: &'a dyn Fn() -> Child,
     http: u16,
-    log: &Path,
-) {
-    for _ in 0..n {
-        let mut b = spawn();
-        // KAKEHI_LONG: shorter runs, so that 40 kills fit in one sync and
-        // more of them land in startup (open, recovery, handshake).
-        let at = if long {
-            rng.millis(100, 1_200)
-        } else {
-            rng.millis(300, 2_500)
-        };
-        std::thread::sleep(at);
-        let h = b_tip(http).map(|(h, _)| h);
-        b.kill().expect("kill -9");
-        let status = b.wait().expect("wait");
-        assert!(
-            status.code().is_none(),
-            "B exited by itself before kill {}: {status}\n{}",
-            heights.len() + 1,
-            tail(log)
-        );
-        heights.push(h);
-        eprintln!("kill {}: after {at:?}, B at height {h:?}", heights.len());
-        if h == Some(stop_height) {
-            return;
+    log: &'a Path,
+    datadir: &'a Path,
+    /// bcoin's filter header of every block of regtest-a, by hash.
+    filter_headers: HashMap<String, String>,
+}
+
+impl Kills<'_> {
+    /// Starts B `n` times and kills it (SIGKILL) at a random moment after
+    /// each start, checking its datadir after each kill. Stops early once
+    /// B is at `stop_height`.
+    fn cycles(&mut self, n: usize, stop_height: u64) {
+        for _ in 0..n {
+            let mut b = (self.spawn)();
+            // KAKEHI_LONG: shorter runs, so that 40 kills fit in one sync and
+            // more of them land in startup (open, recovery, handshake).
+            let at = if self.long {
+                self.rng.millis(100, 1_200)
+            } else {
+                self.rng.millis(300, 2_500)
+            };
+            std::thread::sleep(at);
+            let h = b_tip(self.http).map(|(h, _)| h);
+            b.kill().expect("kill -9");
+            let status = b.wait().expect("wait");
+            assert!(
+                status.code().is_none(),
+                "B exited by itself before kill {}: {status}\n{}",
+                self.heights.len() + 1,
+                tail(self.log)
+            );
+            self.heights.push(h);
+            eprintln!(
+                "kill {}: after {at:?}, B at height {h:?}",
+                self.heights.len()
+            );
+            self.check_datadir();
+            if h == Some(stop_height) {
+                return;
+            }
         }
+    }
+
+    /// Opens B's datadir as its next start would (recovery included) and
+    /// checks the state it recovered to: the tip's filter header is bcoin's
+    /// for that block, and the MuHash B keeps equals a walk of its UTXO
+    /// table (no coin lost or doubled by the kill).
+    fn check_datadir(&self) {
+        let kill = self.heights.len();
+        let datadir = DataDir::open(self.datadir).expect("B's datadir after a kill");
+        let mut cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir)
+            .unwrap_or_else(|e| panic!("kill {kill}: B's datadir does not open: {e}"));
+        let snap = cs.snapshot();
+        let tip = snap.index().tip().clone();
+        let (_, header) = snap
+            .filter(tip.id)
+            .expect("filter read")
+            .expect("the tip's filter");
+        let want = self
+            .filter_headers
+            .get(&tip.hash.to_string())
+            .unwrap_or_else(|| {
+                panic!("kill {kill}: B's tip {} is not a regtest-a block", tip.hash)
+            });
+        assert_eq!(
+            &header.to_string(),
+            want,
+            "kill {kill}: filter header of B's tip at height {}",
+            tip.height
+        );
+        let kept = snap.utxo_stats().muhash;
+        drop(snap);
+        assert_eq!(
+            kept,
+            muhash_of_table(&mut cs),
+            "kill {kill}: B's kept MuHash at height {} against its UTXO table",
+            tip.height
+        );
     }
 }
 
@@ -234,7 +287,7 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
             u64::from_le_bytes(b) | 1
         });
     eprintln!("kill moments from KAKEHI_KILL_SEED={seed}");
-    let mut rng = Rng(seed);
+    let rng = Rng(seed);
 
     // A: regtest-a up to the block before the 12-deep reorg, serving on
     // loopback.
@@ -276,20 +329,20 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
     let datadir_b = home.path().join("b");
     let log = home.path().join("b.log");
     let http = free_port();
-    let mut heights = Vec::new();
     let started = Instant::now();
     // Phase 1: the sync to A's first tip, half of the kills.
     let spawn = || spawn_b(home.path(), &datadir_b, addr, http, &log);
-    kill_cycles(
-        &mut rng,
+    let mut k = Kills {
+        rng,
         long,
-        kills / 2,
-        first_tip.0,
-        &mut heights,
-        &spawn,
+        heights: Vec::new(),
+        spawn: &spawn,
         http,
-        &log,
-    );
+        log: &log,
+        datadir: &datadir_b,
+        filter_headers: regtest_a_filter_headers(),
+    };
+    k.cycles(kills / 2, first_tip.0);
     let mut b = spawn();
     wait_for(&mut b, http, &first_tip, &log);
     eprintln!("B at A's first tip {first_tip:?}; A now takes the 12-deep reorg");
@@ -314,32 +367,25 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let after = rng.millis(1, 200);
+    let after = k.rng.millis(1, 200);
     std::thread::sleep(after);
     let h = b_tip(http);
     b.kill().expect("kill -9");
     b.wait().expect("wait");
-    heights.push(h.as_ref().map(|t| t.0));
+    k.heights.push(h.as_ref().map(|t| t.0));
     eprintln!(
         "kill {} (A reorganised): {after:?} after B's tip moved ({:.2} s after the feed began), B at {h:?}",
-        heights.len(),
+        k.heights.len(),
         moved.elapsed().as_secs_f64()
     );
+    k.check_datadir();
     feeder.join().expect("feeder");
     let want = state(&a);
     assert_eq!(want.tip.1.to_string(), chain["tip_hash"].as_str().unwrap());
     let tip_height = u64::from(want.tip.0);
-    let rest = kills.saturating_sub(heights.len());
-    kill_cycles(
-        &mut rng,
-        long,
-        rest,
-        tip_height,
-        &mut heights,
-        &spawn,
-        http,
-        &log,
-    );
+    let rest = kills.saturating_sub(k.heights.len());
+    k.cycles(rest, tip_height);
+    let heights = k.heights;
     let killed = heights.len();
     let while_running = heights.iter().filter(|h| h.is_some()).count();
     assert!(

@@ -221,3 +221,34 @@ pub fn regtest_a_prefix(dir: &std::path::Path, blocks: usize) -> PathBuf {
     std::fs::write(&path, &bytes[..end]).expect("write prefix");
     path
 }
+
+/// MuHash3072 of the UTXO table of `cs` as it stands (a full walk of the
+/// active chain's coins, each with its creation height), display hex as
+/// Core's `gettxoutsetinfo muhash` prints it.
+pub fn muhash_of_table(cs: &mut Chainstate) -> String {
+    use kakehi::muhash::{coin_bytes, MuHash3072};
+    let mut acc = MuHash3072::new();
+    cs.for_each_utxo(&mut |op, coin, height| {
+        let coin = kakehi::primitives::Coin {
+            height,
+            ..coin.clone()
+        };
+        acc.insert(&coin_bytes(op, &coin));
+    })
+    .expect("walk the UTXO table");
+    acc.core_hex()
+}
+
+/// bcoin's basic filter header of every block of regtest-a, best chain
+/// (`filters.json`) and stale branches (`stale_filters.json`), by block
+/// hash (display hex).
+pub fn regtest_a_filter_headers() -> std::collections::HashMap<String, String> {
+    ["regtest-a/filters.json", "regtest-a/stale_filters.json"]
+        .iter()
+        .flat_map(|f| json(f).as_array().expect("an array").clone())
+        .map(|e| {
+            let field = |k: &str| e[k].as_str().expect("a string field").to_owned();
+            (field("hash"), field("filter_header"))
+        })
+        .collect()
+}
