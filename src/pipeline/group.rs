@@ -249,14 +249,17 @@ impl Chainstate {
         let group = self.group.take();
         // The open group's rows first (the index commit names their blocks).
         let rows = self.rows.wait().map_err(PipelineError::from);
-        let durable = rows.and_then(|()| sync_concurrently(&mut [
-            &mut self.blocks,
-            &mut self.filters,
-            &mut self.spent,
-            &mut self.headers,
-        ])
-        .map_err(PipelineError::from))
-        .and_then(|()| self.store.commit(batch).map_err(PipelineError::from));
+        let durable = rows
+            .and_then(|()| {
+                sync_concurrently(&mut [
+                    &mut self.blocks,
+                    &mut self.filters,
+                    &mut self.spent,
+                    &mut self.headers,
+                ])
+                .map_err(PipelineError::from)
+            })
+            .and_then(|()| self.store.commit(batch).map_err(PipelineError::from));
         let result = match group {
             None => durable,
             Some(group) => durable.and_then(|()| self.table.commit(group.tag).map_err(Into::into)),
