@@ -14,7 +14,7 @@
 //! `SOZU_BENCH_RAM_MIB` (the table's memory budget, default that of
 //! `SozuConfig::default()`), `SOZU_BENCH_RAM_LAYERS` (overrides the pinned
 //! layers the budget gives), `SOZU_BENCH_LAYER0_BITS` (default 10),
-//! `SOZU_BENCH_SHARDS` (default 2: one worker thread per shard),
+//! `SOZU_BENCH_SHARDS` (default 2: the calling thread and one worker),
 //! `SOZU_BENCH_CHECKPOINT_MIB` (journal size that triggers a checkpoint,
 //! default 256), `SOZU_BENCH_GROWTH_BITS` (g: 2^g children per bucket, default that of
 //! `SozuConfig::default()`),

@@ -20,7 +20,7 @@ use super::journal::{self, Body, Extent, Record};
 use super::records::segment_file;
 use super::recovery::PendingCheckpoint;
 use super::store::io_err;
-use super::table::{run_per_shard, SozuTable};
+use super::table::SozuTable;
 use super::types::CommitTag;
 use super::SozuError;
 
@@ -65,7 +65,7 @@ impl SozuTable {
         self.append_record()?;
         self.committed = header;
         self.counters.commits += 1;
-        let written = run_per_shard(&mut self.shards, records, |s, mut r| {
+        let written = self.workers.run(&mut self.shards, records, |s, mut r| {
             let n = s.store.dirty_count() as u64;
             s.counters.pages_written += n;
             s.store.publish(r.pop().unwrap_or_default());

@@ -60,9 +60,9 @@
 //!   verified on every page read and, by default, on every page at open.
 //! - **Sharding** by hash prefix (seed 000): each shard is an independent
 //!   tree with its own files and storage handle; `get_batch`, `write_block`
-//!   and the page encoding of `commit` run one scoped worker thread per
-//!   shard; one journal record and one fsync cover all shards, so a commit
-//!   stays atomic across them.
+//!   and the publish of `commit` run the shards at once (the calling
+//!   thread and `shards − 1` long-lived workers); one journal record and
+//!   one fsync cover all shards, so a commit stays atomic across them.
 //! - **Concurrent readers** ([`UtxoTable::reader`], [`SozuReader`]): the
 //!   committed state, read from the journal's in-memory overlay or the
 //!   page files, never from the writer's buckets; no lock is held during a
@@ -96,6 +96,7 @@ mod summary;
 mod table;
 pub mod types;
 mod walk;
+mod workers;
 mod write;
 
 pub use config::{LayerConfig, SozuConfig, DEFAULT_RAM_MIB};

@@ -28,6 +28,7 @@ use super::types::{
     outpoint_key, BlockOracle, BlockWrite, CommitTag, Entry, OutPointKey, PURGE_DEPTH,
 };
 use super::walk::walk;
+use super::workers::Workers;
 use super::write::{BlockCtx, KeyOp};
 use super::{SozuError, UtxoReader, UtxoTable};
 
@@ -73,6 +74,8 @@ pub struct SozuTable {
     pub(super) reader: Arc<SozuReader>,
     /// The buffer every journal record is encoded into.
     pub(super) record_buf: Vec<u8>,
+    /// The shard worker threads.
+    pub(super) workers: Workers,
 }
 
 impl std::fmt::Debug for SozuTable {
@@ -146,6 +149,7 @@ impl SozuTable {
                 config.verify_on_open,
             )?);
         }
+        let workers = Workers::new(shards.len())?;
         let reader = Arc::new(SozuReader::new(
             geo.clone(),
             shards.iter().map(|s| s.store.published.clone()).collect(),
@@ -171,6 +175,7 @@ impl SozuTable {
             counters: TableCounters::default(),
             reader,
             record_buf: Vec::new(),
+            workers,
         })
     }
 
@@ -263,7 +268,7 @@ impl SozuTable {
         }
         let read_before = self.pages_read();
         let geo = &self.geo;
-        let results = run_per_shard(&mut self.shards, by_shard, |s, qs| {
+        let results = self.workers.run(&mut self.shards, by_shard, |s, qs| {
             let queries: Vec<Query> = qs.iter().map(|(_, q)| *q).collect();
             let got = s.get(geo, &queries)?;
             Ok(qs.into_iter().map(|(i, _)| i).zip(got).collect::<Vec<_>>())
@@ -407,44 +412,6 @@ fn plan_shards(geo: &Geo) -> u64 {
     1u64 << geo.shard_bits
 }
 
-/// Runs `f` on each shard that has work, one scoped thread per shard when
-/// more than one has work (seed 000, "Sharding the Sozu table").
-pub(super) fn run_per_shard<T: Send, R: Send>(
-    shards: &mut [Shard],
-    work: Vec<Vec<T>>,
-    f: impl Fn(&mut Shard, Vec<T>) -> Result<R, SozuError> + Sync,
-) -> Result<Vec<R>, SozuError> {
-    let busy = work.iter().filter(|w| !w.is_empty()).count();
-    if busy <= 1 {
-        let mut out = Vec::new();
-        for (s, items) in shards.iter_mut().zip(work) {
-            if !items.is_empty() {
-                out.push(f(s, items)?);
-            }
-        }
-        return Ok(out);
-    }
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = shards
-            .iter_mut()
-            .zip(work)
-            .filter(|(_, items)| !items.is_empty())
-            .map(|(s, items)| {
-                let f = &f;
-                scope.spawn(move || f(s, items))
-            })
-            .collect();
-        let mut out = Vec::new();
-        for h in handles {
-            match h.join() {
-                Ok(r) => out.push(r?),
-                Err(_) => return Err(SozuError::Poisoned),
-            }
-        }
-        Ok(out)
-    })
-}
-
 impl UtxoTable for SozuTable {
     fn reader(&self) -> Arc<dyn UtxoReader> {
         self.reader.clone()
@@ -487,7 +454,7 @@ impl UtxoTable for SozuTable {
             tip,
             compact_min: self.options.compact_min,
         };
-        let results = run_per_shard(&mut self.shards, by_shard, |s, ops| {
+        let results = self.workers.run(&mut self.shards, by_shard, |s, ops| {
             let mut out = Vec::new();
             s.write_block(&ctx, ops, &mut |e| out.push(e))?;
             Ok(out)
