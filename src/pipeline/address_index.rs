@@ -1,13 +1,15 @@
-//! The address index's writer side: the rows of `history_by_script`
+//! The address index's writer side: the rows of `history_by_script_prefix`
 //! (`store::history`) for each connected block, written in the block's own
 //! index batch (so durable at the block boundary, or at the end of the
 //! group holding the block, with the tip marker), and its build from the
 //! block files for a datadir that lacks it.
 //!
-//! Rows: one funding row per output (OP_RETURN outputs excepted: nothing
-//! can spend them, and Esplora's electrs does not index them either), one
-//! spending row per input that is not a coinbase's, keyed by the script
-//! hash of the scriptPubKey funded or spent (`primitives::script_hash`).
+//! Rows: one row per transaction and script it funds (OP_RETURN outputs
+//! excepted: nothing can spend them, and Esplora's electrs does not index
+//! them either) or spends from (inputs that are not a coinbase's), keyed by
+//! the prefix of the script hash of the scriptPubKey
+//! (`primitives::script_hash`); everything else is read back from the block
+//! and spent-output files.
 //!
 //! State (meta key `address_index`, [`META_ADDRESS_INDEX`]): complete, being
 //! built up to a height, or absent. Readers use the index only when it is
@@ -22,15 +24,16 @@ use bitcoin::{Block, Txid};
 
 use super::{Chainstate, PipelineError};
 use crate::primitives::{script_hash, BlockId};
-use crate::store::{HistoryKey, HistoryValue, RowKind, WriteBatch, META_ADDRESS_INDEX};
+use crate::store::history::script_prefix;
+use crate::store::{HistoryKey, WriteBatch, META_ADDRESS_INDEX};
 use crate::validation::SpentOutput;
 
 /// Blocks per index batch while building the index from the block files
 /// (each batch is one durable commit with the build's progress marker).
 const BUILD_BATCH_BLOCKS: u32 = 500;
 
-/// Rows per index batch while building, at most (about 120 bytes each in
-/// memory before the commit: 24 MiB).
+/// Rows per index batch while building, at most (20-byte keys, about 60
+/// bytes each in memory before the commit: 12 MiB).
 const BUILD_BATCH_ROWS: usize = 200_000;
 
 /// Marker value of a complete index.
@@ -58,7 +61,9 @@ pub struct BuildProgress {
 
 /// Adds to `batch` the address-index rows of `block`, connected as `id` at
 /// `height`; `txids` are its transactions' ids in order, `spent` the
-/// outputs it spends (`validation::connect_block`'s, in any order).
+/// outputs it spends (`validation::connect_block`'s, in any order). One row
+/// per (script-hash prefix, transaction): the keys are sorted and
+/// deduplicated before they are written.
 pub(crate) fn put_block_rows(
     batch: &mut WriteBatch,
     block: &Block,
@@ -66,50 +71,31 @@ pub(crate) fn put_block_rows(
     (id, height): (BlockId, u32),
     spent: &[SpentOutput],
 ) {
-    for (pos, (tx, txid)) in block.txdata.iter().zip(txids).enumerate() {
-        for (vout, out) in tx.output.iter().enumerate() {
-            if out.script_pubkey.is_op_return() {
-                continue;
-            }
-            let key = HistoryKey {
-                script_hash: script_hash(out.script_pubkey.as_bytes()),
-                height,
-                block: id,
-                position: pos as u32,
-                kind: RowKind::Funding,
-                index: vout as u32,
-            };
-            let value = HistoryValue {
-                txid: *txid,
-                value: out.value.to_sat(),
-                spends: None,
-            };
-            batch.put_history(&key, &value);
+    let key = |script: &[u8], position: usize| HistoryKey {
+        prefix: script_prefix(&script_hash(script)),
+        height,
+        block: id,
+        position: position as u32,
+    };
+    let mut keys: Vec<HistoryKey> = Vec::new();
+    for (pos, tx) in block.txdata.iter().enumerate() {
+        let scripts = tx.output.iter().map(|o| &o.script_pubkey);
+        keys.extend(
+            scripts
+                .filter(|s| !s.is_op_return())
+                .map(|s| key(s.as_bytes(), pos)),
+        );
+    }
+    let positions: HashMap<&Txid, usize> = txids.iter().enumerate().map(|(p, t)| (t, p)).collect();
+    for s in spent {
+        if let Some(&pos) = positions.get(&s.txid) {
+            keys.push(key(&s.coin.script_pubkey, pos));
         }
     }
-    let positions: HashMap<&Txid, u32> = txids
-        .iter()
-        .enumerate()
-        .map(|(p, t)| (t, p as u32))
-        .collect();
-    for s in spent {
-        let Some(&position) = positions.get(&s.txid) else {
-            continue;
-        };
-        let key = HistoryKey {
-            script_hash: script_hash(&s.coin.script_pubkey),
-            height,
-            block: id,
-            position,
-            kind: RowKind::Spending,
-            index: s.vin,
-        };
-        let value = HistoryValue {
-            txid: s.txid,
-            value: s.coin.value.to_sat(),
-            spends: Some(s.outpoint),
-        };
-        batch.put_history(&key, &value);
+    keys.sort_unstable();
+    keys.dedup();
+    for k in &keys {
+        batch.put_history(k);
     }
 }
 

@@ -2,17 +2,20 @@
 //! transactions newest first, paged, and its totals and unspent outputs.
 //! Every row is filtered through the snapshot's active chain (its block
 //! must be the active block at its height), so rows of stale blocks and of
-//! blocks committed after the snapshot are invisible.
+//! blocks committed after the snapshot are invisible; then checked against
+//! the stored block and its spent-output record ([`TxReader`]): the row
+//! only names a script-hash prefix, and the transaction must fund or spend
+//! from the script's full hash to count.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use bitcoin::{OutPoint, Txid};
+use bitcoin::{Block, OutPoint, Txid};
 
 use super::ChainSnapshot;
 use crate::pipeline::PipelineError;
-use crate::primitives::BlockId;
-use crate::store::history::tx_prefix;
-use crate::store::{HistoryKey, RowKind};
+use crate::primitives::{script_hash, BlockId, Coin};
+use crate::store::history::script_prefix;
+use crate::store::HistoryKey;
 
 /// One transaction of a script's history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +58,92 @@ pub struct ScriptUtxo {
     pub height: u32,
 }
 
+/// What one transaction does to a script, read from the files.
+struct TxMatch {
+    txid: Txid,
+    /// Outputs paying to the script: (vout, sats), in output order.
+    funded: Vec<(u32, u64)>,
+    /// Outputs of the script it spends: (outpoint, sats), in input order.
+    spent: Vec<(OutPoint, u64)>,
+}
+
+/// Checks rows of one script against the stored blocks, keeping the last
+/// block read and its spent outputs (a script's rows come grouped by block).
+struct TxReader<'a> {
+    cs: &'a ChainSnapshot,
+    script_hash: [u8; 32],
+    block: Option<(BlockId, Block)>,
+    spent: Option<HashMap<OutPoint, Coin>>,
+}
+
+impl<'a> TxReader<'a> {
+    fn new(cs: &'a ChainSnapshot, script_hash: &[u8; 32]) -> Self {
+        TxReader {
+            cs,
+            script_hash: *script_hash,
+            block: None,
+            spent: None,
+        }
+    }
+
+    /// The outputs of the script that the transaction of row `k` funds and
+    /// spends; `None` when it does neither (a row of another script with
+    /// the same prefix, or of another block once given the same id).
+    fn check(&mut self, k: &HistoryKey) -> Result<Option<TxMatch>, PipelineError> {
+        let cs = self.cs;
+        if self.block.as_ref().map(|(id, _)| *id) != Some(k.block) {
+            let block = cs.read_block(k.block)?.ok_or_else(|| no_data(k))?;
+            self.block = Some((k.block, block));
+            self.spent = None;
+        }
+        let Some((_, block)) = &self.block else {
+            return Ok(None);
+        };
+        let Some(tx) = block.txdata.get(k.position as usize) else {
+            return Ok(None);
+        };
+        let ours = |script: &[u8]| script_hash(script) == self.script_hash;
+        let funded: Vec<(u32, u64)> = (0u32..)
+            .zip(&tx.output)
+            .filter(|(_, o)| ours(o.script_pubkey.as_bytes()))
+            .map(|(vout, o)| (vout, o.value.to_sat()))
+            .collect();
+        let mut spent = Vec::new();
+        if !tx.is_coinbase() {
+            if self.spent.is_none() {
+                let record = cs.spent_outputs(k.block)?.ok_or_else(|| no_data(k))?;
+                let map = record.into_iter().map(|s| (s.outpoint, s.coin));
+                self.spent = Some(map.collect());
+            }
+            let coins = self.spent.as_ref().ok_or_else(|| no_data(k))?;
+            for input in &tx.input {
+                let op = input.previous_output;
+                let coin = coins.get(&op).ok_or_else(|| no_data(k))?;
+                if ours(&coin.script_pubkey) {
+                    spent.push((op, coin.value.to_sat()));
+                }
+            }
+        }
+        if funded.is_empty() && spent.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(TxMatch {
+            txid: tx.compute_txid(),
+            funded,
+            spent,
+        }))
+    }
+}
+
+fn no_data(k: &HistoryKey) -> PipelineError {
+    PipelineError::Inconsistent {
+        reason: format!(
+            "active block {} at height {} lacks its block data or a spent output of its transaction {}",
+            k.block.0, k.height, k.position
+        ),
+    }
+}
+
 impl ChainSnapshot {
     /// Whether the address index may be read: complete, and written by the
     /// node for every block it connects (off with `--no-address-index`, or
@@ -63,10 +152,49 @@ impl ChainSnapshot {
         self.address_index
     }
 
-    fn row_active(&self, k: &HistoryKey) -> bool {
-        self.index
-            .active_at(k.height)
-            .is_some_and(|e| e.id == k.block)
+    /// Calls `f` with the rows of `script_hash`'s prefix whose block is the
+    /// active block at their height, newest first, below `below`, until it
+    /// returns false or fails.
+    fn active_rows(
+        &self,
+        script_hash: &[u8; 32],
+        below: Option<&HistoryKey>,
+        f: &mut dyn FnMut(&HistoryKey) -> Result<bool, PipelineError>,
+    ) -> Result<(), PipelineError> {
+        let mut failed = None;
+        self.store.history_rev(script_hash, below, &mut |k| {
+            let active = self.index.active_at(k.height).is_some_and(|e| e.id == k.block);
+            if !active {
+                return true;
+            }
+            f(&k).unwrap_or_else(|e| {
+                failed = Some(e);
+                false
+            })
+        })?;
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// The row of the active transaction `txid` in the script's history,
+    /// if it funds or spends from the script.
+    fn history_row_of(
+        &self,
+        reader: &mut TxReader<'_>,
+        txid: &Txid,
+    ) -> Result<Option<HistoryKey>, PipelineError> {
+        let located = self.tx_blocks(txid)?.into_iter().find_map(|(id, position)| {
+            let e = self.index.get(id).filter(|_| self.index.is_active(id))?;
+            Some(HistoryKey {
+                prefix: script_prefix(&reader.script_hash),
+                height: e.height,
+                block: id,
+                position,
+            })
+        });
+        match located {
+            Some(k) if self.store.history_has(&k)? && reader.check(&k)?.is_some() => Ok(Some(k)),
+            _ => Ok(None),
+        }
     }
 
     /// Up to `limit` transactions funding or spending from the script
@@ -76,93 +204,76 @@ impl ChainSnapshot {
     /// of this script's history (as Esplora).
     ///
     /// # Errors
-    /// Store failures.
+    /// Store failures; an active block without its block data or
+    /// spent-output record.
     pub fn script_txs(
         &self,
         script_hash: &[u8; 32],
         after: Option<&Txid>,
         limit: usize,
     ) -> Result<Vec<HistoryTx>, PipelineError> {
+        let mut reader = TxReader::new(self, script_hash);
         let below = match after {
             None => None,
-            Some(txid) => {
-                let located = self.tx_blocks(txid)?.into_iter().find_map(|(id, pos)| {
-                    let e = self.index.get(id).filter(|_| self.index.is_active(id))?;
-                    Some(tx_prefix(script_hash, e.height, id, pos))
-                });
-                match located {
-                    Some(p) if self.store.history_has_prefix(&p)? => Some(p),
-                    _ => return Ok(Vec::new()),
-                }
-            }
+            Some(txid) => match self.history_row_of(&mut reader, txid)? {
+                Some(k) => Some(k),
+                None => return Ok(Vec::new()),
+            },
         };
         let mut out: Vec<HistoryTx> = Vec::new();
-        self.store
-            .history_rev(script_hash, below.as_deref(), &mut |k, v| {
-                if !self.row_active(&k) {
-                    return true;
-                }
-                let same = out
-                    .last()
-                    .is_some_and(|t| t.block == k.block && t.position == k.position);
-                if same {
-                    return true;
-                }
-                if out.len() == limit {
-                    return false;
-                }
+        self.active_rows(script_hash, below.as_ref(), &mut |k| {
+            if out.len() == limit {
+                return Ok(false);
+            }
+            if let Some(m) = reader.check(k)? {
                 out.push(HistoryTx {
-                    txid: v.txid,
+                    txid: m.txid,
                     block: k.block,
                     height: k.height,
                     position: k.position,
                 });
-                true
-            })?;
+            }
+            Ok(true)
+        })?;
         Ok(out)
     }
 
     /// The totals of the script `script_hash` on the active chain and its
-    /// unspent outputs, newest first.
+    /// unspent outputs, newest first (by block, position, then output index,
+    /// descending).
     ///
     /// # Errors
-    /// Store failures.
+    /// As [`ChainSnapshot::script_txs`].
     pub fn script_summary(
         &self,
         script_hash: &[u8; 32],
     ) -> Result<(ScriptStats, Vec<ScriptUtxo>), PipelineError> {
+        let mut reader = TxReader::new(self, script_hash);
         let mut stats = ScriptStats::default();
-        let mut txs: HashSet<(BlockId, u32)> = HashSet::new();
         let mut funded: Vec<ScriptUtxo> = Vec::new();
         let mut spent: HashSet<OutPoint> = HashSet::new();
-        self.store.history_rev(script_hash, None, &mut |k, v| {
-            if !self.row_active(&k) {
-                return true;
+        self.active_rows(script_hash, None, &mut |k| {
+            let Some(m) = reader.check(k)? else {
+                return Ok(true);
+            };
+            stats.tx_count += 1;
+            for &(vout, value) in m.funded.iter().rev() {
+                stats.funded_txo_count += 1;
+                stats.funded_txo_sum += value;
+                funded.push(ScriptUtxo {
+                    outpoint: OutPoint { txid: m.txid, vout },
+                    value,
+                    block: k.block,
+                    height: k.height,
+                });
             }
-            txs.insert((k.block, k.position));
-            match (k.kind, v.spends) {
-                (RowKind::Spending, Some(outpoint)) => {
-                    stats.spent_txo_count += 1;
-                    stats.spent_txo_sum += v.value;
-                    spent.insert(outpoint);
-                }
-                _ => {
-                    stats.funded_txo_count += 1;
-                    stats.funded_txo_sum += v.value;
-                    funded.push(ScriptUtxo {
-                        outpoint: OutPoint {
-                            txid: v.txid,
-                            vout: k.index,
-                        },
-                        value: v.value,
-                        block: k.block,
-                        height: k.height,
-                    });
-                }
+            for (outpoint, value) in m.spent {
+                stats.spent_txo_count += 1;
+                stats.spent_txo_sum += value;
+                spent.insert(outpoint);
             }
-            true
+            Ok(true)
         })?;
-        stats.tx_count = txs.len() as u64;
         funded.retain(|u| !spent.contains(&u.outpoint));
         Ok((stats, funded))
     }

@@ -12,7 +12,7 @@
 //! | `block_id_by_height` | height u32 BE | `BlockId` of the active chain |
 //! | `tx_by_txid_prefix` | txid prefix (8) ‖ `BlockId` BE ‖ position u32 BE | empty |
 //! | `spend_by_outpoint_prefix` | txid prefix (8) ‖ vout u32 BE ‖ spending `BlockId` BE | empty |
-//! | `history_by_script` | script hash (32) ‖ height ‖ `BlockId` ‖ position ‖ kind ‖ vout/vin | [`HistoryValue`] (`store::history`) |
+//! | `history_by_script_prefix` | script-hash prefix (8) ‖ height ‖ `BlockId` ‖ position (`store::history`) | empty |
 
 pub mod fault;
 pub mod flatfile;
@@ -30,7 +30,7 @@ use bitcoin::hashes::Hash;
 use bitcoin::{BlockHash, OutPoint, Txid};
 
 pub use flatfile::{sync_concurrently, FileLoc, FlatFileError, FlatFiles, FlatPos, FlatReader};
-pub use history::{HistoryKey, HistoryValue, RowKind};
+pub use history::HistoryKey;
 
 use crate::chain::index::BlockStatus;
 use crate::primitives::BlockId;
@@ -68,7 +68,20 @@ use crate::primitives::BlockId;
 /// `spend_by_outpoint_prefix` (txid prefix ‖ vout ‖ block, 16 bytes; the
 /// spender is read from the block's spent-output record). Readers check a
 /// row against the files it points at.
-pub const FORMAT_VERSION: (u16, u16) = (3, 0);
+///
+/// 4.0 (a 3.x datadir is refused: `kakehi reindex-chainstate` rebuilds it):
+/// the address index takes the same layout. `history_by_script` (script
+/// hash ‖ height ‖ block ‖ position ‖ kind ‖ vout/vin → txid ‖ value [‖
+/// spent outpoint]: 49-byte keys, 40–76-byte values, one row per output and
+/// per input) became `history_by_script_prefix` (script-hash prefix (8) ‖
+/// height ‖ block ‖ position: 20 bytes, no value, one row per script and
+/// transaction); readers take the txid, values and spent outpoints from the
+/// block and spent-output files and check the full script hash there, so
+/// neither a prefix shared with another script nor a row left by a block
+/// that was never recorded under its id (a crash between the rows' flush
+/// and the block records', then another block given the same id) can
+/// show.
+pub const FORMAT_VERSION: (u16, u16) = (4, 0);
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -572,10 +585,10 @@ pub struct Trees {
     /// prefix, by vout: one row per connected block (active or stale;
     /// readers pick the active one and check its spent-output record).
     pub spend_by_outpoint_prefix: TypedTree<SpendRowKey, ()>,
-    /// The address index: funding and spending rows by script hash, in
+    /// The address index: the transactions of each script-hash prefix, in
     /// chain order (`store::history`). Written when the address index is
     /// on (meta key [`META_ADDRESS_INDEX`]).
-    pub history_by_script: TypedTree<HistoryKey, HistoryValue>,
+    pub history_by_script_prefix: TypedTree<HistoryKey, ()>,
 }
 
 /// A set of changes made durable together ([`Store::commit`]); `#[must_use]`
@@ -637,9 +650,9 @@ impl WriteBatch {
         self.spends.insert(key.encode(), Vec::new());
         self.spends_len += 1;
     }
-    /// Writes one row of the address index.
-    pub fn put_history(&mut self, key: &HistoryKey, value: &HistoryValue) {
-        self.history.insert(key.encode(), value.encode());
+    /// Writes one row of the address index (callers give each key once).
+    pub fn put_history(&mut self, key: &HistoryKey) {
+        self.history.insert(key.encode(), Vec::new());
         self.history_rows += 1;
     }
     /// Rows of the address index this batch writes.
@@ -722,7 +735,7 @@ pub const META_FLAT_HEADERS: &str = "flat_headers";
 /// naming another tip (a datadir from before it existed): rebuilt once from
 /// the UTXO table at open; no format change needed.
 pub const META_MUHASH: &str = "muhash";
-/// Meta key of the address index's state (`history_by_script`): absent =
+/// Meta key of the address index's state (`history_by_script_prefix`): absent =
 /// off or never built; `[1]` = complete (rows for every block of the active
 /// chain, kept by every later connect); `[0] ‖ next height u32 BE ‖ BlockId
 /// u32 BE of the block below it` = being built from the block files, up to
@@ -780,7 +793,7 @@ impl Store {
             block_id_by_height: TypedTree::open(&db, &path, "block_id_by_height")?,
             tx_by_txid_prefix: TypedTree::open(&db, &path, "tx_by_txid_prefix")?,
             spend_by_outpoint_prefix: TypedTree::open(&db, &path, "spend_by_outpoint_prefix")?,
-            history_by_script: TypedTree::open(&db, &path, "history_by_script")?,
+            history_by_script_prefix: TypedTree::open(&db, &path, "history_by_script_prefix")?,
         };
         let store = Store {
             db,
@@ -838,9 +851,14 @@ impl Store {
     /// every key it writes (its conflict check): with the rows inside, those
     /// reads were a third of the import's CPU time at scale (BENCHMARKS.md
     /// "Scale"). A crash between the two flushes leaves rows of blocks the
-    /// index does not count as connected; readers only take rows of
-    /// connected (or active) blocks, and connecting the blocks again writes
-    /// the same keys.
+    /// index does not count as connected, under block ids that the next
+    /// blocks accepted after the restart are given again (ids are dense).
+    /// No row is trusted for that: every row only names a key prefix, and
+    /// readers check it against the block (or spent-output record) now
+    /// recorded under its id, so a row left by another block yields
+    /// nothing unless it states a fact of this block (then it is this
+    /// block's own row, the same key); connecting a block again writes the
+    /// same keys.
     ///
     /// # Errors
     /// sled failure: the chain state (metadata, records, active chain) is
@@ -921,7 +939,7 @@ impl Store {
             .tree
             .apply_batch(rows.spends)
             .map_err(write_err)?;
-        t.history_by_script
+        t.history_by_script_prefix
             .tree
             .apply_batch(rows.history)
             .map_err(write_err)?;
