@@ -284,13 +284,13 @@ fn a_snapshot_keeps_answering_for_its_boundary_after_the_writer_moved_on() {
     assert!(now.active_spender(&op).expect("rows").is_some());
 }
 
-/// The txid and spend rows are keyed by the txid's first 8 bytes: a txid
-/// sharing them with a real transaction finds that transaction's rows,
-/// and the readers must check each row against the block and spent-output
-/// files before answering (here the real rows, not planted ones: the
-/// other txid's rows would have the same keys).
-#[test]
-fn rows_found_by_txid_prefix_are_checked_against_the_files() {
+/// A node with regtest-a's first 150 blocks, the last active block that
+/// spends an output, and its first spent output.
+fn node_with_a_spend() -> (
+    TestNode,
+    kakehi::primitives::BlockId,
+    kakehi::validation::SpentOutput,
+) {
     let node = TestNode::new(Network::Regtest);
     let records = records(&node.chain.lock());
     for r in records.iter().take(150) {
@@ -305,6 +305,19 @@ fn rows_found_by_txid_prefix_are_checked_against_the_files() {
             spent.into_iter().next().map(|x| (e.id, x))
         })
         .expect("a block that spends an output");
+    drop(s);
+    (node, block, spent)
+}
+
+/// The txid and spend rows are keyed by the txid's first 8 bytes: a txid
+/// sharing them with a real transaction finds that transaction's rows,
+/// and the readers must check each row against the block and spent-output
+/// files before answering (here the real rows, not planted ones: the
+/// other txid's rows would have the same keys).
+#[test]
+fn rows_found_by_txid_prefix_are_checked_against_the_files() {
+    let (node, block, spent) = node_with_a_spend();
+    let s = node.chain.lock().snapshots().load();
     let txs = s.read_block(block).expect("read").expect("stored").txdata;
     let position = txs
         .iter()
@@ -364,20 +377,8 @@ fn history(s: &ChainSnapshot, sh: &[u8; 32]) -> History {
 /// and spent outputs before answering.
 #[test]
 fn address_rows_found_by_script_prefix_are_checked_against_the_files() {
-    let node = TestNode::new(Network::Regtest);
-    let records = records(&node.chain.lock());
-    for r in records.iter().take(150) {
-        submit(&node.chain, &r.block);
-    }
+    let (node, _, spent) = node_with_a_spend();
     let s = node.chain.lock().snapshots().load();
-    let (_, spent) = (1..=s.index().tip_height())
-        .rev()
-        .find_map(|h| {
-            let e = s.index().active_at(h)?;
-            let spent = s.spent_outputs(e.id).ok()??;
-            spent.into_iter().next().map(|x| (e.id, x))
-        })
-        .expect("a block that spends an output");
     let real = script_hash(bitcoin::Script::from_bytes(&spent.coin.script_pubkey));
     let (txs, stats, _) = history(&s, &real);
     assert!(txs.iter().any(|t| t.txid == spent.txid), "{txs:?}");
@@ -441,7 +442,9 @@ fn orphan_address_rows_of_a_reused_block_id_are_not_attributed_to_it() {
     // the real block that does not pay the planted script.
     assert!(planted.iter().any(|(sh, p)| {
         next_block.txdata.get(*p as usize).is_some_and(|tx| {
-            tx.output.iter().all(|o| script_hash(&o.script_pubkey) != *sh)
+            tx.output
+                .iter()
+                .all(|o| script_hash(&o.script_pubkey) != *sh)
         })
     }));
     let store = Store::open(&dir.path().join("index"), 16).expect("index");

@@ -163,7 +163,10 @@ impl ChainSnapshot {
     ) -> Result<(), PipelineError> {
         let mut failed = None;
         self.store.history_rev(script_hash, below, &mut |k| {
-            let active = self.index.active_at(k.height).is_some_and(|e| e.id == k.block);
+            let active = self
+                .index
+                .active_at(k.height)
+                .is_some_and(|e| e.id == k.block);
             if !active {
                 return true;
             }
@@ -182,15 +185,18 @@ impl ChainSnapshot {
         reader: &mut TxReader<'_>,
         txid: &Txid,
     ) -> Result<Option<HistoryKey>, PipelineError> {
-        let located = self.tx_blocks(txid)?.into_iter().find_map(|(id, position)| {
-            let e = self.index.get(id).filter(|_| self.index.is_active(id))?;
-            Some(HistoryKey {
-                prefix: script_prefix(&reader.script_hash),
-                height: e.height,
-                block: id,
-                position,
-            })
-        });
+        let located = self
+            .tx_blocks(txid)?
+            .into_iter()
+            .find_map(|(id, position)| {
+                let e = self.index.get(id).filter(|_| self.index.is_active(id))?;
+                Some(HistoryKey {
+                    prefix: script_prefix(&reader.script_hash),
+                    height: e.height,
+                    block: id,
+                    position,
+                })
+            });
         match located {
             Some(k) if self.store.history_has(&k)? && reader.check(&k)?.is_some() => Ok(Some(k)),
             _ => Ok(None),

@@ -114,7 +114,9 @@ impl Store {
     /// # Errors
     /// sled failure.
     pub fn history_has(&self, key: &HistoryKey) -> Result<bool, StoreError> {
-        self.trees.history_by_script_prefix.has_prefix(&key.encode())
+        self.trees
+            .history_by_script_prefix
+            .has_prefix(&key.encode())
     }
 }
 
