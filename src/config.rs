@@ -586,8 +586,9 @@ pub struct Config {
 /// `[index]`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct IndexSection {
-    /// The address index (script hash → funding and spending rows; the
-    /// HTTP `/address` and `/scripthash` routes). Default true. Its disk
+    /// The address index (script-hash prefix → the transactions funding or
+    /// spending from the script; the HTTP `/address` and `/scripthash`
+    /// routes). Default true. Its disk
     /// and time costs are in `docs/operations.md`. Turned on for a datadir
     /// without it, it is built from the block files at start-up.
     pub address: bool,
