@@ -133,6 +133,11 @@ impl Drop for Judge {
     }
 }
 
+/// The fee of each round's transaction per output, sats: six coins of
+/// regtest-a's tip subsidy (50 BTC after 10 halvings, 813,802 sats each)
+/// last the 2,000 rounds of the long mode (1,000 sats ran out at round 813).
+const FEE_SATS: u64 = 100;
+
 /// splitmix64: the mutations are the same on every run.
 struct Rng(u64);
 
@@ -187,7 +192,7 @@ impl Extension {
             .coins
             .iter()
             .map(|(kind, _, out)| TxOut {
-                value: out.value - Amount::from_sat(1_000),
+                value: out.value - Amount::from_sat(FEE_SATS),
                 script_pubkey: self.wallet.script_pubkey(*kind),
             })
             .collect();
@@ -331,6 +336,10 @@ fn mutated_scripts_get_cores_verdict() {
     };
     // The funding coinbase, then 99 blocks to mature it.
     let share = subsidy(ext.height + 1) / Kind::ALL.len() as u64;
+    assert!(
+        share > FEE_SATS * (u64::from(rounds) + 1),
+        "{share} sats per coin do not pay {rounds} rounds of {FEE_SATS} sats"
+    );
     let outputs: Vec<TxOut> = Kind::ALL
         .iter()
         .map(|k| TxOut {
