@@ -22,7 +22,10 @@ pub(super) struct Workers {
 impl std::fmt::Debug for Workers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Workers")
-            .field("threads", &self.pool.as_ref().map_or(0, |p| p.current_num_threads()))
+            .field(
+                "threads",
+                &self.pool.as_ref().map_or(0, |p| p.current_num_threads()),
+            )
             .finish()
     }
 }
@@ -118,7 +121,9 @@ mod tests {
                 // The first busy shard runs on the calling thread.
                 assert_eq!(out[0].1, std::thread::current().name().map(str::to_owned));
             }
-            let runs: Vec<u32> = (0..n as u32).map(|i| i + if i == 1 { 0 } else { 50 }).collect();
+            let runs: Vec<u32> = (0..n as u32)
+                .map(|i| i + if i == 1 { 0 } else { 50 })
+                .collect();
             assert_eq!(shards, runs);
         }
     }
@@ -131,7 +136,10 @@ mod tests {
         let mut idx = [0u32, 1, 2];
         let work = || vec![vec![()], vec![()], vec![()]];
         let r = w.run(&mut idx, work(), |i, _| match *i {
-            2 => Err(SozuError::ReorgTooDeep { height: 7, tip: 200 }),
+            2 => Err(SozuError::ReorgTooDeep {
+                height: 7,
+                tip: 200,
+            }),
             _ => Ok(*i),
         });
         assert!(matches!(r, Err(SozuError::ReorgTooDeep { height: 7, .. })));
