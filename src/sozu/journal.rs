@@ -1,6 +1,6 @@
 //! Journal and checkpoint records: their framing, byte by byte
 //! (`docs/sozu-format.md`, "Journal"). A commit record carries each
-//! shard's page edits ([`super::ops`]), the records-file bytes appended,
+//! shard's page edits (`sozu::ops`), the records-file bytes appended,
 //! and the header as of the commit; a checkpoint record carries whole page
 //! images instead of edits.
 
