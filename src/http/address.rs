@@ -27,12 +27,10 @@ use bitcoin::address::NetworkUnchecked;
 use bitcoin::hex::FromHex;
 use bitcoin::{Address, Txid};
 
-use super::esplora::{
-    block_spent, load_block, parse_txid, tx_value_with, TransactionValue, TxStatus,
-};
+use super::esplora::{parse_txid, tx_value_with, TransactionValue, TxStatus};
 use super::{read, ApiError, ApiResult, AppState};
 use crate::primitives::script_hash;
-use crate::snapshot::{ChainSnapshot, HistoryTx, ScriptStats};
+use crate::snapshot::{ChainSnapshot, ScriptStats};
 
 /// Confirmed transactions per page of `…/txs` and `…/txs/chain` (electrs
 /// `CHAIN_TXS_PER_PAGE`).
@@ -106,35 +104,6 @@ pub(super) fn stats_json(subject: &Subject, stats: &ScriptStats) -> serde_json::
     })
 }
 
-/// Esplora's JSON of the transactions `txs` (each block read once).
-pub(super) fn txs_json(cs: &ChainSnapshot, txs: &[HistoryTx]) -> ApiResult<Vec<TransactionValue>> {
-    let mut out = Vec::with_capacity(txs.len());
-    let mut i = 0;
-    while i < txs.len() {
-        let id = txs[i].block;
-        let e = cs.index().get(id).ok_or_else(|| {
-            ApiError::internal(format!("history row names unknown block {}", id.0))
-        })?;
-        let block = load_block(cs, e)?;
-        let spent = block_spent(cs, e)?;
-        while let Some(t) = txs.get(i).filter(|t| t.block == id) {
-            let tx = block
-                .txdata
-                .get(t.position as usize)
-                .filter(|tx| tx.compute_txid() == t.txid)
-                .ok_or_else(|| {
-                    ApiError::internal(format!(
-                        "history row puts {} at position {} of block {}, which holds another",
-                        t.txid, t.position, e.hash
-                    ))
-                })?;
-            out.push(tx_value_with(e, tx, &spent, cs.params().network));
-            i += 1;
-        }
-    }
-    Ok(out)
-}
-
 async fn stats(s: AppState, subject: Subject) -> ApiResult<Response> {
     read(&s, move |cs| {
         let sh = subject.resolve(cs)?;
@@ -150,10 +119,17 @@ async fn txs(s: AppState, subject: Subject, last_seen: Option<String>) -> ApiRes
     read(&s, move |cs| {
         let sh = subject.resolve(cs)?;
         check_index(cs)?;
+        let network = cs.params().network;
         let page = cs
-            .script_txs(&sh, last_seen.as_ref(), TXS_PER_PAGE)
+            .script_txs_with(&sh, last_seen.as_ref(), TXS_PER_PAGE, |h, tx, spent| {
+                let e = cs.index().get(h.block).ok_or_else(|| {
+                    ApiError::internal(format!("history row names unknown block {}", h.block.0))
+                })?;
+                Ok(tx_value_with(e, tx, spent, network))
+            })
             .map_err(ApiError::internal)?;
-        Ok(Json(txs_json(cs, &page)?).into_response())
+        let page: Vec<TransactionValue> = page.into_iter().collect::<ApiResult<_>>()?;
+        Ok(Json(page).into_response())
     })
     .await
 }

@@ -9,13 +9,14 @@
 
 use std::collections::{HashMap, HashSet};
 
-use bitcoin::{Block, OutPoint, Txid};
+use bitcoin::{Block, OutPoint, Transaction, Txid};
 
 use super::ChainSnapshot;
 use crate::pipeline::PipelineError;
-use crate::primitives::{script_hash, BlockId, Coin};
+use crate::primitives::{script_hash, BlockId};
 use crate::store::history::script_prefix;
 use crate::store::HistoryKey;
+use crate::validation::SpentOutput;
 
 /// One transaction of a script's history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +74,8 @@ struct TxReader<'a> {
     cs: &'a ChainSnapshot,
     script_hash: [u8; 32],
     block: Option<(BlockId, Block)>,
-    spent: Option<HashMap<OutPoint, Coin>>,
+    /// The block's spent-output record, and each outpoint's place in it.
+    spent: Option<(Vec<SpentOutput>, HashMap<OutPoint, usize>)>,
 }
 
 impl<'a> TxReader<'a> {
@@ -112,13 +114,17 @@ impl<'a> TxReader<'a> {
         if !tx.is_coinbase() {
             if self.spent.is_none() {
                 let record = cs.spent_outputs(k.block)?.ok_or_else(|| no_data(k))?;
-                let map = record.into_iter().map(|s| (s.outpoint, s.coin));
-                self.spent = Some(map.collect());
+                let places = (0..).zip(&record).map(|(i, s)| (s.outpoint, i)).collect();
+                self.spent = Some((record, places));
             }
-            let coins = self.spent.as_ref().ok_or_else(|| no_data(k))?;
+            let (record, places) = self.spent.as_ref().ok_or_else(|| no_data(k))?;
             for input in &tx.input {
                 let op = input.previous_output;
-                let coin = coins.get(&op).ok_or_else(|| no_data(k))?;
+                let coin = places
+                    .get(&op)
+                    .and_then(|&i| record.get(i))
+                    .map(|s| &s.coin)
+                    .ok_or_else(|| no_data(k))?;
                 if ours(&coin.script_pubkey) {
                     spent.push((op, coin.value.to_sat()));
                 }
@@ -132,6 +138,16 @@ impl<'a> TxReader<'a> {
             funded,
             spent,
         }))
+    }
+
+    /// The transaction of row `k` and the spent outputs read for its
+    /// block (empty when only coinbases were checked there), once
+    /// [`TxReader::check`] accepted `k`.
+    fn current(&self, k: &HistoryKey) -> Option<(&Transaction, &[SpentOutput])> {
+        let (_, block) = self.block.as_ref().filter(|(id, _)| *id == k.block)?;
+        let tx = block.txdata.get(k.position as usize)?;
+        let spent = self.spent.as_ref().map_or(&[][..], |(record, _)| record);
+        Some((tx, spent))
     }
 }
 
@@ -218,6 +234,24 @@ impl ChainSnapshot {
         after: Option<&Txid>,
         limit: usize,
     ) -> Result<Vec<HistoryTx>, PipelineError> {
+        self.script_txs_with(script_hash, after, limit, |h, _, _| *h)
+    }
+
+    /// As [`ChainSnapshot::script_txs`], giving `f` each transaction as it
+    /// is checked, with the spent outputs read for its block (a superset of
+    /// its own inputs' coins, found by their spending txid and input
+    /// index; empty for a coinbase), so an answer that needs the
+    /// transactions reads each block once.
+    ///
+    /// # Errors
+    /// As [`ChainSnapshot::script_txs`].
+    pub fn script_txs_with<T>(
+        &self,
+        script_hash: &[u8; 32],
+        after: Option<&Txid>,
+        limit: usize,
+        mut f: impl FnMut(&HistoryTx, &Transaction, &[SpentOutput]) -> T,
+    ) -> Result<Vec<T>, PipelineError> {
         let mut reader = TxReader::new(self, script_hash);
         let below = match after {
             None => None,
@@ -226,18 +260,20 @@ impl ChainSnapshot {
                 None => return Ok(Vec::new()),
             },
         };
-        let mut out: Vec<HistoryTx> = Vec::new();
+        let mut out = Vec::new();
         self.active_rows(script_hash, below.as_ref(), &mut |k| {
             if out.len() == limit {
                 return Ok(false);
             }
             if let Some(m) = reader.check(k)? {
-                out.push(HistoryTx {
+                let h = HistoryTx {
                     txid: m.txid,
                     block: k.block,
                     height: k.height,
                     position: k.position,
-                });
+                };
+                let (tx, spent) = reader.current(k).ok_or_else(|| no_data(k))?;
+                out.push(f(&h, tx, spent));
             }
             Ok(true)
         })?;
