@@ -1,0 +1,32 @@
+//! The source is formatted as `cargo fmt` formats it (rustfmt's defaults;
+//! no `rustfmt.toml`), so a change that lands unformatted fails CI instead
+//! of reaching the next diff. Skipped, with a message, on a toolchain
+//! without rustfmt.
+
+use std::process::Command;
+
+#[test]
+fn sources_are_formatted_as_cargo_fmt_formats_them() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = env!("CARGO_MANIFEST_DIR");
+    let has_rustfmt = Command::new(&cargo)
+        .args(["fmt", "--version"])
+        .current_dir(root)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_rustfmt {
+        eprintln!("skipped: this toolchain has no rustfmt (`rustup component add rustfmt`)");
+        return;
+    }
+    let out = Command::new(&cargo)
+        .args(["fmt", "--all", "--", "--check"])
+        .current_dir(root)
+        .output()
+        .expect("run cargo fmt");
+    assert!(
+        out.status.success(),
+        "`cargo fmt --all -- --check` found unformatted code; run `cargo fmt`:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
