@@ -3,11 +3,13 @@
 //! blocks is cut at a random write or sync (through the storage seam,
 //! `kakehi::store::fault`: the operation fails and the node stops, as if
 //! the machine had stopped there); the datadir is then copied as a power
-//! cut leaves it: each flat file (blocks, filters, spent outputs) cut to
-//! its length at its last fsync, the archive's unrenamed temporary files
-//! dropped, the index database and the UTXO table as they are on disk at
-//! that moment (sled's buffered writes and its pending flush are not in the
-//! copy; their own crash safety is sled's and `tests/sozu_crash.rs`'s).
+//! cut leaves it: each flat file (blocks, filters, spent outputs) and each
+//! run file of the index rows (`index/rows/*.run`) cut to its length at its
+//! last fsync (none: empty), the archive's and the row manifest's unrenamed
+//! temporary files dropped, the index database and the UTXO table as they
+//! are on disk at that moment (sled's buffered writes and its pending flush
+//! are not in the copy; their own crash safety is sled's and
+//! `tests/sozu_crash.rs`'s).
 //!
 //! The copy must open at a tip at or above every tip published before the
 //! cut (no block reported committed is lost), with a kept MuHash equal to
@@ -47,7 +49,8 @@ fn power_cut_copy(
             continue; // removed meanwhile (a rename of the archive)
         };
         let parent = src.parent().and_then(|p| p.file_name());
-        if parent.is_some_and(|p| FLAT_DIRS.iter().any(|d| p == *d)) {
+        let run_file = parent.is_some_and(|p| p == "rows") && name.ends_with(".run");
+        if run_file || parent.is_some_and(|p| FLAT_DIRS.iter().any(|d| p == *d)) {
             let keep = synced.get(&src).copied().unwrap_or(0) as usize;
             bytes.truncate(keep);
         }

@@ -1,10 +1,10 @@
 //! The index rows of a group's blocks (transactions, spends, address
-//! history) applied to the index database on a thread of their own, while
-//! the writer goes on with the next blocks.
+//! history) applied to the row store's memory (`store::runs`) on a thread
+//! of their own, while the writer goes on with the next blocks.
 //!
-//! Inserting those rows into sled was two thirds of the writer thread's
-//! CPU in a regtest-a import (BENCHMARKS.md, "Import profile"), all of it
-//! at the group's durable boundary, with the other core idle. Readers
+//! Inserting those rows (into sled, then) was two thirds of the writer
+//! thread's CPU in a regtest-a import (BENCHMARKS.md, "Import profile"),
+//! all of it at the group's durable boundary, with the other core idle. Readers
 //! ignore rows of blocks that are not connected (index format 3.0), so
 //! rows may reach the database before their block's commit: each block of
 //! a group hands its rows here as soon as it is connected in memory, and

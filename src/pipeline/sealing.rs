@@ -65,11 +65,13 @@ impl Chainstate {
     }
 
     /// Makes an open group durable ([`Chainstate::flush`]), then waits for
-    /// every complete epoch to be sealed and installed, and publishes (the
-    /// end of an import; tests).
+    /// every complete epoch to be sealed and installed and for the index
+    /// rows' background compaction, and publishes (the end of an import;
+    /// tests).
     ///
     /// # Errors
-    /// As [`Chainstate::flush`], and the sealing of final epochs.
+    /// As [`Chainstate::flush`], the sealing of final epochs, and a failed
+    /// compaction of the index rows (writes stop).
     pub fn finish_seals(&mut self) -> Result<(), PipelineError> {
         self.flush()?;
         if self.sealing.is_none() {
@@ -80,6 +82,8 @@ impl Chainstate {
             self.guard_writes(installed)?;
             self.start_seal();
         }
+        let settled = self.store.settle_rows().map_err(PipelineError::from);
+        self.guard_writes(settled)?;
         self.publish();
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! The I/O fault seam: every write and every sync of the node's own files
 //! outside the Sozu table (flat files of blocks, filters, spent outputs and
-//! headers; the index database's commits, which carry the address index;
+//! headers; the index database's commits; the index rows' run files,
+//! manifest and directory syncs, which carry the address index;
 //! the archive's epoch files and header list) calls [`check`] first, with
 //! the path it is about to touch.
 //!

@@ -52,14 +52,34 @@ pub struct HistoryKey {
     pub position: u32,
 }
 
+impl HistoryKey {
+    /// The 20-byte key.
+    pub fn to_bytes(&self) -> [u8; HISTORY_KEY_LEN] {
+        let mut k = [0u8; HISTORY_KEY_LEN];
+        k[..SCRIPT_PREFIX_LEN].copy_from_slice(&self.prefix);
+        k[8..12].copy_from_slice(&self.height.to_be_bytes());
+        k[12..16].copy_from_slice(&self.block.0.to_be_bytes());
+        k[16..].copy_from_slice(&self.position.to_be_bytes());
+        k
+    }
+
+    /// The key of `bytes` (every 20 bytes are one).
+    pub fn from_bytes(b: &[u8; HISTORY_KEY_LEN]) -> HistoryKey {
+        let u = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut prefix = [0u8; SCRIPT_PREFIX_LEN];
+        prefix.copy_from_slice(&b[..SCRIPT_PREFIX_LEN]);
+        HistoryKey {
+            prefix,
+            height: u(8),
+            block: BlockId(u(12)),
+            position: u(16),
+        }
+    }
+}
+
 impl Codec for HistoryKey {
     fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(HISTORY_KEY_LEN);
-        v.extend_from_slice(&self.prefix);
-        v.extend_from_slice(&self.height.to_be_bytes());
-        v.extend_from_slice(&self.block.0.to_be_bytes());
-        v.extend_from_slice(&self.position.to_be_bytes());
-        v
+        self.to_bytes().to_vec()
     }
     fn decode(b: &[u8]) -> Option<Self> {
         if b.len() != HISTORY_KEY_LEN {
@@ -83,40 +103,29 @@ impl Store {
     /// by its active chain and checks them against the block files.
     ///
     /// # Errors
-    /// [`StoreError::Read`] (sled failure, damaged files), or
-    /// [`StoreError::Corrupt`] for a row that does not decode.
+    /// [`StoreError::Rows`]: a run failed to read or is damaged.
     pub fn history_rev(
         &self,
         script_hash: &[u8; 32],
         below: Option<&HistoryKey>,
         f: &mut dyn FnMut(HistoryKey) -> bool,
     ) -> Result<(), StoreError> {
-        let typed = &self.trees.history_by_script_prefix;
-        let tree = &typed.tree;
         let prefix = script_prefix(script_hash);
-        let rows: Box<dyn DoubleEndedIterator<Item = sled::Result<(sled::IVec, sled::IVec)>>> =
-            match below {
-                None => Box::new(tree.scan_prefix(prefix)),
-                Some(end) => Box::new(tree.range(prefix.to_vec()..end.encode())),
-            };
-        for item in rows.rev() {
-            let (k, v) = item.map_err(|e| typed.read_err(e))?;
-            let (key, ()) = typed.decode_entry(&k, &v)?;
-            if !f(key) {
-                break;
-            }
-        }
+        let below = below.map(HistoryKey::to_bytes);
+        self.rows
+            .history()
+            .scan_prefix_rev(&prefix, below.as_ref(), &mut |k| {
+                f(HistoryKey::from_bytes(k))
+            })?;
         Ok(())
     }
 
     /// Whether the address index has the row `key`.
     ///
     /// # Errors
-    /// sled failure.
+    /// [`StoreError::Rows`]: a run failed to read or is damaged.
     pub fn history_has(&self, key: &HistoryKey) -> Result<bool, StoreError> {
-        self.trees
-            .history_by_script_prefix
-            .has_prefix(&key.encode())
+        Ok(self.rows.history().has_prefix(&key.to_bytes())?)
     }
 }
 

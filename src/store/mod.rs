@@ -1,23 +1,26 @@
-//! Storage of everything but the UTXO table: sled typed trees for indexes
-//! and metadata, flat append-only files for bulk data (seed 001's layering).
+//! Storage of everything but the UTXO table: sled typed trees for the block
+//! index and metadata, kakehi's own sorted-run files for the index rows
+//! ([`runs`], in `index/rows/`), flat append-only files for bulk data (seed
+//! 001's layering).
 //!
-//! Every tree is declared once in [`Trees`], typed with [`TypedTree`], named
-//! `value_by_key`, with big-endian keys so byte order is chain order. No other
-//! module touches sled.
+//! Every sled tree is declared once in [`Trees`], typed with [`TypedTree`],
+//! named `value_by_key`, with big-endian keys so byte order is chain order.
+//! No other module touches sled or the run files.
 //!
-//! | tree | key | value |
-//! | --- | --- | --- |
-//! | `meta_by_name` | UTF-8 name | bytes (format version, tip marker, flat-file positions) |
-//! | `block_by_id` | `BlockId` u32 BE | [`BlockRecord`] |
-//! | `block_id_by_height` | height u32 BE | `BlockId` of the active chain |
-//! | `tx_by_txid_prefix` | txid prefix (8) ‖ `BlockId` BE ‖ position u32 BE | empty |
-//! | `spend_by_outpoint_prefix` | txid prefix (8) ‖ vout u32 BE ‖ spending `BlockId` BE | empty |
-//! | `history_by_script_prefix` | script-hash prefix (8) ‖ height ‖ `BlockId` ‖ position (`store::history`) | empty |
+//! | tree | where | key | value |
+//! | --- | --- | --- | --- |
+//! | `meta_by_name` | sled | UTF-8 name | bytes (format version, tip marker, flat-file positions) |
+//! | `block_by_id` | sled | `BlockId` u32 BE | [`BlockRecord`] |
+//! | `block_id_by_height` | sled | height u32 BE | `BlockId` of the active chain |
+//! | `tx_by_txid_prefix` | runs `tx-*.run` | txid prefix (8) ‖ `BlockId` BE ‖ position u32 BE | none |
+//! | `spend_by_outpoint_prefix` | runs `spend-*.run` | txid prefix (8) ‖ vout u32 BE ‖ spending `BlockId` BE | none |
+//! | `history_by_script_prefix` | runs `history-*.run` | script-hash prefix (8) ‖ height ‖ `BlockId` ‖ position (`store::history`) | none |
 
 pub mod fault;
 pub mod flatfile;
 pub mod headers;
 pub mod history;
+pub mod runs;
 
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
@@ -81,7 +84,15 @@ use crate::primitives::BlockId;
 /// that was never recorded under its id (a crash between the rows' flush
 /// and the block records', then another block given the same id) can
 /// show.
-pub const FORMAT_VERSION: (u16, u16) = (4, 0);
+///
+/// 5.0 (a 4.x datadir is refused: `kakehi reindex-chainstate` rebuilds it):
+/// the three row trees (`tx_by_txid_prefix`, `spend_by_outpoint_prefix`,
+/// `history_by_script_prefix`, same keys) moved out of sled into kakehi's
+/// own sorted-run files under `index/rows/` ([`runs`]): sled rewrote their
+/// pages at every group (the index was 5x the raw blocks at 26k blocks for
+/// 0.3 GB of rows) and replayed every log segment written since the last
+/// open at each open (12.6 s at that height).
+pub const FORMAT_VERSION: (u16, u16) = (5, 0);
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +159,9 @@ pub enum StoreError {
         /// The major version this build reads.
         major: u16,
     },
+    /// The row store (`index/rows/`) failed: I/O or a damaged file, named.
+    #[error(transparent)]
+    Rows(#[from] runs::RunError),
     /// The thread that applies a group's index rows ahead of its commit
     /// could not be started, or stopped: nothing after the last durable
     /// boundary may be committed.
@@ -223,13 +237,20 @@ pub struct TxRowKey {
     pub position: u32,
 }
 
+impl TxRowKey {
+    /// The 16-byte key.
+    pub fn to_bytes(&self) -> [u8; runs::TX_KEY] {
+        let mut k = [0u8; runs::TX_KEY];
+        k[..TXID_PREFIX_LEN].copy_from_slice(&self.prefix);
+        k[8..12].copy_from_slice(&self.block.0.to_be_bytes());
+        k[12..].copy_from_slice(&self.position.to_be_bytes());
+        k
+    }
+}
+
 impl Codec for TxRowKey {
     fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(TXID_PREFIX_LEN + 8);
-        v.extend_from_slice(&self.prefix);
-        v.extend_from_slice(&self.block.0.to_be_bytes());
-        v.extend_from_slice(&self.position.to_be_bytes());
-        v
+        self.to_bytes().to_vec()
     }
     fn decode(b: &[u8]) -> Option<Self> {
         if b.len() != TXID_PREFIX_LEN + 8 {
@@ -259,11 +280,19 @@ pub struct SpendRowKey {
     pub block: BlockId,
 }
 
+impl SpendRowKey {
+    /// The 16-byte key.
+    pub fn to_bytes(&self) -> [u8; runs::SPEND_KEY] {
+        let mut k = [0u8; runs::SPEND_KEY];
+        k[..12].copy_from_slice(&spend_prefix(&self.prefix, self.vout));
+        k[12..].copy_from_slice(&self.block.0.to_be_bytes());
+        k
+    }
+}
+
 impl Codec for SpendRowKey {
     fn encode(&self) -> Vec<u8> {
-        let mut v = spend_prefix(&self.prefix, self.vout);
-        v.extend_from_slice(&self.block.0.to_be_bytes());
-        v
+        self.to_bytes().to_vec()
     }
     fn decode(b: &[u8]) -> Option<Self> {
         if b.len() != TXID_PREFIX_LEN + 8 {
@@ -279,10 +308,10 @@ impl Codec for SpendRowKey {
 }
 
 /// The 12-byte key prefix of an outpoint in `spend_by_outpoint_prefix`.
-fn spend_prefix(prefix: &[u8; TXID_PREFIX_LEN], vout: u32) -> Vec<u8> {
-    let mut v = Vec::with_capacity(TXID_PREFIX_LEN + 8);
-    v.extend_from_slice(prefix);
-    v.extend_from_slice(&vout.to_be_bytes());
+fn spend_prefix(prefix: &[u8; TXID_PREFIX_LEN], vout: u32) -> [u8; TXID_PREFIX_LEN + 4] {
+    let mut v = [0u8; TXID_PREFIX_LEN + 4];
+    v[..TXID_PREFIX_LEN].copy_from_slice(prefix);
+    v[TXID_PREFIX_LEN..].copy_from_slice(&vout.to_be_bytes());
     v
 }
 
@@ -516,15 +545,6 @@ impl<K: Codec, V: Codec> TypedTree<K, V> {
         Ok(out)
     }
 
-    /// Whether any key starts with `prefix`.
-    ///
-    /// # Errors
-    /// [`StoreError::Read`].
-    pub fn has_prefix(&self, prefix: &[u8]) -> Result<bool, StoreError> {
-        let first = self.tree.scan_prefix(prefix).next().transpose();
-        Ok(first.map_err(|e| self.read_err(e))?.is_some())
-    }
-
     /// Calls `f` with every (key, value), in key order, one at a time.
     ///
     /// # Errors
@@ -578,17 +598,6 @@ pub struct Trees {
     pub block_by_id: TypedTree<BlockId, BlockRecord>,
     /// Active-chain block ids by height.
     pub block_id_by_height: TypedTree<u32, BlockId>,
-    /// Candidate locations (block, position) of the transactions whose
-    /// txid starts with a prefix, one row per connected block holding one.
-    pub tx_by_txid_prefix: TypedTree<TxRowKey, ()>,
-    /// Candidate spending blocks of the outpoints whose txid starts with a
-    /// prefix, by vout: one row per connected block (active or stale;
-    /// readers pick the active one and check its spent-output record).
-    pub spend_by_outpoint_prefix: TypedTree<SpendRowKey, ()>,
-    /// The address index: the transactions of each script-hash prefix, in
-    /// chain order (`store::history`). Written when the address index is
-    /// on (meta key [`META_ADDRESS_INDEX`]).
-    pub history_by_script_prefix: TypedTree<HistoryKey, ()>,
 }
 
 /// A set of changes made durable together ([`Store::commit`]); `#[must_use]`
@@ -599,12 +608,9 @@ pub struct WriteBatch {
     meta: sled::Batch,
     blocks: sled::Batch,
     by_height: sled::Batch,
-    txs: sled::Batch,
-    spends: sled::Batch,
-    history: sled::Batch,
-    txs_len: usize,
-    spends_len: usize,
-    history_rows: usize,
+    txs: Vec<[u8; runs::TX_KEY]>,
+    spends: Vec<[u8; runs::SPEND_KEY]>,
+    history: Vec<[u8; runs::HISTORY_KEY]>,
 }
 
 impl WriteBatch {
@@ -636,8 +642,7 @@ impl WriteBatch {
             block,
             position,
         };
-        self.txs.insert(key.encode(), Vec::new());
-        self.txs_len += 1;
+        self.txs.push(key.to_bytes());
     }
     /// Records that `block` spends `outpoint` (the spender is in the
     /// block's spent-output record).
@@ -647,33 +652,26 @@ impl WriteBatch {
             vout: outpoint.vout,
             block,
         };
-        self.spends.insert(key.encode(), Vec::new());
-        self.spends_len += 1;
+        self.spends.push(key.to_bytes());
     }
     /// Writes one row of the address index (callers give each key once).
     pub fn put_history(&mut self, key: &HistoryKey) {
-        self.history.insert(key.encode(), Vec::new());
-        self.history_rows += 1;
+        self.history.push(key.to_bytes());
     }
     /// Rows of the address index this batch writes.
     pub fn history_rows(&self) -> usize {
-        self.history_rows
+        self.history.len()
     }
     /// Takes this batch's index rows (transactions, spends, address
     /// history) out of it, to be applied ahead of the batch's commit with
     /// [`Store::apply_rows`]; the metadata, block records and active chain
     /// stay.
     pub fn take_rows(&mut self) -> RowBatch {
-        let rows = RowBatch {
+        RowBatch {
             txs: std::mem::take(&mut self.txs),
             spends: std::mem::take(&mut self.spends),
             history: std::mem::take(&mut self.history),
-            len: self.txs_len + self.spends_len + self.history_rows,
-        };
-        self.txs_len = 0;
-        self.spends_len = 0;
-        self.history_rows = 0;
-        rows
+        }
     }
 }
 
@@ -685,20 +683,19 @@ impl WriteBatch {
 #[must_use]
 #[derive(Default)]
 pub struct RowBatch {
-    txs: sled::Batch,
-    spends: sled::Batch,
-    history: sled::Batch,
-    len: usize,
+    txs: Vec<[u8; runs::TX_KEY]>,
+    spends: Vec<[u8; runs::SPEND_KEY]>,
+    history: Vec<[u8; runs::HISTORY_KEY]>,
 }
 
 impl RowBatch {
     /// Number of rows.
     pub fn len(&self) -> usize {
-        self.len
+        self.txs.len() + self.spends.len() + self.history.len()
     }
     /// Whether it holds no row.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 }
 
@@ -749,6 +746,23 @@ pub const META_ADDRESS_INDEX: &str = "address_index";
 /// needs the recent rows.
 pub const DEFAULT_INDEX_CACHE_MIB: usize = 128;
 
+/// Checks a stored format version `v` (major u16 BE ‖ minor u16 BE).
+fn check_format(path: &Path, trees: &Trees, v: &[u8]) -> Result<(), StoreError> {
+    let [a, b, c, d] = v else {
+        return Err(trees.meta_by_name.corrupt("bad format_version"));
+    };
+    let (major, minor) = (u16::from_be_bytes([*a, *b]), u16::from_be_bytes([*c, *d]));
+    if major != FORMAT_VERSION.0 {
+        return Err(StoreError::FormatMismatch {
+            path: path.to_path_buf(),
+            found_major: major,
+            found_minor: minor,
+            major: FORMAT_VERSION.0,
+        });
+    }
+    Ok(())
+}
+
 /// The index database.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -758,6 +772,8 @@ pub struct Store {
     /// [`Store::commit`] (shared by the clones): that commit then flushes
     /// them before its transaction, as it does its own rows.
     rows_applied: Arc<AtomicBool>,
+    /// The index rows (`rows/` inside the database directory).
+    rows: runs::RowSets,
     /// The typed trees.
     pub trees: Trees,
 }
@@ -765,10 +781,13 @@ pub struct Store {
 impl Store {
     /// Opens (or creates) the database in `path` with a page cache of
     /// `cache_mib` MiB ([`DEFAULT_INDEX_CACHE_MIB`]), checking its format
-    /// version.
+    /// version, then its row store in `path/rows` ([`runs::RowSets::open`]).
     ///
     /// # Errors
-    /// [`StoreError::FormatMismatch`] for another major version; sled errors.
+    /// [`StoreError::FormatMismatch`] for another major version; sled errors;
+    /// [`StoreError::Rows`] for the row store (a damaged run or manifest,
+    /// named); [`StoreError::Corrupt`] when a database with a format
+    /// version has no row manifest.
     pub fn open(path: &Path, cache_mib: usize) -> Result<Self, StoreError> {
         // sled panics on some damaged files during recovery (seen with a
         // `db` file cut to half: an index out of bounds); a panic must not
@@ -791,47 +810,52 @@ impl Store {
             meta_by_name: TypedTree::open(&db, &path, "meta_by_name")?,
             block_by_id: TypedTree::open(&db, &path, "block_by_id")?,
             block_id_by_height: TypedTree::open(&db, &path, "block_id_by_height")?,
-            tx_by_txid_prefix: TypedTree::open(&db, &path, "tx_by_txid_prefix")?,
-            spend_by_outpoint_prefix: TypedTree::open(&db, &path, "spend_by_outpoint_prefix")?,
-            history_by_script_prefix: TypedTree::open(&db, &path, "history_by_script_prefix")?,
         };
+        let format = trees.meta_by_name.get(&META_FORMAT.to_string())?;
+        if let Some(v) = &format {
+            check_format(&path, &trees, v)?;
+        }
+        // A fresh database gets its row manifest before its format
+        // version: a database with a version and no manifest lost it.
+        let (rows, created) = runs::RowSets::open(&path.join("rows"))?;
+        if created && format.is_some() {
+            return Err(trees
+                .meta_by_name
+                .corrupt("the row store's manifest (rows/MANIFEST) is missing"));
+        }
         let store = Store {
             db,
             path,
             trees,
+            rows,
             rows_applied: Arc::new(AtomicBool::new(false)),
         };
-        let write_err = |source| StoreError::Write {
-            path: store.path.to_path_buf(),
-            source,
-        };
-        match store.trees.meta_by_name.get(&META_FORMAT.to_string())? {
-            None => {
-                let mut v = FORMAT_VERSION.0.to_be_bytes().to_vec();
-                v.extend_from_slice(&FORMAT_VERSION.1.to_be_bytes());
-                store
-                    .trees
-                    .meta_by_name
-                    .tree
-                    .insert(META_FORMAT, v)
-                    .map_err(write_err)?;
-                store.db.flush().map_err(write_err)?;
-            }
-            Some(v) if v.len() == 4 => {
-                let major = u16::from_be_bytes([v[0], v[1]]);
-                let minor = u16::from_be_bytes([v[2], v[3]]);
-                if major != FORMAT_VERSION.0 {
-                    return Err(StoreError::FormatMismatch {
-                        path: store.path.to_path_buf(),
-                        found_major: major,
-                        found_minor: minor,
-                        major: FORMAT_VERSION.0,
-                    });
-                }
-            }
-            Some(_) => return Err(store.trees.meta_by_name.corrupt("bad format_version")),
+        if format.is_none() {
+            let write_err = |source| StoreError::Write {
+                path: store.path.to_path_buf(),
+                source,
+            };
+            let mut v = FORMAT_VERSION.0.to_be_bytes().to_vec();
+            v.extend_from_slice(&FORMAT_VERSION.1.to_be_bytes());
+            store
+                .trees
+                .meta_by_name
+                .tree
+                .insert(META_FORMAT, v)
+                .map_err(write_err)?;
+            store.db.flush().map_err(write_err)?;
         }
         Ok(store)
+    }
+
+    /// Waits until the row store's background compaction requested so far
+    /// is done (the end of an import, a shutdown).
+    ///
+    /// # Errors
+    /// [`StoreError::Rows`]: a compaction failed (nothing durable is lost;
+    /// the node stops writing, as for any failed write of the index).
+    pub fn settle_rows(&self) -> Result<(), StoreError> {
+        Ok(self.rows.settle()?)
     }
 
     /// Reads a metadata value.
@@ -843,14 +867,16 @@ impl Store {
     }
 
     /// Makes `batch` durable: first the rows (transactions, spends, address
-    /// history), each tree's rows one atomic sled batch, flushed; then the
+    /// history, with every row applied before: [`runs::RowSets::flush`],
+    /// one fsynced run file per tree and the row manifest); then the
     /// metadata, block records and active chain in one sled transaction,
     /// flushed (one durable commit of the chain state).
     ///
-    /// The rows go outside the transaction because a sled transaction reads
-    /// every key it writes (its conflict check): with the rows inside, those
-    /// reads were a third of the import's CPU time at scale (BENCHMARKS.md
-    /// "Scale"). A crash between the two flushes leaves rows of blocks the
+    /// The rows are not in sled: a sled transaction reads every key it
+    /// writes (its conflict check), sled rewrites its pages at every
+    /// flush, and its open replays every log segment written since the
+    /// last open (BENCHMARKS.md "Scale"). A crash between the rows' flush
+    /// and the transaction leaves rows of blocks the
     /// index does not count as connected, under block ids that the next
     /// blocks accepted after the restart are given again (ids are dense).
     /// No row is trusted for that: every row only names a key prefix, and
@@ -861,8 +887,8 @@ impl Store {
     /// same keys.
     ///
     /// # Errors
-    /// sled failure: the chain state (metadata, records, active chain) is
-    /// unchanged; some rows may be written.
+    /// sled or row-store failure: the chain state (metadata, records,
+    /// active chain) is unchanged; some rows may be written.
     pub fn commit(&self, batch: WriteBatch) -> Result<(), StoreError> {
         use sled::Transactional;
         let write_err = |source| StoreError::Write {
@@ -872,18 +898,16 @@ impl Store {
         let fault_err = |source: std::io::Error| write_err(source.into());
         fault::check(fault::IoOp::Write, &self.path).map_err(fault_err)?;
         let t = &self.trees;
-        let rows = batch.txs_len + batch.spends_len + batch.history_rows;
+        let rows = RowBatch {
+            txs: batch.txs,
+            spends: batch.spends,
+            history: batch.history,
+        };
         let applied = self.rows_applied.swap(false, Ordering::AcqRel);
-        if rows > 0 || applied {
-            self.apply_rows(RowBatch {
-                txs: batch.txs,
-                spends: batch.spends,
-                history: batch.history,
-                len: rows,
-            })?;
+        if !rows.is_empty() || applied {
+            self.apply_rows(rows)?;
             self.rows_applied.store(false, Ordering::Release);
-            fault::check(fault::IoOp::Sync, &self.path).map_err(fault_err)?;
-            self.db.flush().map_err(write_err)?;
+            self.rows.flush()?;
         }
         (
             &t.meta_by_name.tree,
@@ -914,35 +938,19 @@ impl Store {
         &self.path
     }
 
-    /// Applies `rows` to their trees, not durably: the next
-    /// [`Store::commit`] flushes them before its own transaction. Nothing
-    /// passes the I/O fault seam here (the writes stay in sled's memory,
-    /// like its background flusher's they reach the disk unchecked); the
-    /// commit's checks are the same as when it applies the rows itself.
+    /// Applies `rows` to the row store's memory, visible to readers at
+    /// once, not durable: the next [`Store::commit`] writes them to run
+    /// files before its own transaction. No I/O here.
     ///
     /// # Errors
-    /// sled failure.
+    /// None today; the signature keeps the rows thread's error path.
     pub fn apply_rows(&self, rows: RowBatch) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
         }
-        let write_err = |source| StoreError::Write {
-            path: self.path.to_path_buf(),
-            source,
-        };
-        let t = &self.trees;
-        t.tx_by_txid_prefix
-            .tree
-            .apply_batch(rows.txs)
-            .map_err(write_err)?;
-        t.spend_by_outpoint_prefix
-            .tree
-            .apply_batch(rows.spends)
-            .map_err(write_err)?;
-        t.history_by_script_prefix
-            .tree
-            .apply_batch(rows.history)
-            .map_err(write_err)?;
+        self.rows.txs().insert(rows.txs);
+        self.rows.spends().insert(rows.spends);
+        self.rows.history().insert(rows.history);
         self.rows_applied.store(true, Ordering::Release);
         Ok(())
     }
@@ -953,14 +961,17 @@ impl Store {
     /// transactions).
     ///
     /// # Errors
-    /// sled failure or corruption.
+    /// [`StoreError::Rows`]: a run failed to read or is damaged.
     pub fn tx_candidates(&self, txid: &Txid) -> Result<Vec<(BlockId, u32)>, StoreError> {
         Ok(self
-            .trees
-            .tx_by_txid_prefix
+            .rows
+            .txs()
             .scan_prefix(&txid_prefix(txid))?
             .into_iter()
-            .map(|(k, ())| (k.block, k.position))
+            .map(|k| {
+                let u = |i: usize| u32::from_be_bytes([k[i], k[i + 1], k[i + 2], k[i + 3]]);
+                (BlockId(u(8)), u(12))
+            })
             .collect())
     }
 
@@ -969,14 +980,14 @@ impl Store {
     /// record.
     ///
     /// # Errors
-    /// sled failure or corruption.
+    /// [`StoreError::Rows`]: a run failed to read or is damaged.
     pub fn spend_candidates(&self, outpoint: &OutPoint) -> Result<Vec<BlockId>, StoreError> {
         Ok(self
-            .trees
-            .spend_by_outpoint_prefix
+            .rows
+            .spends()
             .scan_prefix(&spend_prefix(&txid_prefix(&outpoint.txid), outpoint.vout))?
             .into_iter()
-            .map(|(k, ())| k.block)
+            .map(|k| BlockId(u32::from_be_bytes([k[12], k[13], k[14], k[15]])))
             .collect())
     }
 
@@ -985,9 +996,9 @@ impl Store {
     /// may be another transaction with the same prefix.
     ///
     /// # Errors
-    /// sled failure.
+    /// [`StoreError::Rows`]: a run failed to read or is damaged.
     pub fn tx_maybe_known(&self, txid: &Txid) -> Result<bool, StoreError> {
-        self.trees.tx_by_txid_prefix.has_prefix(&txid_prefix(txid))
+        Ok(self.rows.txs().has_prefix(&txid_prefix(txid))?)
     }
 }
 
@@ -1088,6 +1099,19 @@ mod tests {
             vout: outpoint.vout + 1,
         };
         assert!(s.spend_candidates(&next_vout).unwrap().is_empty());
+    }
+
+    /// A database with a format version whose row manifest is gone (rows
+    /// lost) is refused, not opened empty.
+    #[test]
+    fn a_lost_row_manifest_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap());
+        drop(Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap());
+        std::fs::remove_file(dir.path().join("rows/MANIFEST")).unwrap();
+        let err = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("rows/MANIFEST"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,146 @@
+//! The manifest: which run files make up each row set, and the next file
+//! number. Replaced atomically: written to `MANIFEST.tmp`, fsynced, the
+//! directory fsynced (so the runs it names and the temporary file are
+//! there), renamed over `MANIFEST`, the directory fsynced again.
+//!
+//! Layout (integers big-endian): magic `KKHRMAN1` (8) ‖ next file number
+//! u64 ‖ for each of the [`SETS`] sets: run count u32 ‖ each run's number
+//! u64 ‖ CRC-32 of all before (u32).
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use super::error::RunError;
+use crate::store::fault::{self, IoOp};
+
+/// Magic of the manifest.
+const MAGIC: &[u8; 8] = b"KKHRMAN1";
+/// Number of row sets (transactions, spends, address history).
+pub const SETS: usize = 3;
+/// File name of the manifest.
+pub const NAME: &str = "MANIFEST";
+/// File name of the manifest being written.
+pub const TMP_NAME: &str = "MANIFEST.tmp";
+
+/// The manifest's content.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Manifest {
+    /// Number of the next run file.
+    pub next: u64,
+    /// Each set's run numbers, oldest first.
+    pub sets: [Vec<u64>; SETS],
+}
+
+impl Manifest {
+    /// The bytes of the manifest.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = MAGIC.to_vec();
+        v.extend_from_slice(&self.next.to_be_bytes());
+        for set in &self.sets {
+            v.extend_from_slice(&(set.len() as u32).to_be_bytes());
+            for n in set {
+                v.extend_from_slice(&n.to_be_bytes());
+            }
+        }
+        v.extend_from_slice(&crc32fast::hash(&v).to_be_bytes());
+        v
+    }
+
+    /// Parses [`Manifest::encode`]; `None` when damaged.
+    pub fn decode(b: &[u8]) -> Option<Manifest> {
+        let (body, crc) = b.split_at(b.len().checked_sub(4)?);
+        if crc32fast::hash(body).to_be_bytes() != crc || !body.starts_with(MAGIC) {
+            return None;
+        }
+        let mut r = &body[MAGIC.len()..];
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (a, rest) = (r.get(..n)?, r.get(n..)?);
+            r = rest;
+            Some(a)
+        };
+        let u64_of = |a: &[u8]| a.try_into().ok().map(u64::from_be_bytes);
+        let next = u64_of(take(8)?)?;
+        let mut sets: [Vec<u64>; SETS] = Default::default();
+        for set in &mut sets {
+            let count = u32::from_be_bytes(take(4)?.try_into().ok()?);
+            for _ in 0..count {
+                set.push(u64_of(take(8)?)?);
+            }
+        }
+        take(0).filter(|_| r.is_empty())?;
+        Some(Manifest { next, sets })
+    }
+
+    /// Reads the manifest of `dir`; `None` when there is none.
+    ///
+    /// # Errors
+    /// [`RunError::Io`], or [`RunError::Corrupt`] naming the file.
+    pub fn read(dir: &Path) -> Result<Option<Manifest>, RunError> {
+        let path = dir.join(NAME);
+        match std::fs::read(&path) {
+            Ok(b) => Manifest::decode(&b)
+                .map(Some)
+                .ok_or_else(|| RunError::corrupt(&path, "manifest checksum or layout")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(RunError::io(&path)(e)),
+        }
+    }
+
+    /// Replaces the manifest of `dir` with this one, durably (module doc).
+    ///
+    /// # Errors
+    /// [`RunError::Io`] naming the file or directory that failed; the old
+    /// manifest then still stands (unless the final directory sync failed,
+    /// after which either may).
+    pub fn write(&self, dir: &Path) -> Result<(), RunError> {
+        let tmp = dir.join(TMP_NAME);
+        let io = RunError::io(&tmp);
+        fault::check(IoOp::Write, &tmp).map_err(&io)?;
+        let mut f = File::create(&tmp).map_err(&io)?;
+        f.write_all(&self.encode()).map_err(&io)?;
+        fault::check(IoOp::Sync, &tmp).map_err(&io)?;
+        f.sync_all().map_err(&io)?;
+        sync_dir(dir)?;
+        let path = dir.join(NAME);
+        fault::check(IoOp::Write, &path).map_err(RunError::io(&path))?;
+        std::fs::rename(&tmp, &path).map_err(RunError::io(&path))?;
+        sync_dir(dir)
+    }
+}
+
+/// Fsyncs the directory `dir` (its entries: new files, renames).
+///
+/// # Errors
+/// [`RunError::Io`] naming `dir`.
+pub fn sync_dir(dir: &Path) -> Result<(), RunError> {
+    let io = RunError::io(dir);
+    fault::check(IoOp::Sync, dir).map_err(&io)?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_damage() {
+        let m = Manifest {
+            next: 9,
+            sets: [vec![1, 4], vec![], vec![8]],
+        };
+        let b = m.encode();
+        assert_eq!(b.len(), 8 + 8 + (4 + 16) + 4 + (4 + 8) + 4);
+        assert_eq!(Manifest::decode(&b), Some(m.clone()));
+        for i in 0..b.len() {
+            let mut d = b.clone();
+            d[i] ^= 0x40;
+            assert_eq!(Manifest::decode(&d), None, "byte {i}");
+        }
+        assert_eq!(Manifest::decode(&b[..b.len() - 1]), None);
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(Manifest::read(dir.path()).unwrap(), None);
+        m.write(dir.path()).unwrap();
+        assert_eq!(Manifest::read(dir.path()).unwrap(), Some(m));
+    }
+}
