@@ -24,10 +24,11 @@
 
 #[path = "common/env.rs"]
 mod env;
+#[path = "common/http_get.rs"]
+mod http_get;
 #[path = "../tests/common/mod.rs"]
 mod tcommon;
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Instant;
@@ -36,6 +37,7 @@ use bdk_esplora::{esplora_client, EsploraExt};
 use bdk_wallet::{KeychainKind, Wallet as BdkWallet};
 use bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
 use bitcoin::{Amount, Block, Network, OutPoint, ScriptBuf, Transaction, TxOut, Txid};
+use http_get::get;
 use kakehi::chain::ChainParams;
 use kakehi::http::{AppState, HttpConfig};
 use kakehi::node::{open_chainstate, DataDir};
@@ -160,25 +162,6 @@ fn build_chain(dir: &Path, wallet_spks: &[ScriptBuf]) -> bitcoin::Address {
     m.block(&fan, pays);
     cs.flush().expect("flush");
     bitcoin::Address::from_script(&busy, Network::Regtest).expect("address")
-}
-
-/// `GET path` on a new connection; (status, body), timed in ms.
-fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>, f64) {
-    let t = Instant::now();
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).expect("read");
-    let ms = t.elapsed().as_secs_f64() * 1e3;
-    let split = buf.windows(4).position(|w| w == b"\r\n\r\n").expect("head");
-    let status = String::from_utf8_lossy(&buf[9..12])
-        .parse()
-        .expect("status");
-    (status, buf[split + 4..].to_vec(), ms)
 }
 
 /// One page after `last` (or the first): its txids and the time.

@@ -25,11 +25,12 @@
 
 #[path = "common/env.rs"]
 mod env;
+#[path = "common/p2p_node.rs"]
+mod p2p_node;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bitcoin::p2p::address::Address;
@@ -37,66 +38,18 @@ use bitcoin::p2p::message::NetworkMessage;
 use bitcoin::p2p::message_filter::GetCFilters;
 use bitcoin::p2p::message_network::VersionMessage;
 use bitcoin::p2p::{Magic, ServiceFlags};
-use bitcoin::{BlockHash, Network};
+use bitcoin::BlockHash;
 use env::env_or;
-use kakehi::chain::ChainParams;
 use kakehi::import::import_files;
-use kakehi::node::start_p2p;
-use kakehi::node::{open_chainstate, DataDir};
 use kakehi::p2p::codec::{encode_message, read_message};
-use kakehi::p2p::{P2pConfig, P2pHandle};
-use kakehi::pipeline::Chainstate;
-use parking_lot::Mutex;
+use p2p_node::Node;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 
 const MAGIC: Magic = Magic::REGTEST;
-/// Upper bound of one sync (a stuck sync fails the bench instead of hanging).
-const SYNC_LIMIT: Duration = Duration::from_secs(300);
-
-struct Node {
-    chain: Arc<Mutex<Chainstate>>,
-    _datadir: DataDir,
-}
-
-impl Node {
-    fn open(path: &Path) -> Node {
-        let datadir = DataDir::open(path).expect("datadir");
-        let chain = open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open");
-        Node {
-            chain: Arc::new(Mutex::new(chain)),
-            _datadir: datadir,
-        }
-    }
-
-    fn tip(&self) -> (u32, BlockHash) {
-        let cs = self.chain.lock();
-        let t = cs.index().tip();
-        (t.height, t.hash)
-    }
-}
-
-fn config(listen: bool, connect: Vec<SocketAddr>) -> P2pConfig {
-    let mut c = P2pConfig::default();
-    c.listen = listen.then(|| "127.0.0.1:0".parse().expect("addr"));
-    c.connect = connect;
-    c.dns_seeds = false;
-    c
-}
-
-fn start(
-    node: &Node,
-    config: P2pConfig,
-) -> (
-    P2pHandle,
-    tokio::task::JoinHandle<Result<(), kakehi::p2p::P2pError>>,
-    watch::Sender<bool>,
-) {
-    let (stop, rx) = watch::channel(false);
-    let (handle, task) = start_p2p(node.chain.clone(), config, rx);
-    (handle, task, stop)
-}
+/// Longest time B's tip may stay unmoved (a stuck sync fails the bench
+/// instead of hanging).
+const STALL_LIMIT: Duration = Duration::from_secs(300);
 
 /// One run: import into a fresh A, sync a fresh B from it. Returns
 /// (import blocks/s, P2P blocks/s) and A (kept for the filter bench).
@@ -119,28 +72,17 @@ async fn run(file: &Path) -> (f64, f64, Node, tempfile::TempDir) {
         summary.blocks_read
     );
 
-    let (ha, task_a, stop_a) = start(&a, config(true, vec![]));
-    let addr = ha.local_addr().await.expect("listen address");
+    let run_a = a.start(true, vec![]);
+    let addr = run_a.handle.local_addr().await.expect("listen address");
     let dir_b = tempfile::tempdir().expect("tempdir");
     let b = Node::open(dir_b.path());
     let want = a.tip();
     let t = Instant::now();
-    let (_hb, task_b, stop_b) = start(&b, config(false, vec![addr]));
-    // Polled from B's published snapshots, which never wait for its writer.
-    let snapshots = b.chain.lock().snapshots();
-    loop {
-        let at = {
-            let cs = snapshots.load();
-            let t = cs.index().tip();
-            Some((t.height, t.hash))
-        };
-        if at == Some(want) {
-            break;
-        }
-        assert!(t.elapsed() < SYNC_LIMIT, "sync stuck at {at:?}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let sync_secs = t.elapsed().as_secs_f64();
+    let run_b = b.start(false, vec![addr]);
+    let sync_secs = b
+        .wait_for_tip(want, t, Duration::from_millis(2), STALL_LIMIT, |_, _| {})
+        .await
+        .as_secs_f64();
     let (connected, submit_secs) = {
         let cs = b.chain.lock();
         (
@@ -153,10 +95,8 @@ async fn run(file: &Path) -> (f64, f64, Node, tempfile::TempDir) {
         "  p2p sync:    {connected} blocks in {sync_secs:.2} s = {sync_rate:.0} blocks/s; B's pipeline (submit_block) busy {submit_secs:.2} s = {:.0} % of it",
         100.0 * submit_secs / sync_secs
     );
-    stop_b.send_replace(true);
-    stop_a.send_replace(true);
-    let _ = tokio::time::timeout(Duration::from_secs(20), task_b).await;
-    let _ = tokio::time::timeout(Duration::from_secs(20), task_a).await;
+    run_b.stop().await;
+    run_a.stop().await;
     assert_eq!(
         a.chain.lock().snapshot().utxo_stats(),
         b.chain.lock().snapshot().utxo_stats()
@@ -238,8 +178,8 @@ async fn bench_getcfilters(a: &Node, secs: f64) {
             })
             .collect()
     };
-    let (ha, task_a, stop_a) = start(a, config(true, vec![]));
-    let addr = ha.local_addr().await.expect("listen address");
+    let run_a = a.start(true, vec![]);
+    let addr = run_a.handle.local_addr().await.expect("listen address");
     // The service bit is advertised once the filter index is synced; A is.
     let mut c = Client::connect(addr).await;
     let t = Instant::now();
@@ -276,8 +216,7 @@ async fn bench_getcfilters(a: &Node, secs: f64) {
         bytes as f64 / s / 1e6,
         (batches * 1000) as f64 / s
     );
-    stop_a.send_replace(true);
-    let _ = tokio::time::timeout(Duration::from_secs(20), task_a).await;
+    run_a.stop().await;
 }
 
 fn main() {

@@ -24,6 +24,10 @@
 //! `KAKEHI_SCALE_DATADIR=DIR` puts
 //! kakehi's temporary datadir under DIR (default: the system's temporary
 //! directory); it is deleted before Core's engine runs.
+//! `KAKEHI_SCALE_P2P=1` then syncs an empty second node from the importing
+//! one over loopback P2P, with the same settings, and compares the two
+//! (`scale/p2p.rs`: per tenth, the ratio P2P sync vs import, tip, UTXO
+//! dump, filter headers, HTTP answers, the second node's reopen).
 //!
 //! Prints, for each tenth of the blocks: blocks/s, tx/s, inputs/s
 //! (non-coinbase inputs), milliseconds per block at p50 and p99, the
@@ -39,13 +43,22 @@
 mod common;
 #[path = "common/core.rs"]
 mod core_engine;
+#[path = "common/http_get.rs"]
+mod http_get;
+#[path = "scale/p2p.rs"]
+mod p2p;
+#[path = "common/p2p_node.rs"]
+mod p2p_node;
+#[path = "../tests/common/mod.rs"]
+mod tcommon;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use bitcoin::block::Header;
 use bitcoin::hashes::{sha256, Hash, HashEngine};
-use bitcoin::Network;
+use bitcoin::{BlockHash, Network};
 use kakehi::chain::assumevalid::AssumeValid;
 use kakehi::chain::ChainParams;
 use kakehi::import::read_file;
@@ -79,6 +92,13 @@ struct Totals {
     first_rate: Option<f64>,
     last_rate: Option<f64>,
     rejected: u64,
+    /// Wall time: headers first (with assumevalid), reading and decoding
+    /// the files, the pipeline, the last group and seals.
+    wall_seconds: f64,
+    /// CPU time of the process over the same span (user + system).
+    cpu_seconds: f64,
+    /// (transactions, non-coinbase inputs) of every block submitted.
+    per_block: HashMap<BlockHash, (u64, u64)>,
 }
 
 fn main() {
@@ -126,23 +146,36 @@ fn main() {
             .expect("address index off");
         println!("address index: off (`--no-address-index`)");
     }
-    let wall = Instant::now();
-    if std::env::var_os("KAKEHI_SCALE_ASSUMEVALID").is_some() {
-        assume_valid(&mut chain, &files);
+    let address_index = std::env::var_os("KAKEHI_SCALE_NO_ADDRESS_INDEX").is_none();
+    let (wall, cpu) = (Instant::now(), common::cpu_seconds());
+    let assume_valid = if std::env::var_os("KAKEHI_SCALE_ASSUMEVALID").is_some() {
+        Some(assume_valid(&mut chain, &files))
     } else {
         println!("scripts: every input's scripts verified (no assumevalid block)");
-    }
+        None
+    };
     let mut totals = import(&mut chain, &files, &params, total, datadir_tmp.path());
     let t = Instant::now();
     chain.finish_seals().expect("last group and seals");
     totals.pipeline_seconds += t.elapsed().as_secs_f64();
-    let wall = wall.elapsed().as_secs_f64();
-    print_totals(&totals, wall);
+    totals.wall_seconds = wall.elapsed().as_secs_f64();
+    totals.cpu_seconds = common::cpu_seconds() - cpu;
+    print_totals(&totals);
     check_end_state(&mut chain, &manifest, whole);
     drop(chain);
     print_components(datadir_tmp.path(), raw_bytes);
-    reopen(&params, &datadir);
-    drop(datadir);
+    let chain = reopen(&params, &datadir);
+    if std::env::var_os("KAKEHI_SCALE_P2P").is_some() {
+        let settings = p2p::Settings {
+            assume_valid,
+            address_index,
+            parent: std::env::var_os("KAKEHI_SCALE_DATADIR").map(PathBuf::from),
+        };
+        p2p::run(p2p_node::Node::new(chain, datadir), &totals, &settings);
+    } else {
+        drop(chain);
+        drop(datadir);
+    }
     drop(datadir_tmp);
 
     if std::env::var_os("KAKEHI_SCALE_SKIP_CORE").is_none() {
@@ -182,6 +215,10 @@ fn import(
                 .skip(1)
                 .map(|t| t.input.len() as u64)
                 .sum();
+            totals.per_block.insert(
+                rec.block.block_hash(),
+                (rec.block.txdata.len() as u64, inputs),
+            );
             let t = Instant::now();
             let outcome = chain.submit_block(&rec.block).expect("pipeline");
             let secs = t.elapsed().as_secs_f64();
@@ -211,11 +248,13 @@ fn import(
     totals
 }
 
-fn print_totals(t: &Totals, wall: f64) {
+fn print_totals(t: &Totals) {
+    let wall = t.wall_seconds;
     println!(
         "\nkakehi import: {} blocks, {} transactions, {} inputs in {:.1} s of pipeline time \
          (last group and epoch seals included): {:.0} blocks/s, {:.0} tx/s, {:.0} inputs/s; \
-         wall time with reading and decoding the files: {wall:.1} s ({:.0} inputs/s); {} rejected; peak RSS {} MiB",
+         wall time with reading and decoding the files: {wall:.1} s ({:.0} inputs/s); CPU time {:.1} s \
+         ({:.1} µs per input); {} rejected; peak RSS {} MiB",
         t.blocks,
         t.txs,
         t.inputs,
@@ -224,6 +263,8 @@ fn print_totals(t: &Totals, wall: f64) {
         t.txs as f64 / t.pipeline_seconds,
         t.inputs as f64 / t.pipeline_seconds,
         t.inputs as f64 / wall,
+        t.cpu_seconds,
+        t.cpu_seconds * 1e6 / t.inputs as f64,
         t.rejected,
         common::status_mib("VmHWM:")
     );
@@ -236,8 +277,8 @@ fn print_totals(t: &Totals, wall: f64) {
 }
 
 /// Accepts every header of `files` and makes the best header chain's
-/// block 2,100 below its tip the assumevalid block.
-fn assume_valid(chain: &mut Chainstate, files: &[PathBuf]) {
+/// block 2,100 below its tip the assumevalid block, and returns its hash.
+fn assume_valid(chain: &mut Chainstate, files: &[PathBuf]) -> BlockHash {
     let t = Instant::now();
     let mut headers = Vec::new();
     for f in files {
@@ -271,6 +312,7 @@ fn assume_valid(chain: &mut Chainstate, files: &[PathBuf]) {
         headers.len(),
         t.elapsed().as_secs_f64()
     );
+    block.hash
 }
 
 /// Feeds what is written to a SHA-256 engine.
@@ -305,9 +347,7 @@ fn check_end_state(chain: &mut Chainstate, manifest: &serde_json::Value, whole: 
         verdict(tip.hash.to_string() == want_tip)
     );
     let t = Instant::now();
-    let mut w = HashWriter(sha256::Hash::engine());
-    chain.dump_utxos(&mut w).expect("dump-utxos");
-    let sha = sha256::Hash::from_engine(w.0).to_string();
+    let sha = dump_sha256(chain);
     let utxos = chain.snapshot().utxo_stats().txouts;
     println!(
         "UTXO set: {utxos} outputs (manifest {}), dump-utxos SHA-256 {sha} ({} the manifest's; dump took {:.1} s)",
@@ -328,11 +368,7 @@ fn check_end_state(chain: &mut Chainstate, manifest: &serde_json::Value, whole: 
         if height > below {
             continue;
         }
-        let got = snapshot
-            .index()
-            .active_at(height)
-            .and_then(|e| snapshot.filter(e.id).ok().flatten())
-            .map(|(_, header)| header.to_string());
+        let got = filter_header_at(&snapshot, height);
         checked += 1;
         if got.as_deref() == fh["filter_header"].as_str() {
             same += 1;
@@ -341,8 +377,25 @@ fn check_end_state(chain: &mut Chainstate, manifest: &serde_json::Value, whole: 
     println!("filter headers: {same} of {checked} equal the manifest's (every 1,000th height)");
 }
 
-/// Reopens the datadir at the tip and prints how long it took.
-fn reopen(params: &ChainParams, datadir: &DataDir) {
+/// SHA-256 of the `dump-utxos` text, hex.
+fn dump_sha256(chain: &mut Chainstate) -> String {
+    let mut w = HashWriter(sha256::Hash::engine());
+    chain.dump_utxos(&mut w).expect("dump-utxos");
+    sha256::Hash::from_engine(w.0).to_string()
+}
+
+/// The basic filter header of the active block at `height`, hex.
+fn filter_header_at(snapshot: &kakehi::snapshot::ChainSnapshot, height: u32) -> Option<String> {
+    snapshot
+        .index()
+        .active_at(height)
+        .and_then(|e| snapshot.filter(e.id).ok().flatten())
+        .map(|(_, header)| header.to_string())
+}
+
+/// Reopens the datadir at the tip, prints how long it took, and returns
+/// the chain state.
+fn reopen(params: &ChainParams, datadir: &DataDir) -> Chainstate {
     let t = Instant::now();
     let chain = open_chainstate(params.clone(), datadir).expect("reopen");
     let secs = t.elapsed().as_secs_f64();
@@ -351,6 +404,7 @@ fn reopen(params: &ChainParams, datadir: &DataDir) {
         chain.index().tip().height,
         common::status_mib("VmRSS:")
     );
+    chain
 }
 
 /// Core's engine over all of `files` or the first `KAKEHI_SCALE_CORE_FILES`.

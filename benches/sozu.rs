@@ -30,12 +30,17 @@
 //! backend calls are timed; CPU time (all threads, /proc/self/stat) is
 //! printed next to wall time because the machine may be shared.
 
+#[allow(dead_code)]
+#[path = "common/mod.rs"]
+mod common;
+
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bitcoin::hashes::Hash;
 use bitcoin::{OutPoint, Txid};
+use common::cpu_seconds as cpu_secs;
 use kakehi::sozu::*;
 
 /// The node's allocator (`src/main.rs`), for Sozu and every baseline alike.
@@ -240,16 +245,6 @@ trait Backend {
     fn disconnect(&mut self, b: &Block);
     /// Called once, after the fill and before the first measured block.
     fn measure_start(&mut self) {}
-}
-
-/// CPU time (user + system, all threads) of this process in seconds, from
-/// /proc/self/stat (clock ticks, assumed 100 per second as on Linux x86-64).
-fn cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (tick(11) + tick(12)) / 100.0
 }
 
 fn coin_bytes(c: &Coin) -> Vec<u8> {

@@ -1,5 +1,5 @@
 //! Helpers shared by the benchmarks (included with `#[path]`): sizes on
-//! disk and the process's resident memory.
+//! disk, the process's resident memory and CPU time.
 
 use std::path::Path;
 
@@ -29,4 +29,15 @@ pub fn status_mib(field: &str) -> u64 {
                 .and_then(|kb| kb.parse::<u64>().ok())
         })
         .map_or(0, |kb| kb / 1024)
+}
+
+/// CPU time (user + system, all threads) of this process in seconds, from
+/// /proc/self/stat (clock ticks, assumed 100 per second as on Linux x86-64);
+/// 0 where it cannot be read.
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
 }
