@@ -49,6 +49,8 @@ mod http_get;
 mod p2p;
 #[path = "common/p2p_node.rs"]
 mod p2p_node;
+// For `spawn_http`; its `python` module is also `core_engine`'s.
+#[allow(clippy::duplicate_mod)]
 #[path = "../tests/common/mod.rs"]
 mod tcommon;
 

@@ -34,6 +34,7 @@ pub fn status_mib(field: &str) -> u64 {
 /// CPU time (user + system, all threads) of this process in seconds, from
 /// /proc/self/stat (clock ticks, assumed 100 per second as on Linux x86-64);
 /// 0 where it cannot be read.
+#[allow(dead_code)] // not every bench that includes this file reads it
 pub fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let after = stat.rsplit(')').next().unwrap_or("");

@@ -215,8 +215,8 @@ fn compare(a: &Node, b: &Node) {
     );
     let t = Instant::now();
     let (da, db) = (
-        dump_sha256(&mut *a.chain.lock()),
-        dump_sha256(&mut *b.chain.lock()),
+        dump_sha256(&mut a.chain.lock()),
+        dump_sha256(&mut b.chain.lock()),
     );
     println!(
         "A vs B: dump-utxos SHA-256 {} (A {da}, B {db}; both dumps {:.1} s)",
@@ -276,9 +276,10 @@ fn compare_http(a: &Node, b: &Node) {
         format!("/address/{address}/txs"),
         "/utxo/stats".to_string(),
     ];
-    let mut same = 0;
+    let (mut same, mut asked) = (0, Vec::new());
     for path in &paths {
         let (ra, rb) = (get_a(path), http_get::get(hb.addr, path));
+        asked.push(format!("{path} {}", ra.0));
         if (ra.0, &ra.1) == (rb.0, &rb.1) {
             same += 1;
         } else {
@@ -292,8 +293,8 @@ fn compare_http(a: &Node, b: &Node) {
         }
     }
     println!(
-        "A vs B: HTTP answers: {same} of {} equal byte for byte ({})",
+        "A vs B: HTTP answers: {same} of {} equal byte for byte (path and A's status: {})",
         paths.len(),
-        paths.join(", ")
+        asked.join(", ")
     );
 }
