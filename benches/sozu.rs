@@ -686,6 +686,14 @@ fn print_block_figures(
         journal / payload.max(1.0),
         (stats.spills - m.spills) as f64 / nb,
     );
+    println!(
+        "  per measured block: {:.0} page reads from files, {:.0} lookups below the RAM layers, {:.0} page images checkpointed ({:.0} of the pinned layers); checkpoints in the measured blocks: {}",
+        (stats.disk_page_reads - m.disk_page_reads) as f64 / nb,
+        (stats.deep_lookups - m.deep_lookups) as f64 / nb,
+        (stats.checkpoint_pages - m.checkpoint_pages) as f64 / nb,
+        (stats.checkpoint_pinned_pages - m.checkpoint_pinned_pages) as f64 / nb,
+        stats.checkpoints - m.checkpoints,
+    );
     println!("  durability floor: appending and fsyncing one block's journal alone takes {floor:.2?} (mean of 20)");
     floor
 }

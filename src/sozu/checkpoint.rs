@@ -134,11 +134,10 @@ fn write_home(st: &mut dyn Storage, job: &Job) -> Result<(), SozuError> {
             }
             let mut buf = Vec::with_capacity((j - i) * ps);
             for (addr, img) in &pages[i..j] {
-                let disk = page::seal(img, ps).map_err(|_| SozuError::BucketFull {
+                page::seal_into(img, ps, &mut buf).map_err(|_| SozuError::BucketFull {
                     layer: addr.0,
                     page: addr.1,
                 })?;
-                buf.extend_from_slice(&disk);
             }
             let name = layer_file(s as u8, layer);
             st.write_at(&name, first * ps as u64, &buf)

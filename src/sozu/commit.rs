@@ -153,6 +153,10 @@ impl SozuTable {
     }
 
     fn start(&mut self, job: Job) -> Result<(), SozuError> {
+        for (addr, _) in job.pages.iter().flatten() {
+            self.counters.checkpoint_pages.0 += 1;
+            self.counters.checkpoint_pages.1 += u64::from(self.geo.is_ram(addr.0));
+        }
         let st = self
             .storage
             .try_clone()

@@ -43,9 +43,10 @@ pub struct SozuConfig {
     /// Memory budget of the table's pages, MiB (default
     /// [`DEFAULT_RAM_MIB`]): five eighths pin the top layers in memory (as
     /// many whole layers as fit), one eighth caches other pages by
-    /// recency, a quarter holds pages committed and not yet checkpointed
-    /// (a checkpoint starts when they exceed it). The page summaries (about
-    /// 3 bytes per entry) come on top.
+    /// recency, a quarter plus what the pinned layers leave of their five
+    /// eighths holds pages committed and not yet checkpointed (a
+    /// checkpoint starts when they exceed it). The page summaries (about 3
+    /// bytes per entry) come on top.
     pub ram_mib: usize,
     /// Overrides the number of pinned top layers that `ram_mib` gives
     /// (tests: 0 sends every lookup through the page cache and summaries).
@@ -177,17 +178,20 @@ pub(super) struct MemoryPlan {
 impl MemoryPlan {
     /// The plan for `cfg` over a table of the given geometry: as many whole
     /// top layers as fit five eighths of the budget (layer 0 always), one
-    /// eighth for the caches, a quarter for unflushed pages.
+    /// eighth for the caches, a quarter for unflushed pages plus what the
+    /// pinned layers leave of their five eighths.
     pub(super) fn new(cfg: &SozuConfig, page_size: usize, b0: u32, g: u32, max_layer: u8) -> Self {
         let budget = (cfg.ram_mib as u64) << 20;
         let pinned = budget / 8 * 5;
+        let layer_bytes = |n: u8| {
+            let pages = 1u64.checked_shl(b0 + u32::from(n) * g).unwrap_or(u64::MAX);
+            pages.saturating_mul(page_size as u64)
+        };
         let ram_layers = cfg.ram_layers.unwrap_or_else(|| {
             let mut total = 0u64;
             let mut n = 0u8;
             while n <= max_layer {
-                let bits = b0 + u32::from(n) * g;
-                let pages = 1u64.checked_shl(bits).unwrap_or(u64::MAX);
-                total = total.saturating_add(pages.saturating_mul(page_size as u64));
+                total = total.saturating_add(layer_bytes(n));
                 if total > pinned && n > 0 {
                     break;
                 }
@@ -195,10 +199,13 @@ impl MemoryPlan {
             }
             n
         });
+        let ram_layers = ram_layers.min(max_layer.saturating_add(1));
+        let pinned_used = (0..ram_layers).fold(0u64, |t, n| t.saturating_add(layer_bytes(n)));
         Self {
-            ram_layers: ram_layers.min(max_layer.saturating_add(1)),
+            ram_layers,
             cache_bytes: (budget / 8).max(64 * page_size as u64),
-            unflushed_bytes: (budget / 4).max(256 * page_size as u64),
+            unflushed_bytes: (budget / 4 + pinned.saturating_sub(pinned_used))
+                .max(256 * page_size as u64),
         }
     }
 }
@@ -218,7 +225,8 @@ mod tests {
         let p = MemoryPlan::new(&cfg, 4096, 10, 1, 20);
         assert_eq!(p.ram_layers, 6);
         assert_eq!(p.cache_bytes, 64 << 20);
-        assert_eq!(p.unflushed_bytes, 128 << 20);
+        // A quarter, plus the 320 − 252 MiB the pinned layers leave.
+        assert_eq!(p.unflushed_bytes, (128 + 320 - 252) << 20);
         // Layer 0 is pinned whatever the budget; an override wins.
         let tiny = SozuConfig {
             ram_mib: 1,

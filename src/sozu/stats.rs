@@ -66,6 +66,12 @@ pub struct SozuStats {
     pub checkpoints: u64,
     /// Bytes appended to the journals since open.
     pub journal_bytes: u64,
+    /// Page images handed to checkpoints since open (each written twice:
+    /// double write, then its page file), and how many of them were of
+    /// the pinned layers.
+    pub checkpoint_pages: u64,
+    /// Of [`SozuStats::checkpoint_pages`], the pinned layers' pages.
+    pub checkpoint_pinned_pages: u64,
     /// Bytes of page images the table holds in memory now (pinned layers,
     /// pages not yet checkpointed, cache), plus its page summaries.
     pub memory_bytes: u64,

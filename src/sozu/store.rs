@@ -102,25 +102,34 @@ pub(super) fn read_page_file(
 ) -> Result<Option<Vec<u8>>, SozuError> {
     let name = layer_file(shard, layer);
     let offset = page_no.saturating_mul(page_size as u64);
-    let mut buf = vec![0u8; page_size];
-    match st.read_at(&name, offset, &mut buf) {
-        Ok(()) => {}
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::NotFound
-            ) =>
-        {
-            return Ok(None)
+    READ_BUF.with_borrow_mut(|buf| {
+        buf.resize(page_size, 0);
+        match st.read_at(&name, offset, buf) {
+            Ok(()) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::NotFound
+                ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(io_err(st, &name, e)),
         }
-        Err(e) => return Err(io_err(st, &name, e)),
-    }
-    if buf.iter().all(|&b| b == 0) {
-        return Ok(None);
-    }
-    page::open_disk(&buf, page_size)
-        .map(Some)
-        .map_err(|e| corrupt(st.path_of(&name), offset, e.to_string()))
+        if buf.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        page::open_disk(buf, page_size)
+            .map(Some)
+            .map_err(|e| corrupt(st.path_of(&name), offset, e.to_string()))
+    })
+}
+
+thread_local! {
+    /// One page-size buffer per thread for [`read_page_file`] (the page's
+    /// memory form is a copy of its used bytes, so the disk image need not
+    /// be a fresh allocation per read).
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// [`read_page_file`] for a page that must exist.

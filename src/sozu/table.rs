@@ -46,6 +46,8 @@ pub(super) struct TableCounters {
     pub(super) commits: u64,
     pub(super) checkpoints: u64,
     pub(super) journal_bytes: u64,
+    /// Page images handed to checkpoints: (all, of the pinned layers).
+    pub(super) checkpoint_pages: (u64, u64),
     /// (pages read, pages written) by the last block.
     pub(super) last_block: (u64, u64),
 }
@@ -224,6 +226,8 @@ impl SozuTable {
             commits: t.commits,
             checkpoints: t.checkpoints,
             journal_bytes: t.journal_bytes,
+            checkpoint_pages: t.checkpoint_pages.0,
+            checkpoint_pinned_pages: t.checkpoint_pages.1,
             memory_bytes: memory,
             ..SozuStats::default()
         }

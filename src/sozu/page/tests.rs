@@ -84,6 +84,24 @@ fn too_large_is_refused() {
         seal(&mem, 4096),
         Err(EncodeError::TooLarge { .. })
     ));
+    let mut out = vec![9u8; 5];
+    assert!(seal_into(&mem, 4096, &mut out).is_err());
+    assert_eq!(out, vec![9u8; 5], "a refused seal appends nothing");
+}
+
+/// Pages sealed one after another into one buffer (a checkpoint's run of
+/// pages) are each the page's own sealed image.
+#[test]
+fn seal_into_appends_each_image() {
+    let a = encode(&decoded(vec![slot(1, 30)])).unwrap();
+    let b = encode(&decoded(vec![slot(2, 22), slot(3, 0)])).unwrap();
+    let mut out = Vec::new();
+    seal_into(&a, 4096, &mut out).unwrap();
+    seal_into(&b, 4096, &mut out).unwrap();
+    assert_eq!(out.len(), 2 * 4096);
+    assert_eq!(out[..4096], seal(&a, 4096).unwrap()[..]);
+    assert_eq!(out[4096..], seal(&b, 4096).unwrap()[..]);
+    assert_eq!(open_disk(&out[4096..], 4096).unwrap(), b);
 }
 
 /// In-place edits agree with editing the decoded entries: records land in
