@@ -1,8 +1,10 @@
 //! I/O faults everywhere the node writes outside the Sozu table: `ENOSPC`
 //! on a write, `EIO` on a write and `EIO` on a sync, injected through the
 //! storage seam (`kakehi::store::fault`) into the block, filter and
-//! spent-output flat files, the index database's commits (which carry the
-//! address index) and the archive's epoch files and header list, at a
+//! spent-output flat files, the index database's commits, the index rows'
+//! run files, manifest and directory syncs (which carry the address index;
+//! their background compaction included) and the archive's epoch files and
+//! header list, at a
 //! random point of an import of regtest-a's first 400 blocks.
 //!
 //! After each fault: the import fails with an error naming the file and
@@ -15,8 +17,8 @@
 //! archive commitment. The fault is one-shot (later operations succeed), so
 //! a writer that ignored a failure would carry on, and fail the test.
 //!
-//! CI: each of the 15 (place, fault) pairs once at a random point.
-//! `KAKEHI_LONG=1`: 8 points each (120). The seed is printed;
+//! CI: each of the 18 (place, fault) pairs once at a random point.
+//! `KAKEHI_LONG=1`: 8 points each (144). The seed is printed;
 //! `KAKEHI_SEED=<n>` replays it.
 
 mod common;
@@ -28,11 +30,15 @@ use common::json;
 use kakehi::store::fault::{FaultPlan, IoOp};
 
 /// Where faults go: a name and a string the paths contain.
-const PLACES: [(&str, &str); 5] = [
+const PLACES: [(&str, &str); 6] = [
     ("block files", "/blocks/"),
     ("filter files", "/filters/"),
     ("spent-output files", "/spent/"),
     ("index database", "/index"),
+    (
+        "index rows (run files, manifest, their directory)",
+        "/index/rows",
+    ),
     ("archive", "/archive/"),
 ];
 

@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::error::RunError;
+use super::manifest::WriteError;
 use super::run::{Run, RunWriter};
 use super::set::RowSet;
 use super::Core;
@@ -72,12 +73,14 @@ fn compact_one<const N: usize>(core: &Core, set: &RowSet<N>, idx: usize) -> Resu
     };
     let number = core.allocate_number();
     let path = core.run_path(set.name, number);
-    let merged = merge(core, &inputs, &path, number).and_then(|run| match run {
-        Some(run) => core
-            .replace_runs(set, idx, &inputs, Arc::new(run))
-            .map(|()| true),
-        None => Ok(false),
-    });
+    let merged = merge(core, &inputs, &path, number)
+        .map_err(WriteError::Before)
+        .and_then(|run| match run {
+            Some(run) => core
+                .replace_runs(set, idx, &inputs, Arc::new(run))
+                .map(|()| true),
+            None => Ok(false),
+        });
     match merged {
         Ok(true) => {
             for run in &inputs {
@@ -87,10 +90,13 @@ fn compact_one<const N: usize>(core: &Core, set: &RowSet<N>, idx: usize) -> Resu
             }
             Ok(true)
         }
-        other => {
+        Ok(false) | Err(WriteError::Before(_)) => {
             let _ = std::fs::remove_file(&path);
-            other
+            merged.map_err(WriteError::into_inner)
         }
+        // Either manifest may stand: inputs and output stay (the next
+        // open deletes the files the standing one does not name).
+        Err(WriteError::After(e)) => Err(e),
     }
 }
 

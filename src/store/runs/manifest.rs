@@ -90,22 +90,43 @@ impl Manifest {
     /// Replaces the manifest of `dir` with this one, durably (module doc).
     ///
     /// # Errors
-    /// [`RunError::Io`] naming the file or directory that failed; the old
-    /// manifest then still stands (unless the final directory sync failed,
-    /// after which either may).
-    pub fn write(&self, dir: &Path) -> Result<(), RunError> {
+    /// [`WriteError`]: [`RunError::Io`] naming the file or directory that
+    /// failed, and whether the rename was done.
+    pub fn write(&self, dir: &Path) -> Result<(), WriteError> {
         let tmp = dir.join(TMP_NAME);
         let io = RunError::io(&tmp);
-        fault::check(IoOp::Write, &tmp).map_err(&io)?;
-        let mut f = File::create(&tmp).map_err(&io)?;
-        f.write_all(&self.encode()).map_err(&io)?;
-        fault::check(IoOp::Sync, &tmp).map_err(&io)?;
-        f.sync_all().map_err(&io)?;
-        sync_dir(dir)?;
+        let before = |e: std::io::Error| WriteError::Before(io(e));
+        fault::check(IoOp::Write, &tmp).map_err(before)?;
+        let mut f = File::create(&tmp).map_err(before)?;
+        f.write_all(&self.encode()).map_err(before)?;
+        fault::check(IoOp::Sync, &tmp).map_err(before)?;
+        f.sync_all().map_err(before)?;
+        sync_dir(dir).map_err(WriteError::Before)?;
         let path = dir.join(NAME);
-        fault::check(IoOp::Write, &path).map_err(RunError::io(&path))?;
-        std::fs::rename(&tmp, &path).map_err(RunError::io(&path))?;
-        sync_dir(dir)
+        let before = |e| WriteError::Before(RunError::io(&path)(e));
+        fault::check(IoOp::Write, &path).map_err(before)?;
+        std::fs::rename(&tmp, &path).map_err(before)?;
+        sync_dir(dir).map_err(WriteError::After)
+    }
+}
+
+/// A failed [`Manifest::write`].
+#[derive(Debug)]
+pub enum WriteError {
+    /// Before the rename: the old manifest stands; the files only the new
+    /// one names may be deleted.
+    Before(RunError),
+    /// The directory sync after the rename: after a crash either manifest
+    /// may stand, so every file either names must stay.
+    After(RunError),
+}
+
+impl WriteError {
+    /// The error, whichever step failed.
+    pub fn into_inner(self) -> RunError {
+        match self {
+            WriteError::Before(e) | WriteError::After(e) => e,
+        }
     }
 }
 
@@ -140,7 +161,7 @@ mod tests {
         assert_eq!(Manifest::decode(&b[..b.len() - 1]), None);
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(Manifest::read(dir.path()).unwrap(), None);
-        m.write(dir.path()).unwrap();
+        m.write(dir.path()).map_err(WriteError::into_inner).unwrap();
         assert_eq!(Manifest::read(dir.path()).unwrap(), Some(m));
     }
 }

@@ -46,7 +46,7 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 pub use error::RunError;
-use manifest::Manifest;
+use manifest::{Manifest, WriteError};
 use run::{Run, RunWriter};
 pub use set::RowSet;
 
@@ -137,14 +137,15 @@ impl Core {
     }
 
     /// Makes `output` replace `inputs` in `set` (index `idx`): manifest
-    /// first, then the in-memory list.
+    /// first, then the in-memory list (also when only the manifest's last
+    /// directory sync failed: the new manifest may stand).
     fn replace_runs<const N: usize>(
         &self,
         set: &RowSet<N>,
         idx: usize,
         inputs: &[Arc<Run<N>>],
         output: Arc<Run<N>>,
-    ) -> Result<(), RunError> {
+    ) -> Result<(), WriteError> {
         let next = self.manifest.lock();
         let mut runs: Vec<Arc<Run<N>>> = set
             .runs()
@@ -155,9 +156,11 @@ impl Core {
         runs.push(output);
         let mut m = self.manifest(*next);
         m.sets[idx] = numbers(&runs);
-        m.write(&self.dir)?;
-        set.install(runs, false);
-        Ok(())
+        let written = m.write(&self.dir);
+        if !matches!(written, Err(WriteError::Before(_))) {
+            set.install(runs, false);
+        }
+        written
     }
 }
 
@@ -244,7 +247,7 @@ impl RowSets {
             rounds_done: Condvar::new(),
         });
         if created {
-            m.write(dir)?;
+            m.write(dir).map_err(WriteError::into_inner)?;
         }
         let thread = start_compactor(&core).map_err(&io)?;
         let sets = RowSets {
@@ -302,7 +305,12 @@ impl RowSets {
         }
         *next = base + 3;
         let installed = (|| {
-            let (t, s, h) = (t.transpose()?, s.transpose()?, h.transpose()?);
+            let before = WriteError::Before;
+            let (t, s, h) = (
+                t.transpose().map_err(before)?,
+                s.transpose().map_err(before)?,
+                h.transpose().map_err(before)?,
+            );
             let lists = (
                 with_new(&core.txs, &t),
                 with_new(&core.spends, &s),
@@ -312,25 +320,31 @@ impl RowSets {
                 next: *next,
                 sets: [numbers(&lists.0), numbers(&lists.1), numbers(&lists.2)],
             };
-            m.write(&core.dir)?;
-            core.txs.install(lists.0, true);
-            core.spends.install(lists.1, true);
-            core.history.install(lists.2, true);
-            Ok(())
-        })();
-        if let Err(e) = installed {
-            for (i, set) in SET_NAMES.iter().enumerate() {
-                let n = base + i as u64;
-                let _ = std::fs::remove_file(core.run_path(set, n));
+            let written = m.write(&core.dir);
+            if !matches!(written, Err(WriteError::Before(_))) {
+                core.txs.install(lists.0, true);
+                core.spends.install(lists.1, true);
+                core.history.install(lists.2, true);
             }
-            core.txs.thaw();
-            core.spends.thaw();
-            core.history.thaw();
-            return Err(e);
-        }
+            written
+        })();
         drop(next);
-        self.request_compaction();
-        Ok(())
+        match installed {
+            Ok(()) => {
+                self.request_compaction();
+                Ok(())
+            }
+            Err(WriteError::After(e)) => Err(e),
+            Err(WriteError::Before(e)) => {
+                for (i, set) in SET_NAMES.iter().enumerate() {
+                    let _ = std::fs::remove_file(core.run_path(set, base + i as u64));
+                }
+                core.txs.thaw();
+                core.spends.thaw();
+                core.history.thaw();
+                Err(e)
+            }
+        }
     }
 
     fn request_compaction(&self) {
