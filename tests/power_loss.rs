@@ -37,6 +37,10 @@ fn power_cut_copy(
         let entry = entry.unwrap();
         let (src, dst) = (entry.path(), to.join(entry.file_name()));
         if entry.file_type().unwrap().is_dir() {
+            if entry.file_name() == "rows" {
+                copy_rows(&src, &dst, synced);
+                continue;
+            }
             std::fs::create_dir_all(&dst).unwrap();
             power_cut_copy(&src, &dst, synced);
             continue;
@@ -56,6 +60,24 @@ fn power_cut_copy(
         }
         std::fs::write(&dst, bytes).unwrap();
     }
+}
+
+/// Copies the index rows' directory as of one instant: its background
+/// compaction may replace the manifest and delete the runs it replaced
+/// while the copy runs, so the copy is taken again until the manifest
+/// did not change under it.
+fn copy_rows(from: &Path, to: &Path, synced: &std::collections::BTreeMap<std::path::PathBuf, u64>) {
+    let manifest = || std::fs::read(from.join("MANIFEST")).ok();
+    for _ in 0..100 {
+        let before = manifest();
+        let _ = std::fs::remove_dir_all(to);
+        std::fs::create_dir_all(to).unwrap();
+        power_cut_copy(from, to, synced);
+        if manifest() == before {
+            return;
+        }
+    }
+    panic!("the row manifest kept changing while copied");
 }
 
 fn one_cut(blocks: &Path, op: IoOp, after: u64, reference: &EndState) -> String {

@@ -187,6 +187,9 @@ impl Chainstate {
     /// half-way; returns the [`PipelineError::Failed`] to report, which
     /// keeps `cause` as its source.
     pub(super) fn stop_writes(&mut self, cause: PipelineError) -> PipelineError {
+        // The index rows' background compaction stops too: nothing is
+        // written after a failure (a restart reconciles from the disk).
+        self.store.halt_rows();
         let source = Arc::new(cause);
         self.failed = Some(source.clone());
         PipelineError::Failed { source }

@@ -858,6 +858,13 @@ impl Store {
         Ok(self.rows.settle()?)
     }
 
+    /// Stops the row store's background compaction for good (after a
+    /// write failure: the node writes nothing more until a restart);
+    /// returns once no compaction runs.
+    pub fn halt_rows(&self) {
+        self.rows.halt();
+    }
+
     /// Reads a metadata value.
     ///
     /// # Errors

@@ -56,6 +56,9 @@ fn pick<const N: usize>(runs: &[Arc<Run<N>>]) -> Option<Vec<Arc<Run<N>>>> {
 pub(super) fn compact_all(core: &Core) -> Result<(), RunError> {
     let _one_at_a_time = core.compact_lock.lock();
     loop {
+        if core.stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let mut did = compact_one(core, &core.txs, 0)?;
         did |= compact_one(core, &core.spends, 1)?;
         did |= compact_one(core, &core.history, 2)?;
@@ -143,6 +146,9 @@ fn merge<const N: usize>(
         if let Some(n) = next {
             heap.push(Reverse((n, i)));
         }
+    }
+    if core.stop.load(Ordering::Acquire) {
+        return Ok(None);
     }
     out.finish(number).map(Some)
 }

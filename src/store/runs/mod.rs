@@ -372,6 +372,14 @@ impl RowSets {
         core.failed.lock().take().map_or(Ok(()), Err)
     }
 
+    /// Stops compaction for good; returns once none runs (a merge under
+    /// way stops at its next block, its output deleted).
+    pub fn halt(&self) {
+        self.core.stop.store(true, Ordering::Release);
+        let _none_runs = self.core.compact_lock.lock();
+        self.core.rounds_done.notify_all();
+    }
+
     /// Runs compaction now on the calling thread (tests).
     ///
     /// # Errors

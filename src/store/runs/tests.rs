@@ -220,7 +220,10 @@ fn a_failed_flush_leaves_an_openable_store() {
                 continue;
             };
             let err = flushed.unwrap_err();
-            assert!(err.to_string().contains(&fired.path.display().to_string()), "{err}");
+            assert!(
+                err.to_string().contains(&fired.path.display().to_string()),
+                "{err}"
+            );
             // A copy as the disk is now (before the retry) opens.
             let copy = tempfile::tempdir().unwrap();
             for e in std::fs::read_dir(&path).unwrap() {
