@@ -174,7 +174,9 @@ impl NodeBackend for NodeP2p {
     }
 
     fn block_height(&self, hash: &BlockHash) -> Option<u32> {
-        self.view().heights.get(hash).copied()
+        // The writer's index (every header it holds), as the view reads it.
+        let progress = self.snapshots.progress();
+        progress.index.by_hash(hash).map(|e| e.height)
     }
 
     fn locator(&self) -> Vec<BlockHash> {

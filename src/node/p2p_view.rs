@@ -1,10 +1,9 @@
 //! The summary [`super::p2p_backend::NodeP2p`]'s cheap methods read: the
-//! best header chain, its locator, the blocks to download, heights of
-//! every known header, and whether the filter index and the archive are
-//! ready; refreshed from the writer's [`Progress`] (and, for the archive,
+//! best header chain, its locator, the blocks to download, and whether
+//! the filter index and the archive are ready; refreshed from the writer's [`Progress`] (and, for the archive,
 //! the latest [`ChainSnapshot`]) when they changed.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use bitcoin::hashes::Hash;
 use bitcoin::pow::Work;
@@ -24,11 +23,9 @@ pub(super) struct View {
     /// (index length, tip id, blocks connected, blocks rejected, the
     /// readers' snapshot's tip id) at the last refresh.
     pub(super) key: Option<(usize, u32, u64, u64, u32)>,
-    /// Index entries already folded into `heights` and `best`.
+    /// Index entries already folded into `best`.
     pub(super) scanned: usize,
     pub(super) rejected_seen: u64,
-    /// Height of every header of the index.
-    pub(super) heights: HashMap<BlockHash, u32>,
     /// The most-work non-invalid header; among equal work the first seen,
     /// unless its body arrived mutated and another's did not (below).
     pub(super) best: Option<(BlockId, Work)>,
@@ -56,7 +53,6 @@ impl Default for View {
             key: None,
             scanned: 0,
             rejected_seen: 0,
-            heights: HashMap::new(),
             best: None,
             mutated: VecDeque::new(),
             header_chain: Vec::new(),
@@ -99,9 +95,6 @@ impl View {
             for e in index.entries_from(self.scanned) {
                 self.consider(index, e);
             }
-        }
-        for e in index.entries_from(self.scanned) {
-            self.heights.insert(e.hash, e.height);
         }
         self.scanned = index.len();
         let tip = index.tip();
