@@ -123,7 +123,11 @@ fn kill_9_during_import_then_resume_reaches_the_reference_state() {
         let wait = noop / 2 + Duration::from_millis(rng.next() % max_ms);
         std::thread::sleep(wait);
         match child.try_wait().unwrap() {
-            Some(status) => assert!(status.success(), "round {round}: import failed: {status}"),
+            Some(status) => assert!(
+                status.success(),
+                "round {round}: import failed: {status}; its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ),
             None => {
                 child.kill().unwrap(); // SIGKILL
                 child.wait().unwrap();
