@@ -4,7 +4,7 @@
 //! each an in-memory sorted set plus immutable sorted run files, in the
 //! directory `index/rows/` of the datadir.
 //!
-//! - **Writes.** Rows applied ([`RowSets::insert`]) are visible to readers
+//! - **Writes.** Rows applied ([`RowSet::insert`]) are visible to readers
 //!   at once, not durable. [`RowSets::flush`] writes each set's rows in
 //!   memory as one new run file (`run.rs`), fsynced, then replaces the
 //!   manifest (`manifest.rs`) to name them: after it returns the rows are
