@@ -10,7 +10,13 @@
 //! The new state is marked complete (`reindex.new/COMPLETE`), then swapped in
 //! directory by directory, the old ones going to `reindex.old/`, removed at
 //! the end. Every step can be interrupted: a new run removes an incomplete
-//! build and starts over, or finishes a swap that was under way. The block
+//! build and starts over, or finishes a swap that was under way. Every write
+//! of the reindex's own (directories, the marker, the swap's renames and
+//! syncs) passes the I/O fault seam (`store::durable`), as the new chain
+//! state's writes do: a failure stops the run with an error naming the
+//! path; before the swap the unfinished build is removed (the datadir is
+//! as before the run), during it the node refuses the datadir until the
+//! reindex is run again. The block
 //! files are written again by the new state, so the run needs the disk of
 //! the block files once more until the swap. Headers received without their
 //! block are not kept: peers send them again.
@@ -24,6 +30,7 @@ use crate::chain::ChainParams;
 use crate::import::{scan_file, ImportError, ImportRun, ImportSummary};
 use crate::pipeline::{Chainstate, PipelineError};
 use crate::sozu::{SozuConfig, SozuError, SozuTable};
+use crate::store::durable;
 
 /// The datadir's chain-state directories (`src/node.rs`, datadir layout),
 /// replaced by a reindex.
@@ -76,6 +83,17 @@ pub enum ReindexError {
         /// Height the new chain state had reached.
         height: u32,
     },
+    /// A write of the swap failed (a rename, the datadir's sync, the
+    /// marker's removal): the datadir mixes old and new directories, and
+    /// the node refuses it until the reindex is run again.
+    #[error("{path}: {source}; the reindex stopped while it swapped the chain state in: run `kakehi reindex-chainstate` again to finish it")]
+    Swap {
+        /// The file or directory.
+        path: PathBuf,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A reindex stopped during its swap: the datadir mixes old and new
     /// directories until it is finished.
     #[error("datadir {path} holds a reindex stopped while it swapped the chain state in: run `kakehi reindex-chainstate` to finish it")]
@@ -83,6 +101,13 @@ pub enum ReindexError {
         /// The datadir.
         path: PathBuf,
     },
+}
+
+fn swap_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReindexError + '_ {
+    move |source| ReindexError::Swap {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReindexError + '_ {
@@ -116,8 +141,9 @@ pub fn check_no_swap_pending(datadir: &Path) -> Result<(), ReindexError> {
 /// finished the swap of an earlier run.
 ///
 /// # Errors
-/// [`ReindexError`]; the old chain state stays in place unless the swap
-/// had started (then run again to finish it).
+/// [`ReindexError`], naming the path of a failed write; the old chain
+/// state stays in place and the unfinished build is removed unless the
+/// swap had started ([`ReindexError::Swap`]: run again to finish it).
 pub fn reindex_chainstate(
     datadir: &Path,
     params: ChainParams,
@@ -135,27 +161,63 @@ pub fn reindex_chainstate(
     }
     for leftover in [&new, &datadir.join(OLD_DIR)] {
         if leftover.exists() {
-            std::fs::remove_dir_all(leftover).map_err(io(leftover))?;
+            durable::remove_dir_all(leftover).map_err(io(leftover))?;
         }
     }
     let files = block_files(&datadir.join("blocks"))?;
-    std::fs::create_dir_all(&new).map_err(io(&new))?;
-    let summary = build(
+    let built = build_complete(
         &new,
         (params, sozu, index_cache_mib),
         &files,
         stop,
         progress,
         configure,
-    )?;
-    for name in CHAINSTATE_DIRS {
-        let d = new.join(name);
-        std::fs::create_dir_all(&d).map_err(io(&d))?;
-    }
-    write_synced(&new.join(COMPLETE))?;
-    sync_dir(&new)?;
+    );
+    let summary = match built {
+        Ok(summary) => summary,
+        Err(e) => {
+            discard(&new);
+            return Err(e);
+        }
+    };
     swap(datadir)?;
     Ok(Some(summary))
+}
+
+/// Builds the new chain state in `new` and marks it complete, durably.
+fn build_complete(
+    new: &Path,
+    limits: (ChainParams, SozuConfig, usize),
+    files: &[PathBuf],
+    stop: &AtomicBool,
+    progress: bool,
+    configure: &mut dyn FnMut(&mut Chainstate) -> Result<(), PipelineError>,
+) -> Result<ImportSummary, ReindexError> {
+    durable::create_dir_all(new).map_err(io(new))?;
+    let summary = build(new, limits, files, stop, progress, configure)?;
+    for name in CHAINSTATE_DIRS {
+        let d = new.join(name);
+        durable::create_dir_all(&d).map_err(io(&d))?;
+    }
+    let complete = new.join(COMPLETE);
+    durable::write_synced(&complete, &[]).map_err(io(&complete))?;
+    durable::sync_dir(new).map_err(io(new))?;
+    Ok(summary)
+}
+
+/// Removes an unfinished build after a failure before the swap, so that
+/// the datadir is as before the run (its disk space freed); a removal that
+/// fails is logged (the next reindex removes it).
+fn discard(new: &Path) {
+    match std::fs::remove_dir_all(new) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(
+            path = %new.display(),
+            error = %e,
+            "cannot remove the unfinished reindex; the next reindex-chainstate removes it"
+        ),
+    }
 }
 
 /// `blocks/blk*.dat`, in name (= append) order.
@@ -230,35 +292,30 @@ fn build(
 /// Moves every chain-state directory of `datadir` to [`OLD_DIR`] and the
 /// new one from [`NEW_DIR`] in its place, then removes both. A directory
 /// no longer in [`NEW_DIR`] was swapped by an earlier, interrupted run.
+///
+/// # Errors
+/// [`ReindexError::Swap`] while the datadir mixes old and new directories
+/// (until [`COMPLETE`] is removed: run again to finish);
+/// [`ReindexError::Io`] for the removals and the directory sync after it
+/// (the new chain state is in place).
 fn swap(datadir: &Path) -> Result<(), ReindexError> {
     let (new, old) = (datadir.join(NEW_DIR), datadir.join(OLD_DIR));
-    std::fs::create_dir_all(&old).map_err(io(&old))?;
+    durable::create_dir_all(&old).map_err(swap_err(&old))?;
     for name in CHAINSTATE_DIRS {
         let (from, cur) = (new.join(name), datadir.join(name));
         if !from.exists() {
             continue;
         }
         if cur.exists() {
-            std::fs::rename(&cur, old.join(name)).map_err(io(&cur))?;
+            let to = old.join(name);
+            durable::rename(&cur, &to).map_err(swap_err(&to))?;
         }
-        std::fs::rename(&from, &cur).map_err(io(&from))?;
+        durable::rename(&from, &cur).map_err(swap_err(&cur))?;
     }
-    sync_dir(datadir)?;
-    std::fs::remove_file(new.join(COMPLETE)).map_err(io(&new))?;
-    std::fs::remove_dir_all(&new).map_err(io(&new))?;
-    std::fs::remove_dir_all(&old).map_err(io(&old))?;
-    sync_dir(datadir)
-}
-
-/// Creates an empty file and makes it durable.
-fn write_synced(path: &Path) -> Result<(), ReindexError> {
-    let f = std::fs::File::create(path).map_err(io(path))?;
-    f.sync_all().map_err(io(path))
-}
-
-/// Makes a directory's entries (creations, renames) durable.
-fn sync_dir(dir: &Path) -> Result<(), ReindexError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))
+    durable::sync_dir(datadir).map_err(swap_err(datadir))?;
+    let complete = new.join(COMPLETE);
+    durable::remove_file(&complete).map_err(swap_err(&complete))?;
+    durable::remove_dir_all(&new).map_err(io(&new))?;
+    durable::remove_dir_all(&old).map_err(io(&old))?;
+    durable::sync_dir(datadir).map_err(io(datadir))
 }

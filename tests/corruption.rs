@@ -241,18 +241,6 @@ fn files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for e in std::fs::read_dir(from).expect("read dir").flatten() {
-        let dest = to.join(e.file_name());
-        if e.path().is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).expect("copy");
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Damage {
     /// 8 bytes inverted in the middle of the file.
@@ -305,7 +293,7 @@ fn every_datadir_file_flipped_or_truncated_is_refused_or_served_right() {
     for rel in files(template.path()) {
         for how in [Damage::Flip8, Damage::TruncateHalf] {
             let case = tempfile::tempdir().expect("tempdir");
-            copy_dir(template.path(), case.path());
+            common::copy_dir(template.path(), case.path());
             damage(&case.path().join(&rel), how);
             let outcome = catch_unwind(AssertUnwindSafe(|| check(case.path(), &truth)));
             let case_dir = case.path().display().to_string();

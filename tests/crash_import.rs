@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bitcoin::{BlockHash, Network};
-use common::{data, json};
+use common::{copy_dir, data, json};
 use kakehi::chain::ChainParams;
 use kakehi::node::{open_chainstate, DataDir};
 
@@ -346,21 +346,6 @@ fn address_index_built_from_the_block_files_equals_one_kept_from_the_start() {
     let (kept, later) = (open(kept.path()), open(later.path()));
     assert!(later.address_index());
     assert!(address_answers(&kept) == address_answers(&later));
-}
-
-/// Copies every file of `from` into `to` (recreated), as a disk image of a
-/// directory at one instant.
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    let _ = std::fs::remove_dir_all(to);
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
 }
 
 /// The crash a kill rarely hits: a group's index batch is flushed, the

@@ -84,6 +84,7 @@ fn one_cut(blocks: &Path, op: IoOp, after: u64, reference: &EndState) -> String 
     let run = FaultedImport::run(blocks, |under| FaultPlan {
         under,
         path_contains: String::new(),
+        path_excludes: None,
         op,
         after,
         errno: 5,

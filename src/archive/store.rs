@@ -20,6 +20,7 @@ use super::proof::{verify, Anchor, EpochProof, Gap, ProofBatch, ProofItem, Proof
 use super::seal::{self, EpochBuilder, SEAL_MEMORY_BYTES};
 use super::{ArchiveError, OutpointStatus};
 use crate::primitives::outpoint_key;
+use crate::store::durable;
 use crate::store::fault::{self, IoOp};
 
 /// Magic of an epoch file.
@@ -81,10 +82,7 @@ fn corrupt(path: &Path, reason: &'static str) -> ArchiveError {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), ArchiveError> {
-    fault::check(IoOp::Sync, dir)
-        .and_then(|()| File::open(dir))
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))
+    durable::sync_dir(dir).map_err(io_err(dir))
 }
 
 /// Writes `write` into `path.tmp`, fsyncs, renames over `path`, fsyncs dir.
@@ -112,7 +110,7 @@ fn write_atomic(
         .and_then(|()| f.sync_all())
         .map_err(io_err(&tmp))?;
     drop(f);
-    fs::rename(&tmp, path).map_err(io_err(path))?;
+    durable::rename(&tmp, path).map_err(io_err(path))?;
     sync_dir(dir)
 }
 
@@ -490,7 +488,7 @@ impl Archive {
             .and_then(|()| File::open(&tmp))
             .and_then(|f| f.sync_all())
             .map_err(io_err(&tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        durable::rename(&tmp, &path).map_err(io_err(&path))?;
         sync_dir(&self.dir)?;
         let mut all = Vec::clone(&self.headers);
         all.push(header);

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::store::durable;
+
 /// Maximum entries kept in the address book.
 pub const MAX_ADDRS: usize = 20_000;
 /// Entries that failed this many times in a row are dropped.
@@ -39,6 +41,42 @@ pub struct AddrEntry {
 struct AddrFile {
     version: u32,
     addrs: Vec<AddrEntry>,
+}
+
+/// Errors of the address book's file. The book is not consensus data: the
+/// node logs them and goes on with the book it has in memory.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AddrBookError {
+    /// The file, its temporary copy or its directory cannot be read,
+    /// written or synced.
+    #[error("address book {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not JSON of the book's format (or the book cannot be
+    /// encoded).
+    #[error("address book {path}: not a book of format version 1: {source}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The decoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl AddrBookError {
+    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| AddrBookError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
 }
 
 /// The address book. Not thread-safe on its own; the network keeps it in a
@@ -71,41 +109,60 @@ impl AddrBook {
     /// `seed` as in [`AddrBook::new`].
     ///
     /// # Errors
-    /// The file exists but cannot be read or parsed.
-    pub fn load(path: &Path, seed: u64) -> Result<Self, std::io::Error> {
+    /// [`AddrBookError`] naming `path`: it exists but cannot be read, or is
+    /// not a book of this format.
+    pub fn load(path: &Path, seed: u64) -> Result<Self, AddrBookError> {
         let mut book = Self::new(seed);
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(book),
-            Err(e) => return Err(e),
+            Err(source) => return Err(AddrBookError::io(path)(source)),
         };
-        let file: AddrFile = serde_json::from_slice(&bytes)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        let file: AddrFile =
+            serde_json::from_slice(&bytes).map_err(|source| AddrBookError::Json {
+                path: path.to_path_buf(),
+                source,
+            })?;
         for e in file.addrs.into_iter().take(MAX_ADDRS) {
             book.entries.insert(e.addr, e);
         }
         Ok(book)
     }
 
-    /// Writes the book to `path` atomically: `path.tmp`, fsync, rename.
+    /// Writes the book to `path` atomically: `path` with the extension
+    /// `tmp` written and fsynced, renamed over `path`, the directory
+    /// fsynced. Every step passes the I/O fault seam
+    /// ([`crate::store::durable`]).
     ///
     /// # Errors
-    /// Any I/O error; the previous file is left intact.
-    pub fn save(&self, path: &Path) -> Result<(), std::io::Error> {
+    /// [`AddrBookError::Io`] naming the file or directory that failed.
+    /// Before the rename (the temporary file's write or fsync, the rename)
+    /// nothing changed: `path` holds the previous book and the temporary
+    /// file is removed. A failed directory fsync comes after the rename:
+    /// `path` holds this book, which a power cut may turn back into the
+    /// previous one (either is a whole book).
+    pub fn save(&self, path: &Path) -> Result<(), AddrBookError> {
         let file = AddrFile {
             version: 1,
             addrs: self.entries.values().cloned().collect(),
         };
-        let bytes = serde_json::to_vec(&file)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        let bytes = serde_json::to_vec(&file).map_err(|source| AddrBookError::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let tmp: PathBuf = path.with_extension("tmp");
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
+        let replaced = durable::write_synced(&tmp, &bytes)
+            .map_err(AddrBookError::io(&tmp))
+            .and_then(|()| durable::rename(&tmp, path).map_err(AddrBookError::io(path)));
+        if let Err(e) = replaced {
+            let _ = durable::remove_file(&tmp);
+            return Err(e);
         }
-        std::fs::rename(&tmp, path)
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        durable::sync_dir(dir).map_err(AddrBookError::io(dir))
     }
 
     /// Number of entries.

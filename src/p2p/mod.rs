@@ -104,6 +104,10 @@ pub struct Timeouts {
     pub block_request: Duration,
     /// Period of the connection manager (dialing, saving the book).
     pub maintenance: Duration,
+    /// Interval between saves of the address book to
+    /// [`P2pConfig::addr_file`] (also saved at shutdown); a failed save is
+    /// logged and tried again at the next one.
+    pub addr_book_save: Duration,
 }
 
 impl Default for Timeouts {
@@ -120,6 +124,7 @@ impl Default for Timeouts {
             stall_max: Duration::from_secs(64),
             block_request: Duration::from_secs(600),
             maintenance: Duration::from_secs(1),
+            addr_book_save: Duration::from_secs(300),
         }
     }
 }

@@ -84,7 +84,7 @@ pub async fn run(
             _ = tick.tick() => {
                 maintain_outbound(&net, &mut tasks, &shutdown, &mut connecting, &mut retry, &done_tx);
                 maybe_seed(&net, &mut tasks, &mut last_seed);
-                if last_save.elapsed() > Duration::from_secs(300) {
+                if last_save.elapsed() > net.config.timeouts.addr_book_save {
                     last_save = Instant::now();
                     save_book(&net).await;
                 }
@@ -218,7 +218,9 @@ async fn save_book(net: &Arc<Net>) {
     let res = tokio::task::spawn_blocking(move || n.addrs.lock().save(&path)).await;
     match res {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => warn!(error = %e, "saving the address book failed"),
+        // Not consensus data: the node goes on with the book in memory and
+        // tries again at the next save.
+        Ok(Err(e)) => warn!(error = %e, "saving the address book failed; going on"),
         Err(e) => warn!(error = %e, "address book save task failed"),
     }
 }

@@ -42,6 +42,10 @@ pub struct FaultPlan {
     /// And only those whose path contains this string (`"/filters/"`,
     /// `"/index"`; empty: all).
     pub path_contains: String,
+    /// But not those whose path contains this one (`Some("/reindex.new/")`:
+    /// a reindex's swap and directory syncs without the files of the chain
+    /// state it builds); `None`: no exclusion.
+    pub path_excludes: Option<String>,
     /// The kind of operation that fails.
     pub op: IoOp,
     /// Matching operations that succeed before the one that fails.
@@ -122,7 +126,13 @@ pub fn check(op: IoOp, path: &Path) -> io::Result<()> {
         .seen
         .entry((path.to_path_buf(), op))
         .or_default() += 1;
-    let matches = op == plan.op && path.to_string_lossy().contains(plan.path_contains.as_str());
+    let shown = path.to_string_lossy();
+    let matches = op == plan.op
+        && shown.contains(plan.path_contains.as_str())
+        && !plan
+            .path_excludes
+            .as_deref()
+            .is_some_and(|x| shown.contains(x));
     if matches {
         armed.report.matched += 1;
     }

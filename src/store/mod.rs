@@ -16,6 +16,7 @@
 //! | `spend_by_outpoint_prefix` | runs `spend-*.run` | txid prefix (8) ‖ vout u32 BE ‖ spending `BlockId` BE | none |
 //! | `history_by_script_prefix` | runs `history-*.run` | script-hash prefix (8) ‖ height ‖ `BlockId` ‖ position (`store::history`) | none |
 
+pub mod durable;
 pub mod fault;
 pub mod flatfile;
 pub mod headers;

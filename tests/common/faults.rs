@@ -103,6 +103,7 @@ pub fn reference_run(root: &Path, blocks: &Path) -> (EndState, SeenOps) {
     fault::arm(FaultPlan {
         under: root.to_path_buf(),
         path_contains: String::new(),
+        path_excludes: None,
         op: IoOp::Write,
         after: u64::MAX,
         errno: 5,

@@ -77,14 +77,23 @@ pub struct ListeningP2p {
 impl ListeningP2p {
     /// Starts P2P for `chain` and waits (≤ 10 s) until it listens.
     pub fn start(chain: std::sync::Arc<Mutex<Chainstate>>) -> Self {
+        let mut config = kakehi::p2p::P2pConfig::default();
+        config.dns_seeds = false;
+        Self::start_with(chain, config)
+    }
+
+    /// As [`ListeningP2p::start`], with `config` (its listen address is
+    /// set to 127.0.0.1, port chosen by the OS).
+    pub fn start_with(
+        chain: std::sync::Arc<Mutex<Chainstate>>,
+        mut config: kakehi::p2p::P2pConfig,
+    ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("runtime");
-        let mut config = kakehi::p2p::P2pConfig::default();
         config.listen = Some("127.0.0.1:0".parse().expect("addr"));
-        config.dns_seeds = false;
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let (handle, task) =
             runtime.block_on(async { kakehi::node::start_p2p(chain, config, stop_rx) });
@@ -251,4 +260,19 @@ pub fn regtest_a_filter_headers() -> std::collections::HashMap<String, String> {
             (field("hash"), field("filter_header"))
         })
         .collect()
+}
+
+/// Copies every file of `from` into `to` (recreated), as a disk image of a
+/// directory at one instant.
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
 }

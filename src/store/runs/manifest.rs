@@ -7,12 +7,10 @@
 //! u64 ‖ for each of the [`SETS`] sets: run count u32 ‖ each run's number
 //! u64 ‖ CRC-32 of all before (u32).
 
-use std::fs::File;
-use std::io::Write;
 use std::path::Path;
 
 use super::error::RunError;
-use crate::store::fault::{self, IoOp};
+use crate::store::durable;
 
 /// Magic of the manifest.
 const MAGIC: &[u8; 8] = b"KKHRMAN1";
@@ -96,16 +94,11 @@ impl Manifest {
         let tmp = dir.join(TMP_NAME);
         let io = RunError::io(&tmp);
         let before = |e: std::io::Error| WriteError::Before(io(e));
-        fault::check(IoOp::Write, &tmp).map_err(before)?;
-        let mut f = File::create(&tmp).map_err(before)?;
-        f.write_all(&self.encode()).map_err(before)?;
-        fault::check(IoOp::Sync, &tmp).map_err(before)?;
-        f.sync_all().map_err(before)?;
+        durable::write_synced(&tmp, &self.encode()).map_err(before)?;
         sync_dir(dir).map_err(WriteError::Before)?;
         let path = dir.join(NAME);
         let before = |e| WriteError::Before(RunError::io(&path)(e));
-        fault::check(IoOp::Write, &path).map_err(before)?;
-        std::fs::rename(&tmp, &path).map_err(before)?;
+        durable::rename(&tmp, &path).map_err(before)?;
         sync_dir(dir).map_err(WriteError::After)
     }
 }
@@ -135,9 +128,7 @@ impl WriteError {
 /// # Errors
 /// [`RunError::Io`] naming `dir`.
 pub fn sync_dir(dir: &Path) -> Result<(), RunError> {
-    let io = RunError::io(dir);
-    fault::check(IoOp::Sync, dir).map_err(&io)?;
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io)
+    durable::sync_dir(dir).map_err(RunError::io(dir))
 }
 
 #[cfg(test)]

@@ -209,6 +209,7 @@ fn a_failed_flush_leaves_an_openable_store() {
             fault::arm(FaultPlan {
                 under: path.clone(),
                 path_contains: String::new(),
+                path_excludes: None,
                 op,
                 after,
                 errno: 5,
