@@ -7,6 +7,15 @@
 //! this script asks cargo where that crate's sources are (`cargo metadata`,
 //! offline first, which is enough once the build has fetched its
 //! dependencies) and adds `depend/bitcoin/src` to the include path.
+//!
+//! On x86-64 it also compiles Core's own SHA-256 (`crypto/sha256.cpp`) as
+//! bitcoind's build does, with the SSE4 assembly and the SHA-extension
+//! transform (`USE_ASM`, `ENABLE_X86_SHANI`; the latter file alone with
+//! `-msse4 -msha`, Core's `X86_SHANI_CXXFLAGS`); the crate builds only the
+//! portable transform. These objects define every symbol of the crate's
+//! `sha256.o` and are linked first (kakehi's archive comes before its
+//! dependencies'), so the linker never takes the crate's copy; the glue
+//! calls `SHA256AutoDetect` (`sha256_implementation`, logged at start).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,19 +36,40 @@ fn main() {
             core_src.display()
         );
     }
-    cc::Build::new()
+    let x86_64 = std::env::var("CARGO_CFG_TARGET_ARCH").is_ok_and(|a| a == "x86_64");
+    let mut glue = core_build(&core_src);
+    glue.flag_if_supported("-Werror=switch").file(GLUE);
+    if x86_64 {
+        glue.define("USE_ASM", None)
+            .define("ENABLE_X86_SHANI", None)
+            .file(core_src.join("crypto/sha256.cpp"))
+            .file(core_src.join("crypto/sha256_sse4.cpp"));
+    }
+    glue.compile("kakehi_script_engine");
+    if x86_64 {
+        core_build(&core_src)
+            .define("ENABLE_X86_SHANI", None)
+            .flag("-msse4")
+            .flag("-msha")
+            .file(core_src.join("crypto/sha256_x86_shani.cpp"))
+            .compile("kakehi_sha256_shani");
+    }
+}
+
+/// A C++17 build against Core's sources, optimised even in debug builds
+/// (the glue and the hashing are on the hot path of block validation, as
+/// the interpreter itself is).
+fn core_build(core_src: &Path) -> cc::Build {
+    let mut build = cc::Build::new();
+    build
         .cpp(true)
         .std("c++17")
-        .include(&core_src)
+        .include(core_src)
         .include(core_src.join("secp256k1/include"))
         .define("__STDC_FORMAT_MACROS", None)
         .flag_if_supported("-Wno-unused-parameter")
-        .flag_if_supported("-Werror=switch")
-        // The glue is on the hot path of block validation: optimise it even
-        // in debug builds, as the interpreter itself is.
-        .opt_level(2)
-        .file(GLUE)
-        .compile("kakehi_script_engine");
+        .opt_level(2);
+    build
 }
 
 /// The directory of the `bitcoinconsensus` package, from `cargo metadata`.

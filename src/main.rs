@@ -411,10 +411,12 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
     match config.validation.assumevalid {
         AssumeValid::Off => tracing::info!(
             assumevalid = "0",
+            sha256 = kakehi::validation::script::sha256_implementation(),
             "script verification: every script, by Bitcoin Core's interpreter"
         ),
         AssumeValid::Block(hash) => tracing::info!(
             assumevalid = %hash,
+            sha256 = kakehi::validation::script::sha256_implementation(),
             "script verification: by Bitcoin Core's interpreter, skipped for ancestors of the \
              assumevalid block more than two weeks of work below the best header"
         ),

@@ -11,11 +11,20 @@
 // (src/validation.cpp), returning Core's ScriptError, which
 // libbitcoinconsensus's C API does not expose.
 //
+// Two differences from that library's build, for speed only: the
+// transaction is decoded as a CMutableTransaction (no txid and wtxid are
+// computed: the interpreter does not use them, and Core instantiates every
+// template it needs for that type, as its signing code uses it), and Core's
+// SHA-256 picks the CPU's SHA extensions (SHA256AutoDetect, as bitcoind
+// calls at start), which that library never calls; build.rs compiles
+// Core's sha256.cpp with them.
+//
 // Every function is noexcept towards Rust: C++ exceptions never cross the
 // boundary. Every precondition Core asserts (flag combinations, input
 // index, spent-output count) is checked here first and reported as a
 // status, so no input can abort the process.
 
+#include <crypto/sha256.h>
 #include <primitives/transaction.h>
 #include <script/interpreter.h>
 #include <script/script_error.h>
@@ -107,7 +116,7 @@ private:
 
 struct PreparedTx {
     explicit PreparedTx(ByteStream& s) : tx(deserialize, s) {}
-    const CTransaction tx;
+    const CMutableTransaction tx;
     PrecomputedTransactionData txdata;
 };
 
@@ -198,6 +207,15 @@ const std::vector<std::string>& error_messages()
     return messages;
 }
 
+// Selects the fastest SHA-256 the CPU has, once (a thread-safe static:
+// every hash the glue makes follows a kakehi_tx_prepare, which calls this
+// first), and names it ("standard", "sse4(1way)", "x86_shani(1way,2way)").
+const std::string& sha256_name()
+{
+    static const std::string name = SHA256AutoDetect();
+    return name;
+}
+
 } // namespace
 
 extern "C" {
@@ -213,6 +231,7 @@ void* kakehi_tx_prepare(const unsigned char* tx, size_t tx_len, const int64_t* v
                         size_t n_spent, int* status) noexcept
 {
     try {
+        sha256_name();
         ByteStream stream(tx, tx_len);
         auto prepared = std::make_unique<PreparedTx>(stream);
         if (stream.remaining() != 0) {
@@ -256,7 +275,7 @@ int kakehi_tx_verify(const void* handle, unsigned int n_in, unsigned int flags,
         const CTxOut& prevout = p->txdata.m_spent_outputs[n_in];
         ScriptError err = SCRIPT_ERR_UNKNOWN_ERROR;
         const bool ok = VerifyScript(input.scriptSig, prevout.scriptPubKey, &input.scriptWitness, flags,
-                                     TransactionSignatureChecker(&p->tx, n_in, prevout.nValue, p->txdata, MissingDataBehavior::FAIL),
+                                     MutableTransactionSignatureChecker(&p->tx, n_in, prevout.nValue, p->txdata, MissingDataBehavior::FAIL),
                                      &err);
         *script_error = err;
         return ok ? STATUS_OK : STATUS_SCRIPT_FAILED;
@@ -269,6 +288,17 @@ int kakehi_tx_verify(const void* handle, unsigned int n_in, unsigned int flags,
 void kakehi_tx_free(void* handle) noexcept
 {
     delete static_cast<PreparedTx*>(handle);
+}
+
+// The SHA-256 implementation Core's hashing uses (see
+// sha256_name), or null when it could not be named.
+const char* kakehi_sha256_implementation() noexcept
+{
+    try {
+        return sha256_name().c_str();
+    } catch (...) {
+        return nullptr;
+    }
 }
 
 // The number of ScriptError codes (Core's SCRIPT_ERR_ERROR_COUNT).

@@ -48,9 +48,31 @@ extern "C" {
         script_error: *mut c_int,
     ) -> c_int;
     fn kakehi_tx_free(handle: *mut c_void);
+    fn kakehi_sha256_implementation() -> *const c_char;
     fn kakehi_script_error_count() -> c_int;
     fn kakehi_script_error_name(code: c_int) -> *const c_char;
     fn kakehi_script_error_message(code: c_int) -> *const c_char;
+}
+
+/// The SHA-256 implementation Core's hashing uses in the engine (its
+/// signature hashes, BIP-143 and BIP-341 midstates): Core's
+/// `SHA256AutoDetect` name, e.g. `"x86_shani(1way,2way)"` with the CPU's
+/// SHA extensions, `"sse4(1way)"`, or `"standard"` (portable C++; the only
+/// one on other architectures). Selected once, on the first call here or
+/// the first [`PreparedTx::new`].
+pub fn sha256_implementation() -> &'static str {
+    static NAME: OnceLock<String> = OnceLock::new();
+    NAME.get_or_init(|| {
+        // SAFETY: the glue returns null or a pointer to a string in static
+        // storage, NUL-terminated, never freed.
+        let ptr = unsafe { kakehi_sha256_implementation() };
+        if ptr.is_null() {
+            return "unknown".into();
+        }
+        // SAFETY: non-null and NUL-terminated, see above.
+        let name = unsafe { CStr::from_ptr(ptr) };
+        name.to_string_lossy().into_owned()
+    })
 }
 
 /// Status codes of the glue (`STATUS_*` in `engine.cpp`).
@@ -324,6 +346,25 @@ impl Drop for PreparedTx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Core's SHA-256 in the engine uses the CPU's SHA extensions where it
+    /// has them: fails when the linker takes the `bitcoinconsensus` crate's
+    /// portable-only `sha256.o` instead of the one build.rs compiles.
+    #[test]
+    fn sha256_uses_the_cpus_sha_extensions() {
+        let name = sha256_implementation();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let shani = std::arch::is_x86_feature_detected!("sha")
+                && std::arch::is_x86_feature_detected!("sse4.1");
+            if shani {
+                assert_eq!(name, "x86_shani(1way,2way)");
+            } else if std::arch::is_x86_feature_detected!("sse4.1") {
+                assert_eq!(name, "sse4(1way)");
+            }
+        }
+        assert_ne!(name, "unknown");
+    }
 
     #[test]
     fn error_names_and_messages_are_cores() {

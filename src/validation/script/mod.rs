@@ -33,5 +33,7 @@ pub mod engine;
 pub mod flags;
 
 pub use block::{verify_block_scripts, BlockScriptError};
-pub use engine::{PreparedTx, ScriptError, SpentTxOut, VerifyError, BLOCK_SCRIPT_FAILURE};
+pub use engine::{
+    sha256_implementation, PreparedTx, ScriptError, SpentTxOut, VerifyError, BLOCK_SCRIPT_FAILURE,
+};
 pub use flags::{block_script_flags, ScriptFlags};
