@@ -174,6 +174,12 @@ pub fn verify_block_scripts(
 }
 
 /// The block's non-coinbase transactions with their slices of `spent`.
+///
+/// Each slice must be the transaction's inputs in order (the outpoint each
+/// spends, its index, one spending txid for all); the txid is taken from
+/// the slice (`connect_block` computed it), not hashed again. A
+/// transaction without inputs (never in a block that passed the economic
+/// checks) or a slice that does not match is [`BlockScriptError::SpentMismatch`].
 fn tx_jobs<'a>(
     block: &'a Block,
     spent: &'a [SpentOutput],
@@ -181,19 +187,15 @@ fn tx_jobs<'a>(
     let mut jobs = Vec::with_capacity(block.txdata.len().saturating_sub(1));
     let mut offset = 0;
     for tx in block.txdata.iter().skip(1) {
-        let txid = tx.compute_txid();
         let end = offset + tx.input.len();
-        let slice = spent
-            .get(offset..end)
-            .filter(|s| {
-                s.iter()
-                    .enumerate()
-                    .all(|(i, o)| o.txid == txid && o.vin as usize == i)
-            })
-            .ok_or(BlockScriptError::SpentMismatch { txid })?;
+        let slice = spent.get(offset..end).filter(|s| spends_of(tx, s));
+        let Some((slice, first)) = slice.and_then(|s| Some((s, s.first()?))) else {
+            let txid = tx.compute_txid();
+            return Err(BlockScriptError::SpentMismatch { txid });
+        };
         jobs.push(TxJob {
             tx,
-            txid,
+            txid: first.txid,
             spent: slice,
             first_input: offset,
             prepared: OnceLock::new(),
@@ -209,6 +211,21 @@ fn tx_jobs<'a>(
         return Err(BlockScriptError::SpentMismatch { txid });
     }
     Ok(jobs)
+}
+
+/// Whether `spent` lists `tx`'s inputs in order: input `i` spends
+/// `spent[i].outpoint`, recorded as input `i` of one spending transaction.
+fn spends_of(tx: &bitcoin::Transaction, spent: &[SpentOutput]) -> bool {
+    let txid = spent.first().map(|s| s.txid);
+    tx.input.len() == spent.len()
+        && tx
+            .input
+            .iter()
+            .zip(spent)
+            .enumerate()
+            .all(|(i, (input, s))| {
+                input.previous_output == s.outpoint && s.vin as usize == i && Some(s.txid) == txid
+            })
 }
 
 /// Takes chunks of inputs until none is left or every remaining one is
@@ -363,6 +380,13 @@ mod tests {
         ));
         let (blk, mut spent) = block(2, 3, &[]);
         spent.swap(0, 1);
+        assert!(matches!(
+            verify_block_scripts(&blk, &spent, flags, threads(2)),
+            Err(BlockScriptError::SpentMismatch { .. })
+        ));
+        // The right count and order, but one input's outpoint is another's.
+        let (blk, mut spent) = block(2, 3, &[]);
+        spent[1].outpoint.vout ^= 1;
         assert!(matches!(
             verify_block_scripts(&blk, &spent, flags, threads(2)),
             Err(BlockScriptError::SpentMismatch { .. })
