@@ -2,8 +2,10 @@
 //! outside the Sozu table (flat files of blocks, filters, spent outputs and
 //! headers; the index database's commits; the index rows' run files,
 //! manifest and directory syncs, which carry the address index;
-//! the archive's epoch files and header list) calls [`check`] first, with
-//! the path it is about to touch.
+//! the archive's epoch files and header list; the address book
+//! `peers.json`; `reindex-chainstate`'s marker, renames and directory
+//! syncs, through [`super::durable`]) calls [`check`] first, with the path
+//! it is about to touch.
 //!
 //! Disarmed (always, unless a test arms it), [`check`] is one relaxed
 //! atomic load and returns `Ok`. Armed with a [`FaultPlan`], it counts the
@@ -15,8 +17,11 @@
 //! on storing blocks, and a test sees it.
 //!
 //! The Sozu table has its own countdown backend (`sozu::MemStorage`).
-//! sled's background flusher writes without passing here; its commits
-//! ([`super::Store::commit`]) do.
+//! sled's own writes (its thread pool's log writes, its background
+//! flusher's writes and fsyncs) do not pass here: the seam cannot reach
+//! inside the dependency. Its commits ([`super::Store::commit`]: a write
+//! before the transaction, a sync before the flush) do; what is and is not
+//! covered is in `docs/reliability.md`.
 
 use std::collections::BTreeMap;
 use std::io;
