@@ -370,9 +370,30 @@ fn table_of<'a>(dom: &'a str, id: &str) -> &'a str {
 /// script, and each later one absent.
 #[test]
 fn status_page_address_lookup_shows_balance_history_utxos_and_spent_output_proofs() {
-    let n = node();
     let t = address_truth();
-    let url = format!("http://{}/#address={}", n.addr, t.address);
+    check_address_lookup(&t, &t.address.to_string());
+}
+
+/// The same lookup by the address's script hash (Esplora's: SHA-256 of
+/// the scriptPubKey, byte order), as for a script without an address: the
+/// page takes `/scripthash/…` and finds the script's outputs by hashing
+/// every scriptPubKey of the history.
+#[test]
+fn status_page_script_hash_lookup_equals_the_address_lookup() {
+    use bitcoin::hashes::{sha256, Hash};
+    let t = address_truth();
+    let hash = sha256::Hash::hash(t.address.script_pubkey().as_bytes());
+    check_address_lookup(
+        &t,
+        &bitcoin::hex::DisplayHex::to_lower_hex_string(&hash[..]),
+    );
+}
+
+/// Loads `/#address=<query>` and checks the page against `t` (see the
+/// tests above).
+fn check_address_lookup(t: &AddressTruth, query: &str) {
+    let n = node();
+    let url = format!("http://{}/#address={query}", n.addr);
     let dom = run_chromium(&["--dump-dom"], &url);
     assert!(
         dom.contains("data-ready=\"yes\""),
@@ -380,7 +401,7 @@ fn status_page_address_lookup_shows_balance_history_utxos_and_spent_output_proof
     );
     assert!(!dom.contains("class=\"error\""), "an error is shown: {dom}");
     let balance: u64 = t.utxos.values().sum();
-    assert_eq!(text_of(&dom, "addr-query"), t.address.to_string());
+    assert_eq!(text_of(&dom, "addr-query"), query);
     assert_eq!(text_of(&dom, "addr-balance"), format!("{balance} sats"));
     assert_eq!(text_of(&dom, "addr-tx-count"), t.txs.len().to_string());
     let spent_sum: u64 = t.spent.iter().map(|l| l.value).sum();
