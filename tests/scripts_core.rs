@@ -42,7 +42,8 @@ use kakehi::validation::script::{block_script_flags, PreparedTx, SpentTxOut};
 /// Core's engine behind `core_judge.py`.
 struct Judge {
     child: Child,
-    stdin: ChildStdin,
+    /// Closed (`None`) by `Drop`, which ends the judge's command loop.
+    stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
 }
 
@@ -70,7 +71,7 @@ impl Judge {
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
         Judge {
             child,
-            stdin,
+            stdin: Some(stdin),
             stdout,
         }
     }
@@ -88,8 +89,9 @@ impl Judge {
     }
 
     fn ask(&mut self, cmd: serde_json::Value) -> serde_json::Value {
-        writeln!(self.stdin, "{cmd}").expect("judge input");
-        self.stdin.flush().expect("judge input");
+        let stdin = self.stdin.as_mut().expect("the judge's input is open");
+        writeln!(stdin, "{cmd}").expect("judge input");
+        stdin.flush().expect("judge input");
         self.read()
     }
 
@@ -126,8 +128,19 @@ impl Judge {
     }
 }
 
+/// Closes the judge's input so that it leaves its command loop and
+/// deletes its temporary datadir (a killed judge leaves it in the system's
+/// temporary directory); kills it after 30 s.
 impl Drop for Judge {
     fn drop(&mut self) {
+        drop(self.stdin.take());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
