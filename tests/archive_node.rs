@@ -37,7 +37,7 @@ struct Node {
 
 impl Node {
     fn empty() -> Node {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = common::tempdir();
         let mut n = Node {
             dir,
             datadir: None,
@@ -99,7 +99,7 @@ fn hex(b: &[u8]) -> String {
 
 /// The epochs the independent feed gives, sealed in a fresh directory.
 fn reference_archive() -> (tempfile::TempDir, Archive) {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = common::tempdir();
     let mut a = Archive::open(dir.path(), feed::EPOCH_LENGTH).expect("open");
     let c = chain();
     for n in 0..c.complete_epochs() {

@@ -66,7 +66,7 @@ struct Node {
 
 impl Node {
     fn empty() -> Node {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = common::tempdir();
         let datadir = DataDir::open(dir.path()).expect("datadir");
         let cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open");
         Node {
@@ -110,7 +110,7 @@ fn chain() -> &'static Chain {
 fn reference() -> &'static (Vec<EpochHeader>, [u8; 32]) {
     static REF: OnceLock<(Vec<EpochHeader>, [u8; 32])> = OnceLock::new();
     REF.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = common::tempdir();
         let mut a = Archive::open(dir.path(), feed::EPOCH_LENGTH).expect("open");
         let c = chain();
         for n in 0..c.complete_epochs() {

@@ -149,7 +149,7 @@ fn mainnet_blocks_1_to_255_import_with_real_rules() {
 #[test]
 fn bad_files_are_typed_errors_naming_the_offset() {
     let params = ChainParams::new(Network::Regtest);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     let good = std::fs::read(data("regtest-a/blocks.dat")).unwrap();
     let first_len = 8 + u32::from_le_bytes(good[4..8].try_into().unwrap()) as usize;
 

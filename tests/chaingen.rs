@@ -383,7 +383,7 @@ fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 
 #[test]
 fn same_seed_same_bytes_whatever_the_threads() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = common::tempdir();
     let small = [
         "--profile",
         "ci",
@@ -435,7 +435,7 @@ fn help_describes_the_generator() {
 
 #[test]
 fn bad_flags_are_refused_with_clear_errors() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = common::tempdir();
     let out = tmp.path().join("out");
     let refused = |args: &[&str], code: i32, says: &str| {
         let o = chaingen(args, &out);

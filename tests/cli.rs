@@ -6,6 +6,8 @@
 //! Data: testnet-data/regtest-a (bcoin) and testnet-data/mainnet-samples
 //! (btcd fixtures); see testnet-data/README.md.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -77,7 +79,7 @@ struct Fixture {
 
 /// A datadir with the first 20 blocks of regtest-a imported.
 fn fixture() -> Fixture {
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = common::tempdir();
     let datadir = home.path().join("node");
     let records = records(&data("regtest-a/blocks.dat"));
     let first = home.path().join("first.dat");
@@ -194,7 +196,7 @@ fn bad_block_files_are_refused_whole_and_change_nothing() {
 
 #[test]
 fn unknown_network_is_a_usage_error() {
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = common::tempdir();
     let datadir = home.path().join("node");
     let out = run(kakehi(home.path())
         .args(["--network", "mainnett", "--datadir"])
@@ -232,7 +234,7 @@ fn unknown_network_is_a_usage_error() {
 
 #[test]
 fn unusable_datadir_is_a_clear_error() {
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = common::tempdir();
     // A file where the datadir should be.
     let file = home.path().join("plainfile");
     std::fs::write(&file, b"x").expect("write");
@@ -259,7 +261,7 @@ fn unusable_datadir_is_a_clear_error() {
 
 #[test]
 fn config_show_applies_precedence() {
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = common::tempdir();
     let file = home.path().join("k.toml");
     std::fs::write(
         &file,
@@ -329,7 +331,7 @@ fn sigterm(child: &std::process::Child) {
 
 #[test]
 fn second_process_on_a_locked_datadir_is_refused() {
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = common::tempdir();
     let datadir = home.path().join("node");
     let (mut node, mut stderr) = spawn(home.path(), &datadir, &["run", "--http", "127.0.0.1:0"]);
     wait_for(&mut stderr, "HTTP API listening");
@@ -354,7 +356,7 @@ fn second_process_on_a_locked_datadir_is_refused() {
 
 #[test]
 fn lock_is_exclusive_within_one_process_too() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = common::tempdir();
     let first = kakehi::node::DataDir::open(dir.path()).expect("first open");
     match kakehi::node::DataDir::open(dir.path()) {
         Err(kakehi::node::NodeError::Locked { path }) => assert_eq!(path, dir.path()),
@@ -369,7 +371,7 @@ fn lock_is_exclusive_within_one_process_too() {
 /// Takes about a minute (the whole chain is imported once, in two parts).
 #[test]
 fn sigterm_during_import_stops_at_a_boundary_and_resumes() {
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = common::tempdir();
     let datadir = home.path().join("node");
     let blocks = data("regtest-a/blocks.dat");
     let blocks_arg = blocks.to_str().expect("utf-8 path");
@@ -432,7 +434,7 @@ fn http_get(port: u16, path: &str) -> String {
 /// second start on the same datadir reuses it (every block already known).
 #[test]
 fn main_job_imports_serves_and_restarts_on_the_same_datadir() {
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = common::tempdir();
     let datadir = home.path().join("node");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

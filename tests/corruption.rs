@@ -266,7 +266,7 @@ fn damage(path: &Path, how: Damage) {
 #[test]
 fn every_datadir_file_flipped_or_truncated_is_refused_or_served_right() {
     let mut truth = truth();
-    let template = tempfile::tempdir().expect("tempdir");
+    let template = common::tempdir();
     {
         let datadir = DataDir::open(template.path()).expect("datadir");
         let chain = parking_lot::Mutex::new(
@@ -292,7 +292,7 @@ fn every_datadir_file_flipped_or_truncated_is_refused_or_served_right() {
     let mut bad = Vec::new();
     for rel in files(template.path()) {
         for how in [Damage::Flip8, Damage::TruncateHalf] {
-            let case = tempfile::tempdir().expect("tempdir");
+            let case = common::tempdir();
             common::copy_dir(template.path(), case.path());
             damage(&case.path().join(&rel), how);
             let outcome = catch_unwind(AssertUnwindSafe(|| check(case.path(), &truth)));

@@ -83,12 +83,12 @@ fn kill_9_during_import_then_resume_reaches_the_reference_state() {
         | 1;
     eprintln!("crash test seed {seed}");
     let mut rng = Rng(seed);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     let blocks = data("regtest-a/blocks.dat");
 
     // Calibrate: how long does a full import take here, and how long a run
     // that finds every block already stored (start-up, the file scan, exit)?
-    let calib = tempfile::tempdir().unwrap();
+    let calib = common::tempdir();
     let timed_import = || {
         let t = Instant::now();
         let ok = kakehi(calib.path())
@@ -295,7 +295,7 @@ fn kill_build_at(dir: &std::path::Path, at: &str) -> String {
 #[test]
 fn address_index_built_from_the_block_files_equals_one_kept_from_the_start() {
     let blocks = data("regtest-a/blocks.dat");
-    let (kept, later) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (kept, later) = (common::tempdir(), common::tempdir());
     let ok = kakehi(kept.path())
         .arg("import")
         .arg(&blocks)
@@ -372,8 +372,8 @@ fn crash_between_a_groups_index_and_table_commits_replays_the_group() {
         cs.set_group_limits(limits);
         (datadir, cs)
     };
-    let dir = tempfile::tempdir().unwrap();
-    let saved = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
+    let saved = common::tempdir();
     let utxo = dir.path().join("utxo");
     {
         let (_datadir, mut cs) = open(dir.path());

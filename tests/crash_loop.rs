@@ -174,11 +174,11 @@ fn kill_9_loop_across_import_and_reorgs_matches_an_uninterrupted_run() {
     };
     let mut rng = Rng::from_env_or_clock("crash loop");
     let seed = rng.0;
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = common::tempdir();
     let mut jobs: Vec<PathBuf> = vec![common::regtest_a_prefix(scratch.path(), PREFIX_BLOCKS)];
 
     // The uninterrupted run, which also makes the fork files.
-    let ref_dir = tempfile::tempdir().unwrap();
+    let ref_dir = common::tempdir();
     let datadir = DataDir::open(ref_dir.path()).unwrap();
     let mut cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).unwrap();
     cs.set_group_limits(GroupLimits::PER_BLOCK);
@@ -202,7 +202,7 @@ fn kill_9_loop_across_import_and_reorgs_matches_an_uninterrupted_run() {
 
     // Calibrate: each job's uninterrupted run by the binary, and a run that
     // finds every block stored (start-up and exit).
-    let calib = tempfile::tempdir().unwrap();
+    let calib = common::tempdir();
     let timed = |job: &Path| {
         let t = Instant::now();
         let ok = kakehi(calib.path())
@@ -220,7 +220,7 @@ fn kill_9_loop_across_import_and_reorgs_matches_an_uninterrupted_run() {
     // The loop: each job killed up to its share of the kills, at a random
     // moment of its uninterrupted run's time (start-up included), then let
     // finish; after every kill, the restart is checked.
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     let share = kills.div_ceil(jobs.len() as u32);
     let (mut landed, mut finished_early) = (0u32, 0u32);
     for (j, job) in jobs.iter().enumerate() {

@@ -171,7 +171,7 @@ fn full_disk_while_syncing_over_p2p_stops_the_node_naming_the_path() {
     };
     let (a, _a_dir) = serving_node();
     let datadir = fs.path().join("datadir");
-    let logs = tempfile::tempdir().expect("tempdir");
+    let logs = common::tempdir();
     let log = logs.path().join("b.log");
     let started = Instant::now();
     let mut b = Command::new(env!("CARGO_BIN_EXE_kakehi"))

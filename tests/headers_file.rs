@@ -47,7 +47,7 @@ fn headers_only_blocks_survive_a_restart_from_the_headers_files() {
     )
     .unwrap();
     let blocks: Vec<_> = records.into_iter().map(|r| r.block).collect();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     let before = {
         let (_d, mut cs) = open(dir.path());
         // Headers of the first 400 records (a stale branch among them from
@@ -94,7 +94,7 @@ fn a_damaged_headers_file_is_refused_naming_it() {
         &ChainParams::new(Network::Regtest),
     )
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     {
         let (_d, mut cs) = open(dir.path());
         let headers: Vec<_> = records[..100].iter().map(|r| r.block.header).collect();

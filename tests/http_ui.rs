@@ -156,7 +156,7 @@ fn chromium() -> PathBuf {
 
 /// Runs headless Chromium on `url` with `args`; returns stdout.
 fn run_chromium(args: &[&str], url: &str) -> String {
-    let profile = tempfile::tempdir().expect("profile dir");
+    let profile = common::tempdir();
     let out = Command::new(chromium())
         .args([
             "--headless",
@@ -267,7 +267,7 @@ fn status_page_in_headless_chromium_shows_the_real_tip_and_an_outspend() {
     );
     assert!(!dom.contains("class=\"error\""), "an error is shown: {dom}");
 
-    let shot_dir = tempfile::tempdir().expect("tempdir");
+    let shot_dir = common::tempdir();
     let shot = shot_dir.path().join("status.png");
     let (w, h) = (1000u32, 900u32);
     run_chromium(
@@ -616,7 +616,7 @@ fn schemathesis_finds_no_server_error_and_no_schema_violation() {
     let n = node();
     let python = common::python::venv_python();
     let st = python.with_file_name("schemathesis");
-    let report = tempfile::tempdir().expect("tempdir");
+    let report = common::tempdir();
     let config = report.path().join("schemathesis.toml");
     std::fs::write(&config, schemathesis_config()).expect("write config");
     let out = Command::new(&st)

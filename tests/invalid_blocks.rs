@@ -41,7 +41,7 @@ fn run(
 ) -> (String, kakehi::snapshot::UtxoStats, tempfile::TempDir) {
     common::init_test_log();
     let python = common::python::venv_python();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = common::tempdir();
     let datadir = DataDir::open(dir.path()).expect("datadir");
     let chain = Arc::new(Mutex::new(
         open_chainstate(params, &datadir).expect("chainstate"),

@@ -210,7 +210,7 @@ fn book_json(n: u8) -> Vec<u8> {
 /// directory's fsync) the new book is whole.
 fn book_save_case(fault: (IoOp, i32, &str), after: u64) -> (String, Option<Fired>) {
     let (op, errno, message) = fault;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     let root = dir.path().canonicalize().unwrap();
     let path = root.join("peers.json");
     let old = book_json(2);
@@ -262,7 +262,7 @@ fn book_save_case(fault: (IoOp, i32, &str), after: u64) -> (String, Option<Fired
 /// A node whose first save of the address book fails goes on: it keeps
 /// listening and its next save writes the book.
 fn node_goes_on_after_a_failed_book_save() -> String {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     let root = dir.path().canonicalize().unwrap();
     let (_datadir, cs) = open(&root.join("node"));
     let path = root.join("peers.json");
@@ -412,7 +412,7 @@ fn reindex_case(
     reference: &EndState,
 ) -> String {
     let (op, message, after) = (plan.op, errno_message(plan.errno), plan.after);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     let root = dir.path().canonicalize().unwrap();
     common::copy_dir(source, &root);
     let (before, before_inodes) = (dir_contents(&root), inodes(&root));
@@ -479,7 +479,7 @@ fn reindex_faults_stop_it_naming_the_path_and_lose_nothing() {
     let _seam = SEAM.lock();
     let mut rng = common::Rng::from_env_or_clock("reindex fault");
     let seed = rng.0;
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = common::tempdir();
     let base = scratch.path().canonicalize().unwrap();
     let blocks = common::regtest_a_prefix(&base, BLOCKS);
     let source = base.join("source");

@@ -71,7 +71,7 @@ fn run_check(python: &Path, addr: SocketAddr, check: &str) -> Result<String, Str
 #[test]
 fn core_test_framework_against_kakehi() {
     let python = common::python::venv_python();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = common::tempdir();
     let datadir = DataDir::open(dir.path()).expect("datadir");
     let chain = Arc::new(Mutex::new(
         open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("chainstate"),

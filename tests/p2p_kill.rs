@@ -306,7 +306,7 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
         .expect("old tip")
         .parse()
         .expect("hash");
-    let dir_a = tempfile::tempdir().expect("tempdir");
+    let dir_a = common::tempdir();
     let datadir_a = DataDir::open(dir_a.path()).expect("datadir");
     let a = Arc::new(Mutex::new(
         open_chainstate(params, &datadir_a).expect("chainstate"),
@@ -325,7 +325,7 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
     let addr = p2p.addr;
 
     // B: killed at random moments of its sync.
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = common::tempdir();
     let datadir_b = home.path().join("b");
     let log = home.path().join("b.log");
     let http = free_port();

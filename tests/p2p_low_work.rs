@@ -60,7 +60,7 @@ fn dir_bytes(dir: &Path) -> u64 {
 #[test]
 fn low_work_headers_are_followed_not_stored() {
     let python = common::python::venv_python();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = common::tempdir();
     let datadir = DataDir::open(dir.path()).expect("datadir");
     let mut params = ChainParams::new(Network::Regtest);
     // 2^40 of work: far above any regtest chain of a million headers (2 each).

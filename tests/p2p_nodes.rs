@@ -121,7 +121,7 @@ async fn wait_for_tip(node: &Node, want: (u32, BlockHash)) -> Duration {
 /// blocking wait would hang everything until the holder gives up).
 #[tokio::test(flavor = "current_thread")]
 async fn wait_for_tip_does_not_wait_for_a_writer_holding_the_chain_state() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     let node = Node::open(dir.path(), ChainParams::new(Network::Regtest));
     let genesis = node.tip();
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
@@ -210,7 +210,7 @@ fn assert_same_state(a: &Node, b: &Node) {
 fn node_a() -> &'static (Node, f64, tempfile::TempDir) {
     static A: std::sync::OnceLock<(Node, f64, tempfile::TempDir)> = std::sync::OnceLock::new();
     A.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::tempdir();
         let (node, rate) = imported_node(dir.path());
         (node, rate, dir)
     })
@@ -218,7 +218,7 @@ fn node_a() -> &'static (Node, f64, tempfile::TempDir) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_node_syncs_regtest_a_from_an_importing_node() {
-    let db = tempfile::tempdir().unwrap();
+    let db = common::tempdir();
     let (a, import_rate, _) = node_a();
     let (pa, addr) = serve(a).await;
     let b = Node::open(db.path(), ChainParams::new(Network::Regtest));
@@ -249,7 +249,7 @@ async fn follower_takes_the_twelve_deep_reorg() {
         .expect("the 12-deep reorg");
     let at = reorg["at_order_index"].as_u64().unwrap() as usize;
     let old_tip: BlockHash = reorg["old_tip"].as_str().unwrap().parse().unwrap();
-    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (da, db) = (common::tempdir(), common::tempdir());
     let a = Node::open(da.path(), params.clone());
     for r in &records[..at] {
         a.chain.lock().submit_block(&r.block).unwrap();
@@ -279,7 +279,7 @@ async fn follower_takes_the_twelve_deep_reorg() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_stopped_mid_sync_resumes_to_the_same_end_state() {
-    let db = tempfile::tempdir().unwrap();
+    let db = common::tempdir();
     let (a, _, _) = node_a();
     let (pa, addr) = serve(a).await;
     let stopped_at;
@@ -344,7 +344,7 @@ fn headers_below_minimum_chainwork_are_held_until_it_is_passed() {
     }
     params.minimum_chain_work = work.to_be_bytes();
     let params_genesis = params.genesis_block().block_hash();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     let node = Node::open(dir.path(), params);
     let backend = NodeP2p::new(node.chain.clone());
     for chunk in best[..999].chunks(333) {
@@ -426,7 +426,7 @@ fn plan_follows_the_equal_work_competitor_of_a_mutated_block() {
     let (stale, rival) = (by_hash[&hash(stale, "hash")], by_hash[&best[&height]]);
     assert_eq!(stale.header.work(), rival.header.work());
 
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     let node = Node::open(dir.path(), params);
     let backend = NodeP2p::new(node.chain.clone());
     let below: Vec<&bitcoin::Block> = (1..height).map(|h| by_hash[&best[&h]]).collect();

@@ -91,7 +91,7 @@ fn one_cut(blocks: &Path, op: IoOp, after: u64, reference: &EndState) -> String 
     });
     let published = run.chain.lock().snapshot().index().tip_height();
     // The image is taken before the node is dropped (a drop flushes sled).
-    let image = tempfile::tempdir().unwrap();
+    let image = common::tempdir();
     power_cut_copy(&run.root, image.path(), &run.report.synced_len);
     let case = format!("cut at {op:?} {after}");
     let fired = run

@@ -9,6 +9,8 @@
 //! Data: testnet-data/format3-datadir (see its README.md: the first 250
 //! blocks of regtest-a imported by the release at commit 1a242f1).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -81,7 +83,7 @@ fn dump(home: &Path, datadir: &Path) -> Vec<u8> {
 
 #[test]
 fn format3_datadir_refused_then_reindexed_byte_identical() {
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = common::tempdir();
     let datadir = extract(home.path(), "d");
     let expected = std::fs::read(data("format3-datadir/utxos.txt")).expect("utxos.txt");
 
@@ -135,7 +137,7 @@ fn format3_datadir_refused_then_reindexed_byte_identical() {
 /// reindex.new.
 #[test]
 fn swap_interrupted_is_refused_then_finished() {
-    let home = tempfile::tempdir().expect("tempdir");
+    let home = common::tempdir();
     let old = extract(home.path(), "old");
     let out = run(kakehi(home.path(), &old).arg("reindex-chainstate"));
     assert!(out.status.success(), "reindex: {}", text(&out.stderr));

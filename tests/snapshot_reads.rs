@@ -406,7 +406,7 @@ fn orphan_address_rows_of_a_reused_block_id_are_not_attributed_to_it() {
     use kakehi::store::{HistoryKey, Store, WriteBatch};
     const K: usize = 140;
     let params = || kakehi::chain::ChainParams::new(Network::Regtest);
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = common::tempdir();
     let datadir = kakehi::node::DataDir::open(dir.path()).expect("datadir");
     let open = || Mutex::new(kakehi::node::open_chainstate(params(), &datadir).expect("open"));
     let chain = open();

@@ -176,9 +176,9 @@ impl Suite {
     pub fn new(what: &str) -> Self {
         let rng = super::Rng::from_env_or_clock(what);
         let seed = rng.0;
-        let scratch = tempfile::tempdir().unwrap();
+        let scratch = super::tempdir();
         let blocks = super::regtest_a_prefix(scratch.path(), BLOCKS);
-        let dir = tempfile::tempdir().unwrap();
+        let dir = super::tempdir();
         let (reference, seen) = reference_run(&dir.path().canonicalize().unwrap(), &blocks);
         Suite {
             rng,
@@ -220,7 +220,7 @@ pub struct FaultedImport {
 impl FaultedImport {
     /// Imports `blocks` into a fresh datadir with `fault(root)` armed.
     pub fn run(blocks: &Path, fault: impl FnOnce(PathBuf) -> FaultPlan) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = super::tempdir();
         let root = dir.path().canonicalize().unwrap();
         let (datadir, cs) = open(&root);
         let chain = Mutex::new(cs);

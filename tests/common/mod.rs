@@ -9,7 +9,7 @@ pub mod faults;
 pub mod feed;
 pub mod python;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use bitcoin::Network;
@@ -39,13 +39,54 @@ pub struct TestNode {
     pub chain: Mutex<Chainstate>,
 }
 
+/// A temporary directory for a test's datadir or files, under cargo's
+/// `CARGO_TARGET_TMPDIR` (`target/tmp/datadirs/kt-<pid>-…`), deleted when
+/// dropped. A directory whose process is gone — a test killed, or a
+/// fixture held in a `static`, which Rust never drops — is deleted by the
+/// first call of the next test process (Linux: `/proc/<pid>`), so runs do
+/// not pile datadirs up in the system's temporary directory.
+pub fn tempdir() -> tempfile::TempDir {
+    let parent = Path::new(env!("CARGO_TARGET_TMPDIR")).join("datadirs");
+    std::fs::create_dir_all(&parent).expect("create target/tmp/datadirs");
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| sweep_dead(&parent));
+    tempfile::Builder::new()
+        .prefix(&format!("kt-{}-", std::process::id()))
+        .tempdir_in(&parent)
+        .expect("tempdir")
+}
+
+/// Deletes the `kt-<pid>-…` directories in `parent` of processes that no
+/// longer run.
+fn sweep_dead(parent: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("kt-"))
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if !Path::new("/proc").join(pid.to_string()).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
 impl TestNode {
     pub fn new(network: Network) -> Self {
         Self::with_params(ChainParams::new(network))
     }
 
     pub fn with_params(params: ChainParams) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = tempdir();
         let datadir = DataDir::open(dir.path()).expect("datadir");
         let chain = open_chainstate(params, &datadir).expect("open chainstate");
         TestNode {
