@@ -2,7 +2,7 @@
 //! on a write, `EIO` on a write and `EIO` on a sync, injected through the
 //! storage seam (`kakehi::store::fault`) into the block, filter and
 //! spent-output flat files, the index database's commits, the index rows'
-//! run files, manifest and directory syncs (which carry the address index;
+//! log, run files, manifest and directory syncs (which carry the address index;
 //! their background compaction included) and the archive's epoch files and
 //! header list, at a
 //! random point of an import of regtest-a's first 400 blocks.
@@ -48,7 +48,7 @@ const PLACES: [(&str, &str); 6] = [
     ("spent-output files", "/spent/"),
     ("index database", "/index"),
     (
-        "index rows (run files, manifest, their directory)",
+        "index rows (log, run files, manifest, their directory)",
         "/index/rows",
     ),
     ("archive", "/archive/"),

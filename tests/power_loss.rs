@@ -5,8 +5,10 @@
 //! the machine had stopped there); the datadir is then copied as a power
 //! cut leaves it: each flat file (blocks, filters, spent outputs) and each
 //! run file of the index rows (`index/rows/*.run`) cut to its length at its
-//! last fsync (none: empty), the archive's and the row manifest's unrenamed
-//! temporary files dropped, the index database and the UTXO table as they
+//! last fsync (none: empty), the index rows' log (`index/rows/LOG`,
+//! overwritten in place) cut at the end of the records its last sync made
+//! durable (none: empty), the archive's, the row manifest's and the log's
+//! unrenamed temporary files dropped, the index database and the UTXO table as they
 //! are on disk at that moment (sled's buffered writes and its pending flush
 //! are not in the copy; their own crash safety is sled's and
 //! `tests/sozu_crash.rs`'s).
@@ -53,8 +55,9 @@ fn power_cut_copy(
             continue; // removed meanwhile (a rename of the archive)
         };
         let parent = src.parent().and_then(|p| p.file_name());
-        let run_file = parent.is_some_and(|p| p == "rows") && name.ends_with(".run");
-        if run_file || parent.is_some_and(|p| FLAT_DIRS.iter().any(|d| p == *d)) {
+        let rows_file =
+            parent.is_some_and(|p| p == "rows") && (name.ends_with(".run") || name == "LOG");
+        if rows_file || parent.is_some_and(|p| FLAT_DIRS.iter().any(|d| p == *d)) {
             let keep = synced.get(&src).copied().unwrap_or(0) as usize;
             bytes.truncate(keep);
         }

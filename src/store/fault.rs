@@ -1,7 +1,7 @@
 //! The I/O fault seam: every write and every sync of the node's own files
 //! outside the Sozu table (flat files of blocks, filters, spent outputs and
-//! headers; the index database's commits; the index rows' run files,
-//! manifest and directory syncs, which carry the address index;
+//! headers; the index database's commits; the index rows' log, run
+//! files, manifest and directory syncs, which carry the address index;
 //! the archive's epoch files and header list; the address book
 //! `peers.json`; `reindex-chainstate`'s marker, renames and directory
 //! syncs, through [`super::durable`]) calls [`check`] first, with the path
@@ -79,7 +79,9 @@ pub struct FaultReport {
     /// a node writes).
     pub seen: BTreeMap<(PathBuf, IoOp), u64>,
     /// Each regular file's length when it was last synced (what a power
-    /// cut keeps of an append-only file: the flat files).
+    /// cut keeps of an append-only file: the flat files); for a file
+    /// overwritten in place, the end of the bytes that sync made durable
+    /// ([`check_sync_to`]).
     pub synced_len: BTreeMap<PathBuf, u64>,
     /// The fault, if it fired.
     pub fired: Option<Fired>,
@@ -115,6 +117,21 @@ pub fn disarm() -> FaultReport {
 /// The planned error, once, when the armed plan's countdown reaches this
 /// operation.
 pub fn check(op: IoOp, path: &Path) -> io::Result<()> {
+    check_with(op, path, None)
+}
+
+/// Called before a sync of `path`, a file overwritten in place (the index
+/// rows' log), that makes its bytes up to `synced_end` durable: the
+/// report's [`FaultReport::synced_len`] records `synced_end`, not the
+/// file's length (which counts bytes preallocated past the data).
+///
+/// # Errors
+/// As [`check`].
+pub fn check_sync_to(path: &Path, synced_end: u64) -> io::Result<()> {
+    check_with(IoOp::Sync, path, Some(synced_end))
+}
+
+fn check_with(op: IoOp, path: &Path, synced_end: Option<u64>) -> io::Result<()> {
     if !ARMED.load(Ordering::Relaxed) {
         return Ok(());
     }
@@ -146,8 +163,12 @@ pub fn check(op: IoOp, path: &Path) -> io::Result<()> {
         // The file's length now is what this sync makes durable (its
         // writer is the caller, blocked here).
         if op == IoOp::Sync {
-            if let Some(m) = std::fs::metadata(path).ok().filter(|m| m.is_file()) {
-                armed.report.synced_len.insert(path.to_path_buf(), m.len());
+            let len = synced_end.or_else(|| {
+                let m = std::fs::metadata(path).ok().filter(|m| m.is_file());
+                m.map(|m| m.len())
+            });
+            if let Some(len) = len {
+                armed.report.synced_len.insert(path.to_path_buf(), len);
             }
         }
         return Ok(());

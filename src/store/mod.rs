@@ -93,7 +93,14 @@ use crate::primitives::BlockId;
 /// pages at every group (the index was 5x the raw blocks at 26k blocks for
 /// 0.3 GB of rows) and replayed every log segment written since the last
 /// open at each open (12.6 s at that height).
-pub const FORMAT_VERSION: (u16, u16) = (5, 0);
+///
+/// 5.1: a commit's rows go to a write-ahead row log (`index/rows/LOG`,
+/// one synced record per commit) until 16 MiB of them are in memory, then
+/// to run files; the row manifest's layout names the log's generation
+/// (`KKHRMAN2`). A 5.0 datadir opens as is (no log: an empty one); a 5.0
+/// build refuses a 5.1 row manifest as damaged, naming `kakehi
+/// reindex-chainstate`.
+pub const FORMAT_VERSION: (u16, u16) = (5, 1);
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -875,8 +882,9 @@ impl Store {
     }
 
     /// Makes `batch` durable: first the rows (transactions, spends, address
-    /// history, with every row applied before: [`runs::RowSets::flush`],
-    /// one fsynced run file per tree and the row manifest); then the
+    /// history, with every row applied before: [`runs::RowSets::commit`],
+    /// one record of the row log synced once, or, past its bounds, one
+    /// fsynced run file per tree and the row manifest); then the
     /// metadata, block records and active chain in one sled transaction,
     /// flushed (one durable commit of the chain state).
     ///
@@ -915,7 +923,7 @@ impl Store {
         if !rows.is_empty() || applied {
             self.apply_rows(rows)?;
             self.rows_applied.store(false, Ordering::Release);
-            self.rows.flush()?;
+            self.rows.commit()?;
         }
         (
             &t.meta_by_name.tree,
@@ -947,8 +955,8 @@ impl Store {
     }
 
     /// Applies `rows` to the row store's memory, visible to readers at
-    /// once, not durable: the next [`Store::commit`] writes them to run
-    /// files before its own transaction. No I/O here.
+    /// once, not durable: the next [`Store::commit`] makes them durable
+    /// (row log or run files) before its own transaction. No I/O here.
     ///
     /// # Errors
     /// None today; the signature keeps the rows thread's error path.

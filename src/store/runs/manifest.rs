@@ -3,9 +3,12 @@
 //! directory fsynced (so the runs it names and the temporary file are
 //! there), renamed over `MANIFEST`, the directory fsynced again.
 //!
-//! Layout (integers big-endian): magic `KKHRMAN1` (8) ‖ next file number
-//! u64 ‖ for each of the [`SETS`] sets: run count u32 ‖ each run's number
-//! u64 ‖ CRC-32 of all before (u32).
+//! Layout (integers big-endian): magic `KKHRMAN2` (8) ‖ next file number
+//! u64 ‖ row log generation u64 (its records not yet in runs: `log.rs`) ‖
+//! for each of the [`SETS`] sets: run count u32 ‖ each run's number u64 ‖
+//! CRC-32 of all before (u32). A manifest of the first layout (magic
+//! `KKHRMAN1`, no generation: written before the row log existed) reads
+//! as generation [`FIRST_GENERATION`], with no log file yet.
 
 use std::path::Path;
 
@@ -13,7 +16,11 @@ use super::error::RunError;
 use crate::store::durable;
 
 /// Magic of the manifest.
-const MAGIC: &[u8; 8] = b"KKHRMAN1";
+const MAGIC: &[u8; 8] = b"KKHRMAN2";
+/// Magic of the first layout (no log generation).
+const MAGIC_V1: &[u8; 8] = b"KKHRMAN1";
+/// The row log's generation in a new store or a first-layout manifest.
+pub const FIRST_GENERATION: u64 = 1;
 /// Number of row sets (transactions, spends, address history).
 pub const SETS: usize = 3;
 /// File name of the manifest.
@@ -22,12 +29,24 @@ pub const NAME: &str = "MANIFEST";
 pub const TMP_NAME: &str = "MANIFEST.tmp";
 
 /// The manifest's content.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Manifest {
     /// Number of the next run file.
     pub next: u64,
+    /// Generation of the row log's records not yet in runs.
+    pub log_generation: u64,
     /// Each set's run numbers, oldest first.
     pub sets: [Vec<u64>; SETS],
+}
+
+impl Default for Manifest {
+    fn default() -> Self {
+        Manifest {
+            next: 0,
+            log_generation: FIRST_GENERATION,
+            sets: Default::default(),
+        }
+    }
 }
 
 impl Manifest {
@@ -35,6 +54,7 @@ impl Manifest {
     pub fn encode(&self) -> Vec<u8> {
         let mut v = MAGIC.to_vec();
         v.extend_from_slice(&self.next.to_be_bytes());
+        v.extend_from_slice(&self.log_generation.to_be_bytes());
         for set in &self.sets {
             v.extend_from_slice(&(set.len() as u32).to_be_bytes());
             for n in set {
@@ -48,7 +68,8 @@ impl Manifest {
     /// Parses [`Manifest::encode`]; `None` when damaged.
     pub fn decode(b: &[u8]) -> Option<Manifest> {
         let (body, crc) = b.split_at(b.len().checked_sub(4)?);
-        if crc32fast::hash(body).to_be_bytes() != crc || !body.starts_with(MAGIC) {
+        let v1 = body.starts_with(MAGIC_V1);
+        if crc32fast::hash(body).to_be_bytes() != crc || !(v1 || body.starts_with(MAGIC)) {
             return None;
         }
         let mut r = &body[MAGIC.len()..];
@@ -59,6 +80,10 @@ impl Manifest {
         };
         let u64_of = |a: &[u8]| a.try_into().ok().map(u64::from_be_bytes);
         let next = u64_of(take(8)?)?;
+        let log_generation = match v1 {
+            true => FIRST_GENERATION,
+            false => u64_of(take(8)?)?,
+        };
         let mut sets: [Vec<u64>; SETS] = Default::default();
         for set in &mut sets {
             let count = u32::from_be_bytes(take(4)?.try_into().ok()?);
@@ -67,7 +92,11 @@ impl Manifest {
             }
         }
         take(0).filter(|_| r.is_empty())?;
-        Some(Manifest { next, sets })
+        Some(Manifest {
+            next,
+            log_generation,
+            sets,
+        })
     }
 
     /// Reads the manifest of `dir`; `None` when there is none.
@@ -139,10 +168,11 @@ mod tests {
     fn round_trip_and_damage() {
         let m = Manifest {
             next: 9,
+            log_generation: 3,
             sets: [vec![1, 4], vec![], vec![8]],
         };
         let b = m.encode();
-        assert_eq!(b.len(), 8 + 8 + (4 + 16) + 4 + (4 + 8) + 4);
+        assert_eq!(b.len(), 8 + 8 + 8 + (4 + 16) + 4 + (4 + 8) + 4);
         assert_eq!(Manifest::decode(&b), Some(m.clone()));
         for i in 0..b.len() {
             let mut d = b.clone();
@@ -154,5 +184,20 @@ mod tests {
         assert_eq!(Manifest::read(dir.path()).unwrap(), None);
         m.write(dir.path()).map_err(WriteError::into_inner).unwrap();
         assert_eq!(Manifest::read(dir.path()).unwrap(), Some(m));
+    }
+
+    /// A manifest of the first layout (before the row log) reads with the
+    /// first log generation.
+    #[test]
+    fn first_layout_reads() {
+        let mut v = MAGIC_V1.to_vec();
+        v.extend_from_slice(&5u64.to_be_bytes());
+        v.extend_from_slice(&1u32.to_be_bytes());
+        v.extend_from_slice(&2u64.to_be_bytes());
+        v.extend_from_slice(&[0; 8]);
+        v.extend_from_slice(&crc32fast::hash(&v).to_be_bytes());
+        let m = Manifest::decode(&v).unwrap();
+        assert_eq!(m.log_generation, FIRST_GENERATION);
+        assert_eq!((m.next, m.sets), (5, [vec![2], vec![], vec![]]));
     }
 }

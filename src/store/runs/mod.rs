@@ -1,22 +1,32 @@
 //! kakehi's own store of the index rows: three sets of fixed-size,
 //! key-only rows (transactions 16 bytes, spends 16 bytes, address history
 //! 20 bytes; `super::TxRowKey`, `super::SpendRowKey`, `super::HistoryKey`),
-//! each an in-memory sorted set plus immutable sorted run files, in the
-//! directory `index/rows/` of the datadir.
+//! each an in-memory sorted set plus immutable sorted run files, with a
+//! write-ahead row log, in the directory `index/rows/` of the datadir: an
+//! LSM tree without levels of its own (size-tiered runs).
 //!
 //! - **Writes.** Rows applied ([`RowSet::insert`]) are visible to readers
-//!   at once, not durable. [`RowSets::flush`] writes each set's rows in
-//!   memory as one new run file (`run.rs`), fsynced, then replaces the
-//!   manifest (`manifest.rs`) to name them: after it returns the rows are
-//!   durable. The index database's commit calls it before its sled
-//!   transaction, so rows are durable before the commit that connects
-//!   their blocks; a crash between leaves rows of blocks not connected,
-//!   which every reader ignores (index format 3.0).
+//!   at once, not durable. [`RowSets::commit`] makes them durable: as one
+//!   record appended to the row log (`log.rs`) and synced once
+//!   (`fdatasync`, no directory sync), the rows staying in memory; or, when
+//!   the memory holds [`MEMORY_BOUND`] bytes of keys, the commit brings
+//!   [`RECORD_BOUND`] bytes or more, or an earlier write failed, by
+//!   [`RowSets::flush`]: each set's rows in memory as one new run file
+//!   (`run.rs`), fsynced, then the manifest (`manifest.rs`) replaced to
+//!   name them and the log's next generation (the log restarts). The
+//!   index database's commit calls it before its sled transaction, so rows
+//!   are durable before the commit that connects their blocks; a crash
+//!   between leaves rows of blocks not connected, which every reader
+//!   ignores (index format 3.0), and a crash mid-append tears only the
+//!   record of a commit that never returned.
 //! - **Open** reads the manifest and each run's header, block index and
-//!   filter (not its keys), and deletes the files the manifest does not
-//!   name (a run written by a flush or compaction that a crash cut
-//!   short, the manifest's temporary file). A damaged run or manifest is
-//!   [`RunError::Corrupt`] naming the file.
+//!   filter (not its keys), deletes the files the manifest does not name
+//!   (a run written by a flush or compaction that a crash cut short, the
+//!   manifest's and log's temporary files), and replays the log's records
+//!   of the manifest's generation into memory, up to the first torn or
+//!   damaged one. A damaged run or manifest is [`RunError::Corrupt`]
+//!   naming the file. A store written before the log existed (manifest
+//!   `KKHRMAN1`, no `LOG`) opens with an empty log.
 //! - **Compaction** (`compact.rs`) merges runs of similar size on a
 //!   background thread; its failure is reported by the next flush (the
 //!   commit then fails and the node stops writing, as for any failed
@@ -33,6 +43,7 @@
 mod bloom;
 mod compact;
 mod error;
+mod log;
 mod manifest;
 mod run;
 mod set;
@@ -46,6 +57,7 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 pub use error::RunError;
+use log::RowLog;
 use manifest::{Manifest, WriteError};
 use run::{Run, RunWriter};
 pub use set::RowSet;
@@ -58,6 +70,33 @@ pub const SPEND_KEY: usize = 16;
 pub const HISTORY_KEY: usize = 20;
 /// The sets' names, in manifest order: their run files' prefixes.
 const SET_NAMES: [&str; manifest::SETS] = ["tx", "spend", "history"];
+/// Bytes of keys the three sets may hold in memory (logged, not in runs)
+/// before a commit flushes them to runs: 16 MiB, about 10⁶ rows. RAM
+/// the node pays: about 1.5 times this in the sorted sets (B-tree nodes
+/// about 70 % full), and this again on disk in the log file; the time to
+/// replay the log at open grows with it (BENCHMARKS.md, "Row log").
+pub const MEMORY_BOUND: usize = 16 << 20;
+/// Bytes of new keys from which a commit writes run files rather than a
+/// log record (a large group of blocks while catching up: written once,
+/// not twice): 4 MiB.
+pub const RECORD_BOUND: usize = 4 << 20;
+
+/// The run-number and log-generation counters, under one lock with every
+/// change of the run lists and manifest.
+struct Counters {
+    /// The next run number.
+    next: u64,
+    /// The row log's generation named by the manifest.
+    log_generation: u64,
+}
+
+/// The row log and whether the next commit must flush instead.
+struct LogState {
+    log: RowLog,
+    /// A write of the log or of a flush failed: the next commit flushes
+    /// (module doc of `log.rs`).
+    must_flush: bool,
+}
 
 /// What the three sets and their manifest share with the compaction
 /// thread.
@@ -69,9 +108,11 @@ pub(crate) struct Core {
     pub spends: RowSet<SPEND_KEY>,
     /// Address-history rows.
     pub history: RowSet<HISTORY_KEY>,
-    /// The next run number; held while the run lists and manifest change
-    /// (one change at a time).
-    manifest: Mutex<u64>,
+    /// Held while the run lists and manifest change (one change at a
+    /// time).
+    manifest: Mutex<Counters>,
+    /// The row log; held by a commit (one at a time).
+    log: Mutex<LogState>,
     compact_lock: Mutex<()>,
     /// The first compaction failure not yet reported.
     failed: Mutex<Option<RunError>>,
@@ -119,15 +160,16 @@ impl Core {
     }
 
     fn allocate_number(&self) -> u64 {
-        let mut next = self.manifest.lock();
-        *next += 1;
-        *next - 1
+        let mut counters = self.manifest.lock();
+        counters.next += 1;
+        counters.next - 1
     }
 
-    /// The manifest naming the current runs, with `next`.
-    fn manifest(&self, next: u64) -> Manifest {
+    /// The manifest naming the current runs, with `counters`.
+    fn manifest(&self, counters: &Counters) -> Manifest {
         Manifest {
-            next,
+            next: counters.next,
+            log_generation: counters.log_generation,
             sets: [
                 numbers(&self.txs.runs()),
                 numbers(&self.spends.runs()),
@@ -146,7 +188,7 @@ impl Core {
         inputs: &[Arc<Run<N>>],
         output: Arc<Run<N>>,
     ) -> Result<(), WriteError> {
-        let next = self.manifest.lock();
+        let counters = self.manifest.lock();
         let mut runs: Vec<Arc<Run<N>>> = set
             .runs()
             .iter()
@@ -154,7 +196,7 @@ impl Core {
             .cloned()
             .collect();
         runs.push(output);
-        let mut m = self.manifest(*next);
+        let mut m = self.manifest(&counters);
         m.sets[idx] = numbers(&runs);
         let written = m.write(&self.dir);
         if !matches!(written, Err(WriteError::Before(_))) {
@@ -225,21 +267,30 @@ impl RowSets {
                 .collect()
         };
         let listed: Vec<Vec<(String, u64)>> = (0..names.len()).map(files).collect();
-        for entry in std::fs::read_dir(dir).map_err(&io)? {
-            let entry = entry.map_err(&io)?;
-            let name = entry.file_name();
-            let keep =
-                name == manifest::NAME || listed.iter().flatten().any(|(n, _)| name == n.as_str());
-            if !keep {
-                std::fs::remove_file(entry.path()).map_err(RunError::io(&entry.path()))?;
-            }
-        }
+        remove_unlisted(dir, &listed)?;
+        let (txs, spends, history) = (
+            RowSet::new(names[0], open_runs(dir, &listed[0])?),
+            RowSet::new(names[1], open_runs(dir, &listed[1])?),
+            RowSet::new(names[2], open_runs(dir, &listed[2])?),
+        );
+        let log = RowLog::open(dir, m.log_generation, &mut |record| {
+            txs.load(record[0]);
+            spends.load(record[1]);
+            history.load(record[2]);
+        })?;
         let core = Arc::new(Core {
             dir: dir.to_path_buf(),
-            txs: RowSet::new(names[0], open_runs(dir, &listed[0])?),
-            spends: RowSet::new(names[1], open_runs(dir, &listed[1])?),
-            history: RowSet::new(names[2], open_runs(dir, &listed[2])?),
-            manifest: Mutex::new(m.next),
+            txs,
+            spends,
+            history,
+            manifest: Mutex::new(Counters {
+                next: m.next,
+                log_generation: m.log_generation,
+            }),
+            log: Mutex::new(LogState {
+                log,
+                must_flush: false,
+            }),
             compact_lock: Mutex::new(()),
             failed: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -275,8 +326,49 @@ impl RowSets {
         &self.core.history
     }
 
-    /// Makes every row inserted so far durable: one run file per set with
-    /// rows in memory, fsynced (the three at once), then the manifest.
+    /// Makes every row inserted so far durable, the cheaper way: one
+    /// record appended to the row log and synced (`log.rs`), or, when the
+    /// rows in memory reach [`MEMORY_BOUND`] bytes, the rows to log reach
+    /// [`RECORD_BOUND`] bytes, or an earlier write failed, a flush to run
+    /// files ([`RowSets::flush`]).
+    ///
+    /// # Errors
+    /// A compaction failure not yet reported; [`RunError::Io`] naming the
+    /// file that failed: the rows stay in memory (visible, not durable)
+    /// and the next commit flushes them to runs.
+    pub fn commit(&self) -> Result<(), RunError> {
+        if let Some(e) = self.core.failed.lock().take() {
+            return Err(e);
+        }
+        let core = &*self.core;
+        let mut log = core.log.lock();
+        let pending =
+            core.txs.pending_bytes() + core.spends.pending_bytes() + core.history.pending_bytes();
+        if pending == 0 && !log.must_flush {
+            return Ok(());
+        }
+        let memory =
+            core.txs.memory_bytes() + core.spends.memory_bytes() + core.history.memory_bytes();
+        if log.must_flush || memory >= MEMORY_BOUND || pending >= RECORD_BOUND {
+            return self.flush_locked(&mut log);
+        }
+        let (t, s, h) = (
+            core.txs.take_pending(),
+            core.spends.take_pending(),
+            core.history.take_pending(),
+        );
+        let appended = log
+            .log
+            .append(&[t.as_flattened(), s.as_flattened(), h.as_flattened()]);
+        // The rows stay in memory; whether the record is on disk is
+        // unknown: the next commit writes them to runs.
+        log.must_flush |= appended.is_err();
+        appended
+    }
+
+    /// Makes every row inserted so far durable in run files: one run file
+    /// per set with rows in memory, fsynced (the three at once), then the
+    /// manifest, naming the row log's next generation (the log restarts).
     ///
     /// # Errors
     /// A compaction failure not yet reported; or [`RunError::Io`] naming
@@ -286,9 +378,14 @@ impl RowSets {
         if let Some(e) = self.core.failed.lock().take() {
             return Err(e);
         }
+        self.flush_locked(&mut self.core.log.lock())
+    }
+
+    /// [`RowSets::flush`], the log's lock held.
+    fn flush_locked(&self, log: &mut LogState) -> Result<(), RunError> {
         let core = &*self.core;
-        let mut next = core.manifest.lock();
-        let base = *next;
+        let mut counters = core.manifest.lock();
+        let base = counters.next;
         let (t, s, h) = std::thread::scope(|scope| {
             // Numbers in SET_NAMES order: base, base + 1, base + 2.
             let s = scope.spawn(|| write_frozen(core, &core.spends, base + 1));
@@ -300,10 +397,13 @@ impl RowSets {
                 h.join().unwrap_or_else(|_| gone(core)),
             )
         });
-        if t.is_none() && s.is_none() && h.is_none() {
+        // After a failed write the manifest is written even with no rows:
+        // it must name a generation after every record written before.
+        if t.is_none() && s.is_none() && h.is_none() && !log.must_flush {
             return Ok(());
         }
-        *next = base + 3;
+        counters.next = base + 3;
+        let generation = counters.log_generation + 1;
         let installed = (|| {
             let before = WriteError::Before;
             let (t, s, h) = (
@@ -317,20 +417,40 @@ impl RowSets {
                 with_new(&core.history, &h),
             );
             let m = Manifest {
-                next: *next,
+                next: counters.next,
+                log_generation: generation,
                 sets: [numbers(&lists.0), numbers(&lists.1), numbers(&lists.2)],
             };
             let written = m.write(&core.dir);
             if !matches!(written, Err(WriteError::Before(_))) {
+                counters.log_generation = generation;
                 core.txs.install(lists.0, true);
                 core.spends.install(lists.1, true);
                 core.history.install(lists.2, true);
             }
             written
         })();
-        drop(next);
+        drop(counters);
+        self.installed(log, installed, base, generation)
+    }
+
+    /// The end of a flush that wrote runs `base..base + 3` and tried the
+    /// manifest naming `generation`: restarts the log, or undoes the runs.
+    fn installed(
+        &self,
+        log: &mut LogState,
+        installed: Result<(), WriteError>,
+        base: u64,
+        generation: u64,
+    ) -> Result<(), RunError> {
+        let core = &*self.core;
+        // Every failure: the next commit flushes again, never logs (after
+        // a failed directory sync either manifest may stand, so records of
+        // neither generation may be written yet).
+        log.must_flush = installed.is_err();
         match installed {
             Ok(()) => {
+                log.log.restart(generation);
                 self.request_compaction();
                 Ok(())
             }
@@ -388,6 +508,24 @@ impl RowSets {
     pub fn compact_now(&self) -> Result<(), RunError> {
         compact::compact_all(&self.core)
     }
+}
+
+/// Deletes every file of `dir` but the manifest, the row log and the runs
+/// `listed` (leftovers of a flush or compaction a crash cut short, the
+/// manifest's and the log's temporary files).
+fn remove_unlisted(dir: &Path, listed: &[Vec<(String, u64)>]) -> Result<(), RunError> {
+    let io = RunError::io(dir);
+    for entry in std::fs::read_dir(dir).map_err(&io)? {
+        let entry = entry.map_err(&io)?;
+        let name = entry.file_name();
+        let keep = name == manifest::NAME
+            || name == log::NAME
+            || listed.iter().flatten().any(|(n, _)| name == n.as_str());
+        if !keep {
+            std::fs::remove_file(entry.path()).map_err(RunError::io(&entry.path()))?;
+        }
+    }
+    Ok(())
 }
 
 fn open_runs<const N: usize>(

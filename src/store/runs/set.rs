@@ -1,5 +1,6 @@
 //! One row set: the keys of one tree (fixed length `N`), in an in-memory
-//! sorted set (the rows applied since the last flush), the set being
+//! sorted set (the rows applied since the last flush; of them, the keys
+//! not yet in the row log are also kept in order of arrival), the set being
 //! written to a run (while a flush writes it), and the runs named by the
 //! manifest. A key is in the set when it is in any of them; readers merge
 //! them and give each key once.
@@ -22,6 +23,8 @@ pub type Runs<const N: usize> = Arc<Vec<Arc<Run<N>>>>;
 
 struct State<const N: usize> {
     mem: BTreeSet<[u8; N]>,
+    /// Keys inserted since the last log record or flush (also in `mem`).
+    pending: Vec<[u8; N]>,
     frozen: Option<Arc<BTreeSet<[u8; N]>>>,
     runs: Runs<N>,
 }
@@ -68,6 +71,7 @@ impl<const N: usize> RowSet<N> {
             name,
             state: RwLock::new(State {
                 mem: BTreeSet::new(),
+                pending: Vec::new(),
                 frozen: None,
                 runs: Arc::new(runs),
             }),
@@ -79,7 +83,36 @@ impl<const N: usize> RowSet<N> {
         if keys.is_empty() {
             return;
         }
-        self.state.write().mem.extend(keys);
+        let mut s = self.state.write();
+        s.mem.extend(keys.iter().copied());
+        s.pending.extend(keys);
+    }
+
+    /// Adds `keys` read back from the row log (durable already).
+    pub fn load(&self, keys: &[u8]) {
+        let mut s = self.state.write();
+        for key in keys.chunks_exact(N) {
+            let mut k = [0u8; N];
+            k.copy_from_slice(key);
+            s.mem.insert(k);
+        }
+    }
+
+    /// Takes the keys inserted since the last log record or flush, to be
+    /// logged (they stay in memory).
+    pub fn take_pending(&self) -> Vec<[u8; N]> {
+        std::mem::take(&mut self.state.write().pending)
+    }
+
+    /// Bytes of keys inserted since the last log record or flush (counted
+    /// each time inserted).
+    pub fn pending_bytes(&self) -> usize {
+        self.state.read().pending.len() * N
+    }
+
+    /// Bytes of keys in memory (not in runs).
+    pub fn memory_bytes(&self) -> usize {
+        self.state.read().mem.len() * N
     }
 
     /// Moves the keys in memory aside to be written as a run (they stay
@@ -90,6 +123,7 @@ impl<const N: usize> RowSet<N> {
             return None;
         }
         let frozen = Arc::new(std::mem::take(&mut s.mem));
+        s.pending.clear();
         s.frozen = Some(frozen.clone());
         Some(frozen)
     }

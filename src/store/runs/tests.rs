@@ -1,8 +1,10 @@
-//! The row store against a `BTreeSet` model: random inserts, flushes,
-//! compactions, reopens (rows not flushed are lost, as in a crash) with
-//! crash leftovers in the directory; and damaged files.
+//! The row store against a `BTreeSet` model: random inserts, commits
+//! (the row log), flushes, compactions, reopens (rows not committed are
+//! lost, as in a crash) with crash leftovers in the directory; damaged
+//! files; the row log's replay (torn tail, bad CRC, older generations).
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
 use proptest::prelude::*;
 
@@ -11,6 +13,7 @@ use super::*;
 #[derive(Clone, Debug)]
 enum Op {
     Insert(Vec<[u8; TX_KEY]>),
+    Commit,
     Flush,
     Compact,
     /// Reopen, after leaving a stray run and a manifest temp file.
@@ -31,7 +34,8 @@ fn key() -> impl Strategy<Value = [u8; TX_KEY]> {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => prop::collection::vec(key(), 0..40).prop_map(Op::Insert),
-        3 => Just(Op::Flush),
+        3 => Just(Op::Commit),
+        1 => Just(Op::Flush),
         1 => Just(Op::Compact),
         1 => Just(Op::Reopen),
         3 => ((0u8..7), prop::option::of(key())).prop_map(|(p, b)| Op::Query([p; 8], b)),
@@ -81,6 +85,10 @@ proptest! {
                 Op::Insert(keys) => {
                     all.extend(keys.iter().copied());
                     sets.txs().insert(keys);
+                }
+                Op::Commit => {
+                    sets.commit().unwrap();
+                    durable = all.clone();
                 }
                 Op::Flush => {
                     sets.flush().unwrap();
@@ -150,13 +158,16 @@ fn compaction_bounds_the_run_count() {
     let files = std::fs::read_dir(dir.path()).unwrap().count();
     assert_eq!(
         files,
-        runs + sets.txs().runs().len() + sets.spends().runs().len() + 1
+        runs + sets.txs().runs().len() + sets.spends().runs().len() + 2
     );
 }
 
 /// The most runs a set keeps after settling in the test above: at most
 /// three per tier, and 300 flushes of 20 keys fill tiers 0 and 1 only.
 const FAN_IN_BOUND: usize = 7;
+
+/// Held by each test that arms the fault seam (one plan per process).
+static FAULTS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 /// A damaged run or manifest: open fails with a typed error naming the
 /// file, and changes nothing.
@@ -198,6 +209,7 @@ fn damaged_files_are_named() {
 #[test]
 fn a_failed_flush_leaves_an_openable_store() {
     use crate::store::fault::{self, FaultPlan, IoOp};
+    let _alone = FAULTS.lock();
     for op in [IoOp::Write, IoOp::Sync] {
         for after in 0..8 {
             let dir = tempfile::tempdir().unwrap();
@@ -240,5 +252,184 @@ fn a_failed_flush_leaves_an_openable_store() {
             }
             assert!(sets.history().has_prefix(&[3; 8]).unwrap());
         }
+    }
+}
+
+/// Keys `[i; 16]` for `i` in `range` (one 8-byte prefix each).
+fn keys(range: std::ops::Range<u8>) -> Vec<[u8; TX_KEY]> {
+    range.map(|i| [i; TX_KEY]).collect()
+}
+
+/// Which of `keys` the store at `dir` has after a reopen, and the bytes of
+/// keys it holds in memory (replayed from the log).
+fn reopened(dir: &Path, keys: &[[u8; TX_KEY]]) -> (Vec<bool>, usize) {
+    let (sets, _) = RowSets::open(dir).unwrap();
+    let has = keys
+        .iter()
+        .map(|k| sets.txs().has_prefix(&k[..8]).unwrap())
+        .collect();
+    (has, sets.txs().memory_bytes())
+}
+
+/// Three small commits, each one record of the log (no run file); the
+/// offsets where each record ends.
+fn three_records(dir: &Path) -> [u64; 3] {
+    let (sets, _) = RowSets::open(dir).unwrap();
+    let mut ends = [0; 3];
+    for (i, end) in ends.iter_mut().enumerate() {
+        let at = 10 * i as u8;
+        sets.txs().insert(keys(at..at + 10));
+        sets.commit().unwrap();
+        *end = sets.core.log.lock().log.end();
+    }
+    assert!(sets.txs().runs().is_empty(), "a small commit wrote a run");
+    ends
+}
+
+/// A record torn by a crash mid-append (its end zeros, as the file was):
+/// the reopened store has the records before it, not its rows; the next
+/// commit writes over it and is read back.
+#[test]
+fn log_replay_stops_at_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let ends = three_records(dir.path());
+    let log = dir.path().join(log::NAME);
+    let mut b = std::fs::read(&log).unwrap();
+    b[ends[2] as usize - 20..ends[2] as usize].fill(0);
+    std::fs::write(&log, &b).unwrap();
+    let all = keys(0..40);
+    let (has, memory) = reopened(dir.path(), &all);
+    assert_eq!(has, (0..40).map(|i| i < 20).collect::<Vec<_>>());
+    assert_eq!(memory, 20 * TX_KEY);
+    {
+        let (sets, _) = RowSets::open(dir.path()).unwrap();
+        sets.txs().insert(keys(30..40));
+        sets.commit().unwrap();
+    }
+    let (has, _) = reopened(dir.path(), &all);
+    assert_eq!(has, (0..40).map(|i| !(20..30).contains(&i)).collect::<Vec<_>>());
+}
+
+/// A bad CRC in the middle of the log: replay stops there (the records
+/// after it are dropped).
+#[test]
+fn log_replay_stops_at_a_bad_crc() {
+    let dir = tempfile::tempdir().unwrap();
+    let ends = three_records(dir.path());
+    let log = dir.path().join(log::NAME);
+    let mut b = std::fs::read(&log).unwrap();
+    b[ends[0] as usize + 20] ^= 1;
+    std::fs::write(&log, &b).unwrap();
+    let (has, _) = reopened(dir.path(), &keys(0..30));
+    assert_eq!(has, (0..30).map(|i| i < 10).collect::<Vec<_>>());
+}
+
+/// After a flush the log restarts: the older generation's records left in
+/// the file past the new ones are not replayed (their rows are in runs),
+/// a reopen right after the flush replays nothing, and replaying the same
+/// log twice (a crash after the runs were written, before the manifest)
+/// changes nothing.
+#[test]
+fn log_replay_after_a_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    three_records(dir.path());
+    let all = keys(0..50);
+    {
+        let (sets, _) = RowSets::open(dir.path()).unwrap();
+        assert_eq!(sets.txs().memory_bytes(), 30 * TX_KEY);
+        sets.flush().unwrap();
+    }
+    let (has, memory) = reopened(dir.path(), &all);
+    assert_eq!((has.iter().filter(|h| **h).count(), memory), (30, 0));
+    {
+        let (sets, _) = RowSets::open(dir.path()).unwrap();
+        // The same size as the old first record: the old second record
+        // follows it exactly, of the old generation.
+        sets.txs().insert(keys(40..50));
+        sets.commit().unwrap();
+    }
+    let (has, memory) = reopened(dir.path(), &all);
+    assert_eq!(has, (0..50).map(|i| !(30..40).contains(&i)).collect::<Vec<_>>());
+    assert_eq!(memory, 10 * TX_KEY);
+    // Idempotent: the log replayed over runs holding the same rows.
+    let (has_again, _) = reopened(dir.path(), &all);
+    assert_eq!(has_again, has);
+}
+
+/// A commit of [`RECORD_BOUND`] bytes or more, or one that finds
+/// [`MEMORY_BOUND`] bytes in memory, writes runs (and restarts the log).
+#[test]
+fn large_commits_write_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sets, _) = RowSets::open(dir.path()).unwrap();
+    let many = |from: u32, n: u32| -> Vec<[u8; 20]> {
+        (from..from + n)
+            .map(|i| {
+                let mut k = [0u8; 20];
+                k[..4].copy_from_slice(&i.to_be_bytes());
+                k
+            })
+            .collect()
+    };
+    let per_record = (RECORD_BOUND / 20) as u32;
+    sets.history().insert(many(0, per_record - 1));
+    sets.commit().unwrap();
+    assert!(sets.history().runs().is_empty());
+    sets.history().insert(many(per_record, per_record + 1));
+    sets.commit().unwrap();
+    assert_eq!(sets.history().runs().len(), 1);
+    assert_eq!(sets.history().memory_bytes(), 0);
+    let to_bound = (MEMORY_BOUND / 20) as u32;
+    for i in 0..to_bound / (per_record - 1) + 1 {
+        assert!(sets.history().runs().len() == 1, "flushed early at {i}");
+        let from = 2 * per_record + i * per_record;
+        sets.history().insert(many(from, per_record - 1));
+        sets.commit().unwrap();
+    }
+    sets.history().insert(many(u32::MAX - 1, 1));
+    sets.commit().unwrap();
+    assert_eq!(sets.history().runs().len(), 2);
+}
+
+/// A write or sync of the log failing (the fault seam): the commit fails
+/// naming the log, a copy of the directory as it is then opens with every
+/// row committed before, and the next commit (a flush) makes every row
+/// durable.
+#[test]
+fn a_failed_log_append_leaves_an_openable_store() {
+    use crate::store::fault::{self, FaultPlan, IoOp};
+    let _alone = FAULTS.lock();
+    for op in [IoOp::Write, IoOp::Sync] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows");
+        let (sets, _) = RowSets::open(&path).unwrap();
+        sets.txs().insert(keys(0..10));
+        sets.commit().unwrap();
+        sets.txs().insert(keys(10..20));
+        fault::arm(FaultPlan {
+            under: path.clone(),
+            path_contains: format!("/{}", log::NAME),
+            op,
+            after: 0,
+            errno: 28,
+        });
+        let committed = sets.commit();
+        let report = fault::disarm();
+        let fired = report.fired.expect("the log was not written");
+        assert_eq!(fired.path, path.join(log::NAME));
+        let err = committed.unwrap_err();
+        assert!(err.to_string().contains(log::NAME), "{err}");
+        let copy = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(&path).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
+        }
+        let (has, _) = reopened(copy.path(), &keys(0..10));
+        assert!(has.iter().all(|h| *h), "{op:?}");
+        sets.commit().unwrap();
+        assert_eq!(sets.txs().runs().len(), 1, "{op:?}: not flushed");
+        drop(sets);
+        let (has, _) = reopened(&path, &keys(0..20));
+        assert!(has.iter().all(|h| *h), "{op:?}");
     }
 }
