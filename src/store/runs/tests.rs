@@ -286,6 +286,14 @@ fn three_records(dir: &Path) -> [u64; 3] {
     ends
 }
 
+/// Changes the bytes of the log of the store at `dir` with `f`.
+fn damage_log(dir: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let log = dir.join(log::NAME);
+    let mut b = std::fs::read(&log).unwrap();
+    f(&mut b);
+    std::fs::write(&log, &b).unwrap();
+}
+
 /// A record torn by a crash mid-append (its end zeros, as the file was):
 /// the reopened store has the records before it, not its rows; the next
 /// commit writes over it and is read back.
@@ -293,10 +301,9 @@ fn three_records(dir: &Path) -> [u64; 3] {
 fn log_replay_stops_at_a_torn_tail() {
     let dir = tempfile::tempdir().unwrap();
     let ends = three_records(dir.path());
-    let log = dir.path().join(log::NAME);
-    let mut b = std::fs::read(&log).unwrap();
-    b[ends[2] as usize - 20..ends[2] as usize].fill(0);
-    std::fs::write(&log, &b).unwrap();
+    damage_log(dir.path(), |b| {
+        b[ends[2] as usize - 20..ends[2] as usize].fill(0)
+    });
     let all = keys(0..40);
     let (has, memory) = reopened(dir.path(), &all);
     assert_eq!(has, (0..40).map(|i| i < 20).collect::<Vec<_>>());
@@ -307,7 +314,10 @@ fn log_replay_stops_at_a_torn_tail() {
         sets.commit().unwrap();
     }
     let (has, _) = reopened(dir.path(), &all);
-    assert_eq!(has, (0..40).map(|i| !(20..30).contains(&i)).collect::<Vec<_>>());
+    assert_eq!(
+        has,
+        (0..40).map(|i| !(20..30).contains(&i)).collect::<Vec<_>>()
+    );
 }
 
 /// A bad CRC in the middle of the log: replay stops there (the records
@@ -316,10 +326,7 @@ fn log_replay_stops_at_a_torn_tail() {
 fn log_replay_stops_at_a_bad_crc() {
     let dir = tempfile::tempdir().unwrap();
     let ends = three_records(dir.path());
-    let log = dir.path().join(log::NAME);
-    let mut b = std::fs::read(&log).unwrap();
-    b[ends[0] as usize + 20] ^= 1;
-    std::fs::write(&log, &b).unwrap();
+    damage_log(dir.path(), |b| b[ends[0] as usize + 20] ^= 1);
     let (has, _) = reopened(dir.path(), &keys(0..30));
     assert_eq!(has, (0..30).map(|i| i < 10).collect::<Vec<_>>());
 }
@@ -349,7 +356,10 @@ fn log_replay_after_a_flush() {
         sets.commit().unwrap();
     }
     let (has, memory) = reopened(dir.path(), &all);
-    assert_eq!(has, (0..50).map(|i| !(30..40).contains(&i)).collect::<Vec<_>>());
+    assert_eq!(
+        has,
+        (0..50).map(|i| !(30..40).contains(&i)).collect::<Vec<_>>()
+    );
     assert_eq!(memory, 10 * TX_KEY);
     // Idempotent: the log replayed over runs holding the same rows.
     let (has_again, _) = reopened(dir.path(), &all);
