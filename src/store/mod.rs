@@ -746,6 +746,11 @@ pub const META_MUHASH: &str = "muhash";
 /// u32 BE of the block below it` = being built from the block files, up to
 /// there (a build resumes from it while that block is still active).
 pub const META_ADDRESS_INDEX: &str = "address_index";
+/// Meta key of where the index rows' log ends after the rows of the
+/// blocks this commit names ([`runs::LogPosition`]: generation u64 BE ‖
+/// end u64 BE; since format 5.1). At open the log must reach it: a crash
+/// mid-append tears only records after it, so a shorter log is damaged.
+pub const META_ROWS_LOG: &str = "rows_log";
 
 /// Default page cache of the index database (sled's `cache_capacity`),
 /// MiB: 128 (config `index.cache_mib`). sled's own default (1 GiB) made a
@@ -769,6 +774,27 @@ fn check_format(path: &Path, trees: &Trees, v: &[u8]) -> Result<(), StoreError> 
         });
     }
     Ok(())
+}
+
+/// Opens the row store of the database at `path` (`path/rows`) and checks
+/// it against the database's metadata: a database with a format version
+/// (`versioned`) has a row manifest, and the row log reaches the position
+/// of the last commit ([`META_ROWS_LOG`]).
+fn open_rows(path: &Path, trees: &Trees, versioned: bool) -> Result<runs::RowSets, StoreError> {
+    // A fresh database gets its row manifest before its format version: a
+    // database with a version and no manifest lost it.
+    let (rows, created) = runs::RowSets::open(&path.join("rows"))?;
+    if created && versioned {
+        return Err(trees
+            .meta_by_name
+            .corrupt("the row store's manifest (rows/MANIFEST) is missing"));
+    }
+    if let Some(v) = trees.meta_by_name.get(&META_ROWS_LOG.to_string())? {
+        let committed = runs::LogPosition::decode(&v)
+            .ok_or_else(|| trees.meta_by_name.corrupt("bad rows_log"))?;
+        rows.check_log(committed)?;
+    }
+    Ok(rows)
 }
 
 /// The index database.
@@ -823,14 +849,7 @@ impl Store {
         if let Some(v) = &format {
             check_format(&path, &trees, v)?;
         }
-        // A fresh database gets its row manifest before its format
-        // version: a database with a version and no manifest lost it.
-        let (rows, created) = runs::RowSets::open(&path.join("rows"))?;
-        if created && format.is_some() {
-            return Err(trees
-                .meta_by_name
-                .corrupt("the row store's manifest (rows/MANIFEST) is missing"));
-        }
+        let rows = open_rows(&path, &trees, format.is_some())?;
         let store = Store {
             db,
             path,
@@ -920,18 +939,20 @@ impl Store {
             history: batch.history,
         };
         let applied = self.rows_applied.swap(false, Ordering::AcqRel);
+        let mut meta = batch.meta;
         if !rows.is_empty() || applied {
             self.apply_rows(rows)?;
             self.rows_applied.store(false, Ordering::Release);
-            self.rows.commit()?;
+            let logged = self.rows.commit()?;
+            meta.insert(META_ROWS_LOG.as_bytes(), &logged.encode()[..]);
         }
         (
             &t.meta_by_name.tree,
             &t.block_by_id.tree,
             &t.block_id_by_height.tree,
         )
-            .transaction(|(meta, blocks, by_height)| {
-                meta.apply_batch(&batch.meta)?;
+            .transaction(|(meta_tree, blocks, by_height)| {
+                meta_tree.apply_batch(&meta)?;
                 blocks.apply_batch(&batch.blocks)?;
                 by_height.apply_batch(&batch.by_height)?;
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())

@@ -59,13 +59,16 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// What an uninterrupted import ends with: tip hash, MuHash, filter header
-/// at the tip, archive commitment.
+/// at the tip, archive commitment, and a digest of the index rows' answers
+/// (the address index of sample scripts: the rows of every committed
+/// block must survive a fault or a power cut).
 #[derive(Debug, PartialEq, Eq)]
 pub struct EndState {
     pub tip: String,
     pub muhash: String,
     pub filter_header: String,
     pub commitment: String,
+    pub address_index: String,
 }
 
 pub fn end_state(cs: &Chainstate) -> EndState {
@@ -77,7 +80,26 @@ pub fn end_state(cs: &Chainstate) -> EndState {
         muhash: snap.utxo_stats().muhash,
         filter_header: filter_header.to_string(),
         commitment: snap.archive().commitment().to_lower_hex_string(),
+        address_index: address_digest(&snap),
     }
+}
+
+/// SHA-256 of what the address index answers (summary and whole history)
+/// for the scripts of every 7th line of regtest-a's final UTXO list.
+fn address_digest(snap: &kakehi::snapshot::ChainSnapshot) -> String {
+    use bitcoin::hashes::{sha256, Hash};
+    let text = std::fs::read_to_string(super::data("regtest-a/utxos.txt")).unwrap();
+    let mut answers = String::new();
+    for line in text.lines().step_by(7) {
+        let script = line.split_whitespace().nth(2).unwrap();
+        let script = bitcoin::ScriptBuf::from_hex(script).unwrap();
+        let sh = sha256::Hash::hash(script.as_bytes()).to_byte_array();
+        let summary = snap.script_summary(&sh).unwrap();
+        let txs = snap.script_txs(&sh, None, usize::MAX).unwrap();
+        answers.push_str(&format!("{summary:?} {txs:?}\n"));
+    }
+    assert!(answers.contains("HistoryTx"), "no address history");
+    sha256::Hash::hash(answers.as_bytes()).to_string()
 }
 
 /// The MuHash of the UTXO table's coins at the tip, from scratch.

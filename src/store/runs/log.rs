@@ -59,6 +59,36 @@ pub struct RowLog {
     len: u64,
 }
 
+/// Where the durable records of the row log end: its generation and the
+/// byte offset after its last record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogPosition {
+    /// The generation (named by the manifest).
+    pub generation: u64,
+    /// Offset after the last record, bytes.
+    pub end: u64,
+}
+
+impl LogPosition {
+    /// 16 bytes: generation u64 BE ‖ end u64 BE.
+    pub fn encode(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.generation.to_be_bytes());
+        b[8..].copy_from_slice(&self.end.to_be_bytes());
+        b
+    }
+
+    /// Parses [`LogPosition::encode`]; `None` when not 16 bytes.
+    pub fn decode(b: &[u8]) -> Option<LogPosition> {
+        let b: &[u8; 16] = b.try_into().ok()?;
+        let (g, e) = b.split_at(8);
+        Some(LogPosition {
+            generation: u64::from_be_bytes(g.try_into().ok()?),
+            end: u64::from_be_bytes(e.try_into().ok()?),
+        })
+    }
+}
+
 /// The keys of one record, per set: `count × KEY_LENS[i]` bytes each.
 pub type Record<'a> = [&'a [u8]; SETS];
 
@@ -215,6 +245,14 @@ impl RowLog {
     #[cfg(test)]
     pub fn end(&self) -> u64 {
         self.end
+    }
+
+    /// The generation written now and the end of its valid records.
+    pub fn position(&self) -> LogPosition {
+        LogPosition {
+            generation: self.generation,
+            end: self.end,
+        }
     }
 }
 

@@ -57,6 +57,7 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 pub use error::RunError;
+pub use log::LogPosition;
 use log::RowLog;
 use manifest::{Manifest, WriteError};
 use run::{Run, RunWriter};
@@ -113,6 +114,8 @@ pub(crate) struct Core {
     manifest: Mutex<Counters>,
     /// The row log; held by a commit (one at a time).
     log: Mutex<LogState>,
+    /// Where the log's valid records ended at open.
+    opened: LogPosition,
     compact_lock: Mutex<()>,
     /// The first compaction failure not yet reported.
     failed: Mutex<Option<RunError>>,
@@ -280,6 +283,7 @@ impl RowSets {
         })?;
         let core = Arc::new(Core {
             dir: dir.to_path_buf(),
+            opened: log.position(),
             txs,
             spends,
             history,
@@ -336,7 +340,10 @@ impl RowSets {
     /// A compaction failure not yet reported; [`RunError::Io`] naming the
     /// file that failed: the rows stay in memory (visible, not durable)
     /// and the next commit flushes them to runs.
-    pub fn commit(&self) -> Result<(), RunError> {
+    /// Returns where the log's durable records end then: the index
+    /// database records it with the blocks the rows belong to, and checks
+    /// at open that the log reaches it ([`RowSets::check_log`]).
+    pub fn commit(&self) -> Result<LogPosition, RunError> {
         if let Some(e) = self.core.failed.lock().take() {
             return Err(e);
         }
@@ -344,13 +351,13 @@ impl RowSets {
         let mut log = core.log.lock();
         let pending =
             core.txs.pending_bytes() + core.spends.pending_bytes() + core.history.pending_bytes();
-        if pending == 0 && !log.must_flush {
-            return Ok(());
-        }
         let memory =
             core.txs.memory_bytes() + core.spends.memory_bytes() + core.history.memory_bytes();
         if log.must_flush || memory >= MEMORY_BOUND || pending >= RECORD_BOUND {
-            return self.flush_locked(&mut log);
+            self.flush_locked(&mut log)?;
+            return Ok(log.log.position());
+        } else if pending == 0 {
+            return Ok(log.log.position());
         }
         let (t, s, h) = (
             core.txs.take_pending(),
@@ -363,7 +370,27 @@ impl RowSets {
         // The rows stay in memory; whether the record is on disk is
         // unknown: the next commit writes them to runs.
         log.must_flush |= appended.is_err();
-        appended
+        appended.map(|()| log.log.position())
+    }
+
+    /// Checks that the log, as opened, holds every record up to
+    /// `committed` (a position [`RowSets::commit`] returned and the index
+    /// database recorded with the blocks whose rows it holds): a torn
+    /// append loses only records after it, so a log that ends before it,
+    /// or a manifest of an older generation, is damaged.
+    ///
+    /// # Errors
+    /// [`RunError::Corrupt`] naming the log.
+    pub fn check_log(&self, committed: LogPosition) -> Result<(), RunError> {
+        let opened = self.core.opened;
+        let bad = |reason| Err(RunError::corrupt(&self.core.dir.join(log::NAME), reason));
+        if committed.generation > opened.generation {
+            return bad("the row manifest is older than the index's last commit");
+        }
+        if committed.generation == opened.generation && committed.end > opened.end {
+            return bad("the row log ends before the rows of committed blocks");
+        }
+        Ok(())
     }
 
     /// Makes every row inserted so far durable in run files: one run file

@@ -443,3 +443,39 @@ fn a_failed_log_append_leaves_an_openable_store() {
         assert!(has.iter().all(|h| *h), "{op:?}");
     }
 }
+
+/// The position a commit returns is checked at open: a log that ends
+/// before it (a record of a commit that returned was damaged) or a
+/// manifest of an older generation is refused, naming the log; a log
+/// torn after it opens.
+#[test]
+fn a_log_short_of_a_committed_position_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ends = three_records(dir.path());
+    let at = |end: u64| LogPosition {
+        generation: manifest::FIRST_GENERATION,
+        end,
+    };
+    damage_log(dir.path(), |b| b[ends[1] as usize + 20] ^= 1);
+    let (sets, _) = RowSets::open(dir.path()).unwrap();
+    sets.check_log(at(ends[1])).unwrap();
+    let err = sets.check_log(at(ends[2])).unwrap_err();
+    assert!(matches!(err, RunError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains(log::NAME), "{err}");
+    sets.flush().unwrap();
+    let next = LogPosition {
+        generation: manifest::FIRST_GENERATION + 1,
+        end: 0,
+    };
+    sets.txs().insert(keys(50..60));
+    assert_eq!(sets.commit().unwrap().generation, next.generation);
+    drop(sets);
+    let (sets, _) = RowSets::open(dir.path()).unwrap();
+    sets.check_log(at(ends[2])).unwrap();
+    sets.check_log(next).unwrap();
+    let newer = LogPosition {
+        generation: next.generation + 1,
+        end: 0,
+    };
+    assert!(sets.check_log(newer).is_err());
+}
