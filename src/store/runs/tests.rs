@@ -419,6 +419,7 @@ fn a_failed_log_append_leaves_an_openable_store() {
         fault::arm(FaultPlan {
             under: path.clone(),
             path_contains: format!("/{}", log::NAME),
+            path_excludes: None,
             op,
             after: 0,
             errno: 28,
