@@ -35,7 +35,7 @@
 //! dump, filter headers, HTTP answers, the second node's reopen).
 //!
 //! Prints, for each tenth of the blocks: blocks/s, tx/s, inputs/s
-//! (non-coinbase inputs), milliseconds per block at p50 and p99, the
+//! (non-coinbase inputs), the process's CPU µs per input, milliseconds per block at p50 and p99, the
 //! process's RSS and the datadir's bytes; then the whole import (pipeline
 //! time, and wall time with the reading and decoding of the files), the end
 //! state against the manifest (tip, SHA-256 of the `dump-utxos` text, the
@@ -83,6 +83,9 @@ struct Tenth {
     inputs: u64,
     seconds: f64,
     block_ms: Vec<f64>,
+    /// CPU time of the process (user + system, every thread: reading and
+    /// decoding the files included) over the tenth.
+    cpu_seconds: f64,
 }
 
 /// What the whole import measured.
@@ -98,6 +101,10 @@ struct Totals {
     /// inputs/s of the first and the last tenth.
     first_rate: Option<f64>,
     last_rate: Option<f64>,
+    /// CPU µs per input of the first and the last tenth (less sensitive to
+    /// other tenants of a shared machine than the wall rate).
+    first_cpu_per_input: Option<f64>,
+    last_cpu_per_input: Option<f64>,
     rejected: u64,
     /// Wall time: headers first (with assumevalid), reading and decoding
     /// the files, the pipeline, the last group and seals.
@@ -205,12 +212,13 @@ fn import(
     datadir: &Path,
 ) -> Totals {
     println!(
-        "{:>6} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8} {:>8} {:>11}",
+        "{:>6} {:>8} {:>9} {:>9} {:>10} {:>11} {:>8} {:>8} {:>8} {:>11}",
         "tenth",
         "blocks",
         "blocks/s",
         "tx/s",
         "inputs/s",
+        "CPU µs/in",
         "p50 ms",
         "p99 ms",
         "RSS MiB",
@@ -219,6 +227,7 @@ fn import(
     let tenth_size = total.div_ceil(10).max(1);
     let mut tenth = Tenth::default();
     let mut totals = Totals::default();
+    let mut tenth_cpu = common::cpu_seconds();
     for file in files {
         for rec in read_file(file, params).expect("read block file") {
             let inputs: u64 = rec
@@ -248,6 +257,11 @@ fn import(
                 let rate = tenth.inputs as f64 / tenth.seconds;
                 totals.first_rate.get_or_insert(rate);
                 totals.last_rate = Some(rate);
+                let cpu = common::cpu_seconds();
+                tenth.cpu_seconds = cpu - std::mem::replace(&mut tenth_cpu, cpu);
+                let per_input = tenth.cpu_seconds * 1e6 / tenth.inputs.max(1) as f64;
+                totals.first_cpu_per_input.get_or_insert(per_input);
+                totals.last_cpu_per_input = Some(per_input);
                 totals.txs += tenth.txs;
                 totals.inputs += tenth.inputs;
                 totals.pipeline_seconds += tenth.seconds;
@@ -285,6 +299,12 @@ fn print_totals(t: &Totals) {
         println!(
             "flat cost: inputs/s in the last tenth = {:.2}x the first",
             l / f
+        );
+    }
+    if let (Some(f), Some(l)) = (t.first_cpu_per_input, t.last_cpu_per_input) {
+        println!(
+            "flat cost by CPU: µs per input in the first tenth / the last = {:.2}x",
+            f / l
         );
     }
 }
@@ -445,12 +465,13 @@ fn print_tenth(index: u64, t: &mut Tenth, datadir: &Path) {
     t.block_ms.sort_by(f64::total_cmp);
     let pct = |p: f64| t.block_ms[((t.block_ms.len() - 1) as f64 * p).round() as usize];
     println!(
-        "{:>6} {:>8} {:>9.0} {:>9.0} {:>10.0} {:>8.2} {:>8.2} {:>8} {:>10.0}",
+        "{:>6} {:>8} {:>9.0} {:>9.0} {:>10.0} {:>11.1} {:>8.2} {:>8.2} {:>8} {:>10.0}",
         index,
         t.blocks,
         t.blocks as f64 / t.seconds,
         t.txs as f64 / t.seconds,
         t.inputs as f64 / t.seconds,
+        t.cpu_seconds * 1e6 / t.inputs.max(1) as f64,
         pct(0.5),
         pct(0.99),
         common::status_mib("VmRSS:"),
