@@ -636,6 +636,39 @@ fn built() -> MemStorage {
     storage
 }
 
+/// After a reopen the disk-layer pages are only in their files: spills
+/// into existing children read them, and the counters say so.
+#[test]
+fn spills_into_children_on_disk_are_counted() {
+    let storage = MemStorage::new();
+    let cfg = SozuConfig {
+        checkpoint_bytes: 0,
+        ..small_config()
+    };
+    let mut t = SozuTable::open_with_storage(Box::new(storage.clone()), cfg.clone()).expect("open");
+    let mut chain = Chain::new();
+    let mut model = ModelTable::new();
+    let mut rng = Rng::new(7);
+    let mut blocks = |t: &mut SozuTable, n: usize| {
+        for _ in 0..n {
+            let id = chain.add(chain.best);
+            let w = gen_block(&mut rng, &mut model, &chain.view(id), id, id, 4);
+            model.write_block(&w, &chain, &mut |_| {}).expect("model");
+            t.write_block(&w, &chain, &mut |_| {}).expect("write");
+            t.commit(tag(id, id)).expect("commit");
+        }
+    };
+    blocks(&mut t, 30);
+    t.checkpoint_now().expect("checkpoint");
+    drop(t);
+    let mut t = SozuTable::open_with_storage(Box::new(storage), cfg).expect("reopen");
+    blocks(&mut t, 10);
+    let c = t.counters();
+    assert!(c.spill_file_reads > 0, "{c:?}");
+    assert!(c.spill_reads_avoidable <= c.spill_file_reads, "{c:?}");
+    assert!(c.disk_page_reads >= c.spill_file_reads, "{c:?}");
+}
+
 fn open_err(storage: &MemStorage) -> SozuError {
     let before = storage.snapshot();
     let r = SozuTable::open_with_storage(Box::new(storage.clone()), small_config());

@@ -27,6 +27,13 @@ use super::SozuError;
 impl SozuTable {
     pub(super) fn commit_inner(&mut self, tag: CommitTag) -> Result<(), SozuError> {
         self.finish_checkpoint(false)?;
+        if !self.checkpointer.is_idle() && self.plan.must_wait(self.unflushed(), self.held_twice())
+        {
+            // The pages held twice while the checkpoint writes count
+            // against the budget: wait rather than pass it.
+            self.counters.checkpoint_waits += 1;
+            self.finish_checkpoint(true)?;
+        }
         if self.checkpointer.is_idle() {
             if let Some(p) = self.pending.take() {
                 self.start_pending(p)?;
@@ -97,6 +104,10 @@ impl SozuTable {
 
     fn unflushed(&self) -> u64 {
         self.shards.iter().map(|s| s.store.unflushed()).sum()
+    }
+
+    fn held_twice(&self) -> u64 {
+        self.shards.iter().map(|s| s.store.held_twice()).sum()
     }
 
     /// Starts a new generation and checkpoints the one that ends.

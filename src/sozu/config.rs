@@ -44,9 +44,11 @@ pub struct SozuConfig {
     /// [`DEFAULT_RAM_MIB`]): five eighths pin the top layers in memory (as
     /// many whole layers as fit), one eighth caches other pages by
     /// recency, a quarter plus what the pinned layers leave of their five
-    /// eighths holds pages committed and not yet checkpointed (a
-    /// checkpoint starts when they exceed it). The page summaries (about 3
-    /// bytes per entry) come on top.
+    /// eighths holds pages committed and not yet checkpointed and the
+    /// copies a running checkpoint holds of pages edited since it started
+    /// (a checkpoint starts when the pages exceed it less an eighth of the
+    /// budget; a commit waits for a running one when both together exceed
+    /// it). The page summaries (about 3 bytes per entry) come on top.
     pub ram_mib: usize,
     /// Overrides the number of pinned top layers that `ram_mib` gives
     /// (tests: 0 sends every lookup through the page cache and summaries).
@@ -173,13 +175,20 @@ pub(super) struct MemoryPlan {
     /// Bytes of committed disk pages not yet checkpointed beyond which a
     /// checkpoint starts.
     pub(super) unflushed_bytes: u64,
+    /// Bound on those bytes plus the page images held twice while a
+    /// checkpoint runs (its images that commits have since replaced,
+    /// pinned or not): a commit that finds it passed waits for the
+    /// checkpoint. [`MemoryPlan::unflushed_bytes`] leaves an eighth of the
+    /// budget below it for that.
+    pub(super) in_flight_bytes: u64,
 }
 
 impl MemoryPlan {
     /// The plan for `cfg` over a table of the given geometry: as many whole
     /// top layers as fit five eighths of the budget (layer 0 always), one
     /// eighth for the caches, a quarter for unflushed pages plus what the
-    /// pinned layers leave of their five eighths.
+    /// pinned layers leave of their five eighths, of which an eighth of the
+    /// budget is kept for the copies a running checkpoint holds.
     pub(super) fn new(cfg: &SozuConfig, page_size: usize, b0: u32, g: u32, max_layer: u8) -> Self {
         let budget = (cfg.ram_mib as u64) << 20;
         let pinned = budget / 8 * 5;
@@ -201,12 +210,21 @@ impl MemoryPlan {
         });
         let ram_layers = ram_layers.min(max_layer.saturating_add(1));
         let pinned_used = (0..ram_layers).fold(0u64, |t, n| t.saturating_add(layer_bytes(n)));
+        let floor = 256 * page_size as u64;
+        let in_flight = (budget / 4 + pinned.saturating_sub(pinned_used)).max(2 * floor);
         Self {
             ram_layers,
             cache_bytes: (budget / 8).max(64 * page_size as u64),
-            unflushed_bytes: (budget / 4 + pinned.saturating_sub(pinned_used))
-                .max(256 * page_size as u64),
+            unflushed_bytes: in_flight.saturating_sub(budget / 8).max(floor),
+            in_flight_bytes: in_flight,
         }
+    }
+
+    /// Whether a commit must wait for the running checkpoint: the disk
+    /// pages not yet in their files (`unflushed`) and the images held twice
+    /// (`held_twice`), bytes, together past their share.
+    pub(super) fn must_wait(&self, unflushed: u64, held_twice: u64) -> bool {
+        unflushed.saturating_add(held_twice) > self.in_flight_bytes
     }
 }
 
@@ -225,8 +243,14 @@ mod tests {
         let p = MemoryPlan::new(&cfg, 4096, 10, 1, 20);
         assert_eq!(p.ram_layers, 6);
         assert_eq!(p.cache_bytes, 64 << 20);
-        // A quarter, plus the 320 − 252 MiB the pinned layers leave.
-        assert_eq!(p.unflushed_bytes, (128 + 320 - 252) << 20);
+        // A quarter, plus the 320 − 252 MiB the pinned layers leave; a
+        // checkpoint starts an eighth below that.
+        assert_eq!(p.in_flight_bytes, (128 + 320 - 252) << 20);
+        assert_eq!(p.unflushed_bytes, (128 + 320 - 252 - 64) << 20);
+        // The copies count: a commit waits once both pass the share.
+        assert!(!p.must_wait(p.unflushed_bytes, 64 << 20));
+        assert!(p.must_wait(p.unflushed_bytes, (64 << 20) + 1));
+        assert!(p.must_wait(p.in_flight_bytes + 1, 0));
         // Layer 0 is pinned whatever the budget; an override wins.
         let tiny = SozuConfig {
             ram_mib: 1,

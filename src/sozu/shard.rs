@@ -30,6 +30,14 @@ pub(super) struct Counters {
     /// was reached).
     pub(super) purge_checks: u64,
     pub(super) records_moved: u64,
+    /// Page-file reads a spill into an existing child made (to learn its
+    /// purge hint and append to it).
+    pub(super) spill_file_reads: u64,
+    /// Of those, children that needed nothing else in that block: no
+    /// record or insert of their own, purge hint not due, still within
+    /// their capacity after the spill (a spill that appended without
+    /// reading the page would have spared that read).
+    pub(super) spill_reads_avoidable: u64,
 }
 
 impl Counters {
@@ -43,6 +51,8 @@ impl Counters {
         self.purges += o.purges;
         self.purge_checks += o.purge_checks;
         self.records_moved += o.records_moved;
+        self.spill_file_reads += o.spill_file_reads;
+        self.spill_reads_avoidable += o.spill_reads_avoidable;
     }
     fn add_lookup(&mut self, c: LookupCounts) {
         self.pages_read += c.pages_read;
@@ -76,6 +86,9 @@ pub(super) struct Shard {
     /// next write's spends are there (nothing moves entries but a write),
     /// so it need not look them up again.
     pub(super) located: FxHashMap<OutPointKey, Addr>,
+    /// Children a spill of the current block read from their files
+    /// (for [`Counters::spill_reads_avoidable`]).
+    pub(super) spill_read: rustc_hash::FxHashSet<Addr>,
 }
 
 /// Most keys [`Shard::located`] remembers.

@@ -44,6 +44,17 @@ pub struct SozuStats {
     pub buckets_written: u64,
     /// Page reads from the page files since open.
     pub disk_page_reads: u64,
+    /// Time spent in those reads (read, checksum, validation, copy),
+    /// nanoseconds of the threads that made them.
+    pub disk_read_nanos: u64,
+    /// Page reads from the files that a spill into an existing child made
+    /// since open (the child's purge hint and its bytes to append to).
+    pub spill_file_reads: u64,
+    /// Of [`SozuStats::spill_file_reads`], those whose child needed nothing
+    /// else in that block: no record or insert of its own, purge hint not
+    /// due, within its capacity after the spill. A spill that appended to
+    /// the child without reading it would have spared them.
+    pub spill_reads_avoidable: u64,
     /// Lookups that went below the pinned layers since open.
     pub deep_lookups: u64,
     /// Disk-layer pages those lookups read (memory or files): pages a page
@@ -73,8 +84,17 @@ pub struct SozuStats {
     /// Of [`SozuStats::checkpoint_pages`], the pinned layers' pages.
     pub checkpoint_pinned_pages: u64,
     /// Bytes of page images the table holds in memory now (pinned layers,
-    /// pages not yet checkpointed, cache), plus its page summaries.
+    /// pages not yet checkpointed, cache, the running checkpoint's copies
+    /// of images replaced since it started), plus its page summaries.
     pub memory_bytes: u64,
+    /// The most bytes of page images held twice since open: images a
+    /// commit replaced while the checkpoint in flight still had to write
+    /// the old ones (pinned and disk pages alike), per shard, summed.
+    pub held_twice_peak_bytes: u64,
+    /// Commits since open that waited for the running checkpoint because
+    /// the committed disk pages not yet in their files and the images held
+    /// twice had reached their share of `ram_mib`.
+    pub checkpoint_waits: u64,
 }
 
 /// Per-layer counts of a walk over the pages.

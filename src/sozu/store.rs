@@ -165,6 +165,14 @@ pub(super) struct PageStore {
     unflushed: u64,
     /// Page reads from the files.
     pub(super) file_reads: u64,
+    /// Nanoseconds spent in them.
+    pub(super) file_read_nanos: u64,
+    /// Bytes of committed images a commit replaced while a checkpoint in
+    /// flight still held them: held twice (the checkpoint's copy and the
+    /// new one) until it finishes.
+    held_twice: u64,
+    /// The most [`PageStore::held_twice`] reached since open.
+    pub(super) held_twice_peak: u64,
 }
 
 impl PageStore {
@@ -207,6 +215,9 @@ impl PageStore {
             generation,
             unflushed,
             file_reads: 0,
+            file_read_nanos: 0,
+            held_twice: 0,
+            held_twice_peak: 0,
         }
     }
 
@@ -234,11 +245,13 @@ impl PageStore {
     /// A committed page from its file; its summary is recorded if missing.
     fn read_file(&mut self, addr: Addr) -> Result<Vec<u8>, SozuError> {
         self.file_reads += 1;
+        let start = std::time::Instant::now();
         let p = read_existing_page(self.storage.as_mut(), self.shard, addr, self.page_size)?;
         if addr.0 >= self.ram_layers && !self.published.summaries.read().contains(addr) {
             let s = PageSummary::of(&p, &self.signature_key);
             self.published.summaries.write().set(addr, s);
         }
+        self.file_read_nanos += start.elapsed().as_nanos() as u64;
         Ok(p)
     }
 
@@ -286,14 +299,26 @@ impl PageStore {
                 if addr.0 >= self.ram_layers {
                     self.unflushed -= old.len() as u64;
                 }
+                // Still shared: a checkpoint in flight holds it (or a
+                // reader, for the length of one lookup).
+                if Arc::strong_count(&old) > 1 {
+                    self.held_twice += old.len() as u64;
+                }
             }
             self.generation.insert(addr);
         }
+        self.held_twice_peak = self.held_twice_peak.max(self.held_twice);
     }
 
     /// Bytes of disk-layer pages committed and not checkpointed.
     pub(super) fn unflushed(&self) -> u64 {
         self.unflushed
+    }
+
+    /// Bytes of images a running checkpoint holds that commits have since
+    /// replaced.
+    pub(super) fn held_twice(&self) -> u64 {
+        self.held_twice
     }
 
     /// The pages committed in the current generation with their images,
@@ -326,6 +351,7 @@ impl PageStore {
             }
         }
         self.published.bump();
+        self.held_twice = 0;
         for (a, img) in gone {
             self.committed.remove(&a);
             self.unflushed -= img.len() as u64;
@@ -334,11 +360,12 @@ impl PageStore {
     }
 
     /// Bytes of page images this store holds in memory (committed, dirty,
-    /// cached).
+    /// cached, and the checkpoint's copies of images replaced since it
+    /// started).
     pub(super) fn memory(&self) -> u64 {
         let sum =
             |m: &FxHashMap<Addr, Arc<Vec<u8>>>| m.values().map(|p| p.len() as u64).sum::<u64>();
-        sum(&self.committed) + sum(&self.dirty) + self.cache.weight()
+        sum(&self.committed) + sum(&self.dirty) + self.cache.weight() + self.held_twice
     }
 }
 
@@ -368,5 +395,65 @@ impl Pages for PageStore {
         self.cache.remove(&addr);
         self.dirty.insert(addr, Arc::new(page::new_page()));
         self.edit(addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sozu::storage::MemStorage;
+
+    fn store() -> PageStore {
+        let key = SignatureKey::new(&siphasher::sip::SipHasher24::new_with_key(&[1; 16]));
+        PageStore::new(
+            0,
+            Box::new(MemStorage::new()),
+            (4096, 1, key),
+            FxHashMap::default(),
+            FxHashSet::default(),
+            Arc::new(Published::default()),
+            1 << 20,
+        )
+    }
+
+    fn entry(i: u8) -> Vec<u8> {
+        let mut e = vec![i; 36];
+        e.extend_from_slice(&[0; 12]);
+        e.extend_from_slice(&[0, 1, 0, 0, 0]);
+        e.extend_from_slice(&[1, 0, 0, 0, 2, 0, 0, 0]);
+        e
+    }
+
+    /// An image a running checkpoint holds and a commit then replaces is
+    /// counted (pinned or not) until the checkpoint finishes; an image no
+    /// checkpoint holds is not.
+    #[test]
+    fn images_replaced_under_a_running_checkpoint_are_held_twice() {
+        let mut s = store();
+        for addr in [(0, 0), (1, 0), (1, 1)] {
+            page::append(s.create(addr).unwrap(), &entry(addr.1 as u8)).unwrap();
+        }
+        s.publish(Vec::new());
+        let job = s.take_generation();
+        assert_eq!(job.len(), 3);
+        assert_eq!(s.held_twice(), 0);
+        for addr in [(0, 0), (1, 0)] {
+            page::append(s.edit(addr).unwrap(), &entry(9)).unwrap();
+        }
+        s.publish(Vec::new());
+        let one = job[0].1.len() as u64;
+        assert_eq!(s.held_twice(), 2 * one);
+        // Edited again: the checkpoint's copy is counted once.
+        page::append(s.edit((1, 0)).unwrap(), &entry(10)).unwrap();
+        s.publish(Vec::new());
+        assert_eq!(s.held_twice(), 2 * one);
+        s.checkpointed(&job);
+        drop(job);
+        assert_eq!(s.held_twice(), 0);
+        assert_eq!(s.held_twice_peak, 2 * one);
+        // No checkpoint holds the images now.
+        page::append(s.edit((1, 1)).unwrap(), &entry(11)).unwrap();
+        s.publish(Vec::new());
+        assert_eq!(s.held_twice(), 0);
     }
 }

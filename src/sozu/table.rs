@@ -48,6 +48,8 @@ pub(super) struct TableCounters {
     pub(super) journal_bytes: u64,
     /// Page images handed to checkpoints: (all, of the pinned layers).
     pub(super) checkpoint_pages: (u64, u64),
+    /// Commits that waited for the running checkpoint (memory bound).
+    pub(super) checkpoint_waits: u64,
     /// (pages read, pages written) by the last block.
     pub(super) last_block: (u64, u64),
 }
@@ -223,12 +225,17 @@ impl SozuTable {
             purges: c.purges,
             purge_checks: c.purge_checks,
             records_moved: c.records_moved,
+            spill_file_reads: c.spill_file_reads,
+            spill_reads_avoidable: c.spill_reads_avoidable,
+            disk_read_nanos: self.shards.iter().map(|s| s.store.file_read_nanos).sum(),
             commits: t.commits,
             checkpoints: t.checkpoints,
             journal_bytes: t.journal_bytes,
             checkpoint_pages: t.checkpoint_pages.0,
             checkpoint_pinned_pages: t.checkpoint_pages.1,
             memory_bytes: memory,
+            checkpoint_waits: t.checkpoint_waits,
+            held_twice_peak_bytes: self.shards.iter().map(|s| s.store.held_twice_peak).sum(),
             ..SozuStats::default()
         }
     }
@@ -409,6 +416,7 @@ fn open_shard(
         records: Records::default(),
         counters: Counters::default(),
         located: Default::default(),
+        spill_read: Default::default(),
     })
 }
 

@@ -98,6 +98,7 @@ impl Shard {
     ) -> Result<(), SozuError> {
         let work = self.gather(ctx, ops);
         self.located.clear();
+        self.spill_read.clear();
         let mut work = work?;
         for layer in 0..=ctx.geo.max_layer {
             let this = std::mem::take(&mut work[layer as usize]);
@@ -243,6 +244,7 @@ impl Shard {
         work: &mut Work,
         purged: &mut dyn FnMut(Entry),
     ) -> Result<(), SozuError> {
+        let only_spilled = w.merges.is_empty() && w.inserts.is_empty() && w.raise == 0;
         self.apply(Op::Page(addr))?;
         let added = self.merge_and_insert(addr, &w)?;
         self.update_head(ctx, addr, w.raise, added)?;
@@ -255,6 +257,9 @@ impl Shard {
         let p = self.store.page(addr)?;
         let over = page::payload_len(&p) > ctx.geo.layer_cfg(addr.0).capacity;
         drop(p);
+        if only_spilled && !due && !over && self.spill_read.contains(&addr) {
+            self.counters.spill_reads_avoidable += 1;
+        }
         if over && addr.0 < ctx.geo.max_layer {
             self.spill(ctx, addr, work)?;
         }
@@ -505,7 +510,13 @@ impl Shard {
             let existing = if init {
                 NO_PURGE
             } else {
-                page::head(&self.store.page((layer + 1, child))?).purge_hint
+                let reads = self.store.file_reads;
+                let hint = page::head(&self.store.page((layer + 1, child))?).purge_hint;
+                if self.store.file_reads > reads {
+                    self.counters.spill_file_reads += 1;
+                    self.spill_read.insert((layer + 1, child));
+                }
+                hint
             };
             // Slots shift down as earlier children's entries leave.
             let now: Vec<u16> = slots
