@@ -106,9 +106,7 @@ fn write_atomic(
         path: tmp.clone(),
         source: e.into_error(),
     })?;
-    fault::check(IoOp::Sync, &tmp)
-        .and_then(|()| f.sync_all())
-        .map_err(io_err(&tmp))?;
+    durable::sync_file(&tmp, &f).map_err(io_err(&tmp))?;
     drop(f);
     durable::rename(&tmp, path).map_err(io_err(path))?;
     sync_dir(dir)
@@ -484,9 +482,8 @@ impl Archive {
                 Err(ArchiveError::SealMismatch { epoch: n })
             };
         }
-        fault::check(IoOp::Sync, &tmp)
-            .and_then(|()| File::open(&tmp))
-            .and_then(|f| f.sync_all())
+        File::open(&tmp)
+            .and_then(|f| durable::sync_file(&tmp, &f))
             .map_err(io_err(&tmp))?;
         durable::rename(&tmp, &path).map_err(io_err(&path))?;
         sync_dir(&self.dir)?;

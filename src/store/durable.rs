@@ -26,8 +26,17 @@ pub fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
     fault::check(IoOp::Write, path)?;
     let mut f = File::create(path)?;
     f.write_all(bytes)?;
+    sync_file(path, &f)
+}
+
+/// Fsyncs `file`, open at `path` (data and metadata): what was written to
+/// it is durable.
+///
+/// # Errors
+/// The fsync error.
+pub fn sync_file(path: &Path, file: &File) -> io::Result<()> {
     fault::check(IoOp::Sync, path)?;
-    f.sync_all()
+    file.sync_all()
 }
 
 /// Renames `from` onto `to` (atomic on POSIX file systems: `to` is the old

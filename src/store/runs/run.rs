@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use super::bloom::Bloom;
 use super::error::RunError;
+use crate::store::durable;
 use crate::store::fault::{self, IoOp};
 
 /// Magic of a run file.
@@ -139,8 +140,7 @@ impl<const N: usize> RunWriter<N> {
             .map_err(&io)?;
         let file = self.out.into_inner().map_err(|e| io(e.into_error()))?;
         file.write_all_at(&header, 0).map_err(&io)?;
-        fault::check(IoOp::Sync, &path).map_err(&io)?;
-        file.sync_all().map_err(&io)?;
+        durable::sync_file(&path, &file).map_err(&io)?;
         drop(io);
         Ok(Run {
             path,
