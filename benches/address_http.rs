@@ -6,6 +6,9 @@
 //!   block), every page of its history: p50, p99 and max, warm (two passes
 //!   after a first one) and cold (each sample: the node closed, the page
 //!   cache dropped, the node reopened, one page at a random place);
+//! - that address's totals (`/address/:a`): the first request, which reads
+//!   every block of its history, then 20 more of it and of `/utxo`, both
+//!   answered from the summary cache of busy scripts;
 //! - a BDK wallet (`bdk_wallet` + `bdk_esplora`, blocking) `full_scan` of a
 //!   wpkh descriptor whose first 200 addresses each received one
 //!   transaction (stop gap 20: 220 addresses asked), end to end.
@@ -294,6 +297,23 @@ fn main() {
         warm.extend(times);
     }
     report("txs/chain warm", warm);
+    // The totals read the whole history once; then they and the UTXOs
+    // come from the summary cache.
+    let (status, _, first) = get(http.addr, &format!("/address/{busy}"));
+    assert_eq!(status, 200);
+    println!("/address/:a, first request (every block of the history read): {first:.2} ms");
+    for route in ["", "/utxo"] {
+        let path = format!("/address/{busy}{route}");
+        let (status, first_body, _) = get(http.addr, &path);
+        assert_eq!(status, 200, "{path}");
+        let mut again = Vec::new();
+        for _ in 0..20 {
+            let (status, body, ms) = get(http.addr, &path);
+            assert_eq!((status, &body), (200, &first_body), "{path}");
+            again.push(ms);
+        }
+        report(&format!("/address/:a{route}, summary cached"), again);
+    }
     for run in 1..=3 {
         println!(
             "full_scan of {WALLET_ADDRESSES} addresses, run {run}: {:.2} s",

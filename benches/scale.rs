@@ -44,6 +44,8 @@
 //! and Core's time (`pbk` `ChainstateManager.import_blocks`, default caches,
 //! scripts checked) with the ratio.
 
+#[path = "scale/address.rs"]
+mod address;
 #[path = "common/mod.rs"]
 mod common;
 #[path = "common/core.rs"]
@@ -185,6 +187,9 @@ fn main() {
     drop(chain);
     print_components(datadir_tmp.path(), raw_bytes);
     let chain = reopen(&params, &datadir);
+    if address_index {
+        address::time_routes(&chain);
+    }
     if std::env::var_os("KAKEHI_SCALE_P2P").is_some() {
         let settings = p2p::Settings {
             assume_valid,

@@ -24,7 +24,7 @@ use crate::store::{FileLoc, FlatReader, Store};
 use crate::validation::SpentOutput;
 
 mod history;
-pub use history::{HistoryTx, ScriptStats, ScriptUtxo};
+pub use history::{HistoryTx, ScriptStats, ScriptSummary, ScriptUtxo};
 
 /// Per-block data that is not part of the chain index proper.
 #[derive(Clone, Debug, Default)]

@@ -463,3 +463,65 @@ fn orphan_address_rows_of_a_reused_block_id_are_not_attributed_to_it() {
         assert_eq!(history(&s, sh), history(&want, sh));
     }
 }
+
+/// A script's summary carried from snapshot to snapshot
+/// (`script_summary_since`: what the HTTP server's cache of busy scripts
+/// does) equals the one read from the script's whole history at every
+/// step of regtest-a, through its reorgs: a summary whose block left the
+/// active chain is read again from the start, one still on it gains only
+/// the rows above it.
+#[test]
+fn summaries_carried_across_blocks_and_reorgs_equal_whole_reads() {
+    let node = TestNode::new(Network::Regtest);
+    let records = records(&node.chain.lock());
+    // The three scripts paid most often in the file.
+    let mut paid: std::collections::HashMap<&bitcoin::Script, usize> = Default::default();
+    for tx in records.iter().flat_map(|r| &r.block.txdata) {
+        for o in &tx.output {
+            *paid.entry(o.script_pubkey.as_script()).or_default() += 1;
+        }
+    }
+    let mut busy: Vec<_> = paid.into_iter().collect();
+    busy.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let scripts: Vec<[u8; 32]> = busy.iter().take(3).map(|(s, _)| script_hash(s)).collect();
+    let snapshots = node.chain.lock().snapshots();
+    let mut carried: Vec<Option<kakehi::snapshot::ScriptSummary>> = vec![None; scripts.len()];
+    let (mut steps, mut reread, mut most_txs) = (0, 0, 0);
+    for chunk in records.chunks(41) {
+        for r in chunk {
+            node.chain.lock().submit_block(&r.block).expect("storage");
+        }
+        let s = snapshots.load();
+        for (sh, carried) in scripts.iter().zip(&mut carried) {
+            if let Some(b) = carried.as_ref() {
+                if s.index().active_at(b.height).map(|e| e.id) != Some(b.block) {
+                    reread += 1;
+                }
+            }
+            let next = s
+                .script_summary_since(sh, carried.as_ref())
+                .expect("summary");
+            let whole = s.script_summary(sh).expect("summary");
+            let height = s.index().tip_height();
+            assert_eq!(next.stats, whole.0, "height {height}");
+            assert!(
+                next.utxos == whole.1,
+                "height {height}: {} UTXOs carried, {} read whole",
+                next.utxos.len(),
+                whole.1.len()
+            );
+            assert_eq!(next.block, s.index().tip().id);
+            most_txs = most_txs.max(next.stats.tx_count);
+            *carried = Some(next);
+        }
+        steps += 1;
+    }
+    assert!(
+        reread > 0,
+        "no carried summary met a reorg in {steps} steps"
+    );
+    assert!(
+        most_txs >= 100,
+        "the busiest script has {most_txs} transactions"
+    );
+}

@@ -18,8 +18,9 @@
 //! built) these routes answer 503.
 
 use std::str::FromStr;
+use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -30,11 +31,76 @@ use bitcoin::{Address, Txid};
 use super::esplora::{parse_txid, tx_value_with, TransactionValue, TxStatus};
 use super::{read, ApiError, ApiResult, AppState};
 use crate::primitives::script_hash;
-use crate::snapshot::{ChainSnapshot, ScriptStats};
+use crate::snapshot::{ChainSnapshot, ScriptStats, ScriptSummary};
 
 /// Confirmed transactions per page of `…/txs` and `…/txs/chain` (electrs
 /// `CHAIN_TXS_PER_PAGE`).
 pub const TXS_PER_PAGE: usize = 25;
+
+/// Most bytes of script summaries the HTTP server keeps (32 MiB; an entry
+/// weighs [`SUMMARY_ENTRY_BYTES`] plus [`SUMMARY_UTXO_BYTES`] per unspent
+/// output).
+pub const SUMMARY_CACHE_BYTES: u64 = 32 << 20;
+/// Weight of a cached summary besides its unspent outputs, bytes.
+const SUMMARY_ENTRY_BYTES: u64 = 128;
+/// Weight of one unspent output of a cached summary, bytes.
+const SUMMARY_UTXO_BYTES: u64 = std::mem::size_of::<crate::snapshot::ScriptUtxo>() as u64;
+/// Transactions a script's history must hold for its summary to be
+/// cached (electrs's `MIN_HISTORY_ITEMS_TO_CACHE`): a shorter one is read
+/// again in a few block reads.
+pub const SUMMARY_CACHE_MIN_TXS: u64 = 100;
+
+/// Weighs a cached summary by the bytes it holds.
+#[derive(Clone, Copy, Debug, Default)]
+struct SummaryBytes;
+
+impl quick_cache::Weighter<[u8; 32], Arc<ScriptSummary>> for SummaryBytes {
+    fn weight(&self, _script_hash: &[u8; 32], summary: &Arc<ScriptSummary>) -> u64 {
+        SUMMARY_ENTRY_BYTES + SUMMARY_UTXO_BYTES * summary.utxos.len() as u64
+    }
+}
+
+/// The totals and unspent outputs of busy scripts (at least
+/// [`SUMMARY_CACHE_MIN_TXS`] transactions), by script hash, at most
+/// [`SUMMARY_CACHE_BYTES`] (`quick_cache`, weighed by bytes). `/address/:a`
+/// and `/…/utxo` of a cached script read only the rows of blocks connected
+/// since its summary ([`ChainSnapshot::script_summary_since`]), instead of
+/// a block read per block of its whole history; a summary whose block left
+/// the active chain is read again from the start. Entries never answer for
+/// another chain state: each is checked against the request's snapshot.
+pub(super) struct SummaryCache(
+    quick_cache::sync::Cache<[u8; 32], Arc<ScriptSummary>, SummaryBytes>,
+);
+
+impl Default for SummaryCache {
+    fn default() -> Self {
+        // Estimated items: a few hundred busy scripts.
+        SummaryCache(quick_cache::sync::Cache::with_weighter(
+            1_024,
+            SUMMARY_CACHE_BYTES,
+            SummaryBytes,
+        ))
+    }
+}
+
+impl SummaryCache {
+    /// The summary of `script_hash` at `cs`'s tip, from the cached one
+    /// when there is one; caches the result when the script is busy.
+    fn summary(&self, cs: &ChainSnapshot, script_hash: &[u8; 32]) -> ApiResult<Arc<ScriptSummary>> {
+        let base = self.0.get(script_hash);
+        if let Some(b) = base.as_ref().filter(|b| b.block == cs.index().tip().id) {
+            return Ok(b.clone());
+        }
+        let summary = Arc::new(
+            cs.script_summary_since(script_hash, base.as_deref())
+                .map_err(ApiError::internal)?,
+        );
+        if summary.stats.tx_count >= SUMMARY_CACHE_MIN_TXS {
+            self.0.insert(*script_hash, summary.clone());
+        }
+        Ok(summary)
+    }
+}
 
 /// What the path names: an address or a script hash, as given.
 #[derive(Clone, Debug)]
@@ -104,12 +170,12 @@ pub(super) fn stats_json(subject: &Subject, stats: &ScriptStats) -> serde_json::
     })
 }
 
-async fn stats(s: AppState, subject: Subject) -> ApiResult<Response> {
+async fn stats(s: AppState, cache: Arc<SummaryCache>, subject: Subject) -> ApiResult<Response> {
     read(&s, move |cs| {
         let sh = subject.resolve(cs)?;
         check_index(cs)?;
-        let (stats, _) = cs.script_summary(&sh).map_err(ApiError::internal)?;
-        Ok(Json(stats_json(&subject, &stats)).into_response())
+        let summary = cache.summary(cs, &sh)?;
+        Ok(Json(stats_json(&subject, &summary.stats)).into_response())
     })
     .await
 }
@@ -142,13 +208,13 @@ async fn mempool_txs(s: AppState, subject: Subject) -> ApiResult<Response> {
     .await
 }
 
-async fn utxo(s: AppState, subject: Subject) -> ApiResult<Response> {
+async fn utxo(s: AppState, cache: Arc<SummaryCache>, subject: Subject) -> ApiResult<Response> {
     read(&s, move |cs| {
         let sh = subject.resolve(cs)?;
         check_index(cs)?;
-        let (_, utxos) = cs.script_summary(&sh).map_err(ApiError::internal)?;
-        let mut list = Vec::with_capacity(utxos.len());
-        for u in utxos {
+        let summary = cache.summary(cs, &sh)?;
+        let mut list = Vec::with_capacity(summary.utxos.len());
+        for u in &summary.utxos {
             let status = cs.index().get(u.block).map(TxStatus::confirmed_in);
             list.push(serde_json::json!({
                 "txid": u.outpoint.txid.to_string(),
@@ -166,9 +232,10 @@ async fn utxo(s: AppState, subject: Subject) -> ApiResult<Response> {
 
 pub(super) async fn address(
     State(s): State<AppState>,
+    Extension(cache): Extension<Arc<SummaryCache>>,
     Path(a): Path<String>,
 ) -> ApiResult<Response> {
-    stats(s, Subject::Address(a)).await
+    stats(s, cache, Subject::Address(a)).await
 }
 
 pub(super) async fn address_txs(
@@ -194,16 +261,18 @@ pub(super) async fn address_txs_mempool(
 
 pub(super) async fn address_utxo(
     State(s): State<AppState>,
+    Extension(cache): Extension<Arc<SummaryCache>>,
     Path(a): Path<String>,
 ) -> ApiResult<Response> {
-    utxo(s, Subject::Address(a)).await
+    utxo(s, cache, Subject::Address(a)).await
 }
 
 pub(super) async fn scripthash(
     State(s): State<AppState>,
+    Extension(cache): Extension<Arc<SummaryCache>>,
     Path(h): Path<String>,
 ) -> ApiResult<Response> {
-    stats(s, Subject::ScriptHash(h)).await
+    stats(s, cache, Subject::ScriptHash(h)).await
 }
 
 pub(super) async fn scripthash_txs(
@@ -229,9 +298,10 @@ pub(super) async fn scripthash_txs_mempool(
 
 pub(super) async fn scripthash_utxo(
     State(s): State<AppState>,
+    Extension(cache): Extension<Arc<SummaryCache>>,
     Path(h): Path<String>,
 ) -> ApiResult<Response> {
-    utxo(s, Subject::ScriptHash(h)).await
+    utxo(s, cache, Subject::ScriptHash(h)).await
 }
 
 /// `GET /mempool`: Esplora's mempool summary, empty (kakehi keeps no

@@ -568,6 +568,7 @@ pub fn router_with(state: AppState, config: &HttpConfig) -> Router {
     }
     server::with_cors(router, &config.cors_allowed_origins)
         .layer(axum::Extension(Arc::new(FilterCache::default())))
+        .layer(axum::Extension(Arc::new(address::SummaryCache::default())))
         .layer(axum::Extension(metrics.clone()))
         .layer(axum::middleware::from_fn_with_state(
             metrics,

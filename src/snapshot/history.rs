@@ -59,6 +59,21 @@ pub struct ScriptUtxo {
     pub height: u32,
 }
 
+/// A script's totals and unspent outputs as of an active block
+/// ([`ChainSnapshot::script_summary_since`]): 56 bytes per unspent output
+/// held (`size_of::<ScriptUtxo>()` on 64-bit targets).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScriptSummary {
+    /// The active tip it was computed at.
+    pub block: BlockId,
+    /// That block's height.
+    pub height: u32,
+    /// The totals up to that block.
+    pub stats: ScriptStats,
+    /// The unspent outputs at that block, newest first.
+    pub utxos: Vec<ScriptUtxo>,
+}
+
 /// What one transaction does to a script, read from the files.
 struct TxMatch {
     txid: Txid,
@@ -290,11 +305,39 @@ impl ChainSnapshot {
         &self,
         script_hash: &[u8; 32],
     ) -> Result<(ScriptStats, Vec<ScriptUtxo>), PipelineError> {
+        let summary = self.script_summary_since(script_hash, None)?;
+        Ok((summary.stats, summary.utxos))
+    }
+
+    /// The summary of `script_hash` at this snapshot's tip. With `base`, a
+    /// summary of the same script at an earlier block that is still on this
+    /// snapshot's active chain, only the rows above `base`'s height are read
+    /// (its blocks and spent-output records) and added to it: O(the
+    /// script's transactions since then), as electrs's stats and UTXO
+    /// caches do. A `base` whose block left the active chain (a reorg), or
+    /// that is above this tip, is ignored and the whole history read.
+    ///
+    /// # Errors
+    /// As [`ChainSnapshot::script_txs`].
+    pub fn script_summary_since(
+        &self,
+        script_hash: &[u8; 32],
+        base: Option<&ScriptSummary>,
+    ) -> Result<ScriptSummary, PipelineError> {
+        let base = base.filter(|b| {
+            self.index
+                .active_at(b.height)
+                .is_some_and(|e| e.id == b.block)
+        });
+        let from = base.map(|b| b.height);
         let mut reader = TxReader::new(self, script_hash);
-        let mut stats = ScriptStats::default();
-        let mut funded: Vec<ScriptUtxo> = Vec::new();
+        let mut stats = base.map(|b| b.stats).unwrap_or_default();
+        let mut utxos: Vec<ScriptUtxo> = Vec::new();
         let mut spent: HashSet<OutPoint> = HashSet::new();
         self.active_rows(script_hash, None, &mut |k| {
+            if from.is_some_and(|h| k.height <= h) {
+                return Ok(false);
+            }
             let Some(m) = reader.check(k)? else {
                 return Ok(true);
             };
@@ -302,7 +345,7 @@ impl ChainSnapshot {
             for &(vout, value) in m.funded.iter().rev() {
                 stats.funded_txo_count += 1;
                 stats.funded_txo_sum += value;
-                funded.push(ScriptUtxo {
+                utxos.push(ScriptUtxo {
                     outpoint: OutPoint { txid: m.txid, vout },
                     value,
                     block: k.block,
@@ -316,7 +359,16 @@ impl ChainSnapshot {
             }
             Ok(true)
         })?;
-        funded.retain(|u| !spent.contains(&u.outpoint));
-        Ok((stats, funded))
+        // Every output of `base` is older than the rows read here: newest
+        // first still holds after appending them.
+        utxos.extend(base.iter().flat_map(|b| b.utxos.iter().copied()));
+        utxos.retain(|u| !spent.contains(&u.outpoint));
+        let tip = self.index.tip();
+        Ok(ScriptSummary {
+            block: tip.id,
+            height: tip.height,
+            stats,
+            utxos,
+        })
     }
 }
