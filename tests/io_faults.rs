@@ -5,7 +5,10 @@
 //! log, run files, manifest and directory syncs (which carry the address index;
 //! their background compaction included) and the archive's epoch files and
 //! header list, at a
-//! random point of an import of regtest-a's first 400 blocks.
+//! random point of an import of regtest-a's first 400 blocks; and into the
+//! `headers/` flat files at a random point of a headers-only sync of
+//! regtest-a's 1,529 headers (`accept_headers`, 100 per call, as the P2P
+//! layer stores headers before their blocks).
 //!
 //! After each fault: the import fails with an error naming the file and
 //! the system's error; writes stay stopped (a second import with the disk
@@ -545,4 +548,139 @@ fn count(seen: &common::faults::SeenOps, contains: &str, excludes: Option<&str>,
         })
         .map(|(_, n)| n)
         .sum()
+}
+
+/// Headers per call of `accept_headers`, as a P2P `headers` message
+/// brings them in a slow sync (the P2P layer takes up to 2,000).
+const HEADERS_PER_BATCH: usize = 100;
+
+/// An open datadir and its chain state.
+type DataDirChain = (kakehi::node::DataDir, kakehi::pipeline::Chainstate);
+
+/// Accepts `headers` in batches into the chain state of the datadir at
+/// `root` until one fails; returns the node and the first error.
+fn accept_all(
+    root: &Path,
+    headers: &[bitcoin::block::Header],
+) -> (DataDirChain, Result<(), String>) {
+    let (datadir, mut cs) = open(root);
+    let mut result = Ok(());
+    for batch in headers.chunks(HEADERS_PER_BATCH) {
+        match cs.accept_headers(batch) {
+            Ok(accepted) => assert!(accepted.refused.is_none(), "{accepted:?}"),
+            Err(e) => {
+                result = Err(error_chain(&e));
+                break;
+            }
+        }
+    }
+    ((datadir, cs), result)
+}
+
+/// One fault in the `headers/` files during a headers-only sync of
+/// regtest-a's headers (file order, stale branches included): the sync
+/// stops with an error naming the file, writes stay stopped, and the next
+/// start knows every header published before the fault and accepts the
+/// rest up to the same best header.
+fn headers_case(
+    headers: &[bitcoin::block::Header],
+    fault: (IoOp, i32, &str),
+    after: u64,
+) -> String {
+    let (op, errno, message) = fault;
+    let dir = common::tempdir();
+    let root = dir.path().canonicalize().unwrap();
+    fault::arm(FaultPlan {
+        under: root.clone(),
+        path_contains: "/headers/".into(),
+        path_excludes: None,
+        op,
+        after,
+        errno,
+    });
+    let ((datadir, cs), result) = accept_all(&root, headers);
+    let report = fault::disarm();
+    let case = format!("headers files, {op:?} {message}, after {after}");
+    let fired = report
+        .fired
+        .unwrap_or_else(|| panic!("{case}: the fault never fired"));
+    let err = result.expect_err(&format!("{case}: the headers sync succeeded"));
+    assert!(
+        err.contains(&fired.path.display().to_string()) && err.contains(message),
+        "{case}: the error does not name {} and {message}: {err}",
+        fired.path.display()
+    );
+    let mut cs = cs;
+    let published = cs.snapshot().index().len();
+    assert!(cs.write_failure().is_some(), "{case}: writes not stopped");
+    assert!(
+        cs.accept_headers(&headers[headers.len() - 1..]).is_err(),
+        "{case}: a header was accepted after the failure"
+    );
+    assert_eq!(cs.snapshot().index().len(), published, "{case}");
+    drop(cs);
+    drop(datadir);
+    let (datadir, cs) = open(&root);
+    let known = cs.snapshot().index().len();
+    assert!(
+        known >= published,
+        "{case}: {known} entries after the restart, {published} published"
+    );
+    drop(cs);
+    drop(datadir);
+    let (reopened, result) = accept_all(&root, headers);
+    result.unwrap_or_else(|e| panic!("{case}: after the restart: {e}"));
+    let index = reopened.1.snapshot().index().clone();
+    assert_eq!(
+        index.best_header().hash,
+        headers[headers.len() - 1].block_hash(),
+        "{case}"
+    );
+    format!(
+        "{case}: failed at {}, {published} entries published, all {} headers after the restart",
+        fired
+            .path
+            .strip_prefix(&root)
+            .unwrap_or(&fired.path)
+            .display(),
+        index.len() - 1
+    )
+}
+
+#[test]
+fn header_file_faults_stop_the_sync_and_lose_no_published_header() {
+    let _seam = SEAM.lock();
+    let mut rng = common::Rng::from_env_or_clock("headers fault");
+    let headers: Vec<bitcoin::block::Header> = kakehi::import::read_file(
+        &common::data("regtest-a/blocks.dat"),
+        &ChainParams::new(Network::Regtest),
+    )
+    .unwrap()
+    .into_iter()
+    .map(|r| r.block.header)
+    .collect();
+    // The writes and syncs of the headers files in a whole headers sync.
+    let dir = common::tempdir();
+    let root = dir.path().canonicalize().unwrap();
+    fault::arm(FaultPlan {
+        under: root.clone(),
+        path_contains: "/headers/".into(),
+        path_excludes: None,
+        op: IoOp::Write,
+        after: u64::MAX,
+        errno: 5,
+    });
+    let (_node, result) = accept_all(&root, &headers);
+    let seen = fault::disarm().seen;
+    result.unwrap();
+    let mut cases = 0;
+    for fault in FAULTS {
+        let total = count(&seen, "/headers/", None, fault.0);
+        assert!(total > 1, "{total} {:?} of the headers files", fault.0);
+        for _ in 0..rounds() {
+            eprintln!("{}", headers_case(&headers, fault, rng.next() % total));
+            cases += 1;
+        }
+    }
+    eprintln!("{cases} faults injected in headers syncs, each recovered");
 }
