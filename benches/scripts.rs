@@ -4,7 +4,11 @@
 //! against libsecp256k1's raw signature-verify rate measured in the same
 //! run (the `secp256k1` crate), and against the `bitcoinconsensus` crate's
 //! own C API (`verify_with_flags`: one call per input, the transaction
-//! decoded and its hashes recomputed at every call).
+//! decoded and its hashes recomputed at every call), and against
+//! libbitcoinkernel's (Core 31.99's interpreter, PyPI `py-bitcoinkernel`:
+//! `benches/kernel_verify.py`, one `ScriptPubkey.verify` per input with the
+//! transaction's precomputed data, 1 thread; the Python call's own cost is
+//! measured on `OP_TRUE` inputs and printed beside it).
 //!
 //! Each kind gets a block of `KAKEHI_BENCH_INPUTS` inputs (default 4,000),
 //! 10 per transaction, signed with `tests/common/blockgen.rs`'s wallet;
@@ -17,12 +21,17 @@
 mod blockgen;
 #[path = "common/env.rs"]
 mod env;
+#[path = "../tests/common/python.rs"]
+#[allow(dead_code)]
+mod python;
 
 use std::num::NonZeroUsize;
+use std::path::Path;
 use std::time::Instant;
 
 use bitcoin::consensus::serialize;
 use bitcoin::hashes::Hash;
+use bitcoin::hex::DisplayHex;
 use bitcoin::secp256k1::{Keypair, Message, Secp256k1, SecretKey};
 use bitcoin::{Amount, Block, TxOut};
 use blockgen::{coinbase, signed_spend, Kind, Wallet};
@@ -127,6 +136,42 @@ fn libconsensus_rate(block: &Block, spent: &[SpentOutput], runs: usize) -> f64 {
     best
 }
 
+/// libbitcoinkernel's inputs/s on 1 thread and the Python call's cost per
+/// input in µs (`benches/kernel_verify.py`), best of `runs`.
+fn kernel_rate(block: &Block, spent: &[SpentOutput], runs: usize) -> (f64, f64) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("inputs.txt");
+    let mut lines = String::new();
+    let mut at = 0;
+    for tx in block.txdata.iter().skip(1) {
+        lines.push_str(&bitcoin::consensus::encode::serialize_hex(tx));
+        for s in &spent[at..at + tx.input.len()] {
+            let spk = s.coin.script_pubkey.to_lower_hex_string();
+            lines.push_str(&format!(" {} {spk}", s.coin.value.to_sat()));
+        }
+        lines.push('\n');
+        at += tx.input.len();
+    }
+    std::fs::write(&file, lines).expect("write inputs");
+    let out = std::process::Command::new(python::venv_python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/kernel_verify.py"))
+        .arg(runs.to_string())
+        .arg(&file)
+        .output()
+        .expect("run benches/kernel_verify.py");
+    assert!(
+        out.status.success(),
+        "kernel_verify.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON line");
+    assert_eq!(v["inputs"].as_u64(), Some(spent.len() as u64));
+    (
+        v["inputs_per_second"].as_f64().expect("rate"),
+        v["call_overhead_us"].as_f64().expect("overhead"),
+    )
+}
+
 /// Raw libsecp256k1 verifies per second (ECDSA, Schnorr) on `threads`
 /// threads, best of `runs`.
 fn raw_rates(threads: usize, runs: usize) -> (f64, f64) {
@@ -188,9 +233,9 @@ fn main() {
         "libsecp256k1 raw verify/s: ECDSA {ecdsa1:.0} (1 thread), {ecdsa2:.0} (2); Schnorr {schnorr1:.0} (1), {schnorr2:.0} (2)"
     );
     println!(
-        "| kind | sigs/input | kakehi 1 thread | kakehi 2 threads | 2 threads / 1 | sig checks/s, 1 thread, vs raw | sig checks/s, 2 threads, vs raw x2 | libbitcoinconsensus C API, 1 thread |"
+        "| kind | sigs/input | kakehi 1 thread | kakehi 2 threads | 2 threads / 1 | sig checks/s, 1 thread, vs raw | sig checks/s, 2 threads, vs raw x2 | libbitcoinconsensus C API, 1 thread | libbitcoinkernel (pbk), 1 thread; Python call µs |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (kind, name, sigs, schnorr) in [
         (Kind::P2wpkh, "P2WPKH", 1.0, false),
         (Kind::P2tr, "P2TR key path", 1.0, true),
@@ -206,19 +251,21 @@ fn main() {
         let one = kakehi_rate(&block, &spent, 1, runs);
         let two = kakehi_rate(&block, &spent, 2, runs);
         let api = libconsensus_rate(&block, &spent, runs);
+        let (kernel, call_us) = kernel_rate(&block, &spent, runs);
         let (raw1, raw2) = if schnorr {
             (schnorr1, schnorr1 * 2.0)
         } else {
             (ecdsa1, ecdsa1 * 2.0)
         };
         println!(
-            "| {name} | {sigs} | {one:.0} | {two:.0} | {:.2}x | {:.0} = {:.0} % | {:.0} = {:.0} % | {api:.0} ({:.2}x kakehi's 1 thread) |",
+            "| {name} | {sigs} | {one:.0} | {two:.0} | {:.2}x | {:.0} = {:.0} % | {:.0} = {:.0} % | {api:.0} ({:.2}x kakehi's 1 thread) | {kernel:.0} ({:.2}x); {call_us:.1} µs |",
             two / one,
             one * sigs,
             100.0 * one * sigs / raw1,
             two * sigs,
             100.0 * two * sigs / raw2,
             api / one,
+            kernel / one,
         );
     }
 }
