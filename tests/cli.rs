@@ -259,6 +259,27 @@ fn unusable_datadir_is_a_clear_error() {
     );
 }
 
+/// The index database's own messages (sled logs with the `log` crate:
+/// a failed fsync of its background flusher is only logged there) reach
+/// the node's log, under the log filter's `sled` directive.
+#[test]
+fn the_index_databases_own_log_reaches_the_nodes_log() {
+    let home = common::tempdir();
+    let datadir = home.path().join("d");
+    let out = run(kakehi(home.path())
+        .env("RUST_LOG", "info,sled=trace")
+        .arg("--datadir")
+        .arg(&datadir)
+        .arg("dump-utxos"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let log = text(&out.stderr);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"target\":\"sled::") && l.contains("\"level\":\"TRACE\"")),
+        "no message of sled in the log:\n{log}"
+    );
+}
+
 #[test]
 fn config_show_applies_precedence() {
     let home = common::tempdir();
