@@ -234,8 +234,9 @@ enum Verdict {
 struct ValidBlock {
     /// The UTXO table's write.
     write: BlockWrite,
-    /// The outputs it spends, in block order.
-    spent: Vec<SpentOutput>,
+    /// The outputs it spends, in block order (shared with the script
+    /// threads).
+    spent: Arc<[SpentOutput]>,
     /// The outputs it creates, in block order.
     created: Vec<(OutPoint, Coin)>,
     /// Its transaction ids, in block order.
@@ -321,6 +322,9 @@ pub struct Chainstate {
     last_script_check: Option<Option<&'static str>>,
     /// Threads that verify a block's scripts (the caller's included).
     script_threads: std::num::NonZeroUsize,
+    /// The script threads (`script_threads` - 1 of them), started at the
+    /// first block whose scripts are verified.
+    script_pool: Option<crate::validation::script::ScriptPool>,
     /// The block last found invalid while connecting and the description of
     /// why (for the [`SubmitOutcome::Rejected`] of its submission).
     last_reject: Option<(BlockId, String)>,
@@ -418,6 +422,7 @@ impl Chainstate {
     /// included (default: the machine's available parallelism).
     pub fn set_script_threads(&mut self, threads: std::num::NonZeroUsize) {
         self.script_threads = threads;
+        self.script_pool = None;
     }
 
     /// The datadir.

@@ -2,8 +2,8 @@
 //! branch's view, its scripts, filter and MuHash delta, its index rows, and
 //! the durable end of the boundary.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bitcoin::bip158::{BlockFilter, FilterHeader};
@@ -85,7 +85,7 @@ impl Chainstate {
         };
         Ok(Verdict::Valid(ValidBlock {
             write,
-            spent: effects.spent,
+            spent: effects.spent.into(),
             created: effects.created,
             txids,
         }))
@@ -178,14 +178,16 @@ impl Chainstate {
                 reason: format!("block id {} not in index", id.0),
             })?;
         let parent = entry.prev.unwrap_or(BlockId(0));
-        let block = match block {
-            Some(b) => Cow::Borrowed(b),
-            None => Cow::Owned(self.current().read_block(id)?.ok_or_else(|| {
-                PipelineError::Inconsistent {
+        // Shared with the script threads.
+        let block = Arc::new(match block {
+            Some(b) => b.clone(),
+            None => self
+                .current()
+                .read_block(id)?
+                .ok_or_else(|| PipelineError::Inconsistent {
                     reason: format!("block {} has no data", entry.hash),
-                }
-            })?),
-        };
+                })?,
+        });
         let started = Instant::now();
         let valid = match self.validate(&block, &entry, parent)? {
             Verdict::Valid(v) => v,
@@ -285,7 +287,7 @@ impl Chainstate {
         for (pos, txid) in valid.txids.iter().enumerate() {
             batch.put_tx(txid, id, pos as u32);
         }
-        for s in &valid.spent {
+        for s in valid.spent.iter() {
             batch.put_spend(&s.outpoint, id);
         }
         if self.address_index.write {

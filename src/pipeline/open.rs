@@ -159,6 +159,7 @@ impl Chainstate {
             last_script_check: None,
             script_threads: std::thread::available_parallelism()
                 .unwrap_or(std::num::NonZeroUsize::MIN),
+            script_pool: None,
             last_reject: None,
             address_index: AddressIndexState {
                 write: true,

@@ -1,12 +1,16 @@
 //! Script verification at the block boundary: every input's scripts
 //! through Core's interpreter ([`crate::validation::script`], Core 26.0's
-//! `libbitcoinconsensus`) after the economic checks, on worker threads
-//! while the writer builds the block's BIP-158 filter and MuHash delta from
-//! the same spent outputs; skipped for ancestors of the assumevalid block
+//! `libbitcoinconsensus`) after the economic checks, on script threads
+//! kept across blocks ([`ScriptPool`], Core's `CCheckQueue`) while the
+//! writer builds the block's BIP-158 filter and MuHash delta from the same
+//! spent outputs, then joins them; skipped for ancestors of the assumevalid block
 //! ([`crate::chain::assumevalid`], Core's `ConnectBlock` rule). A failure
 //! rejects the block with Core's reason
 //! (`block-script-verify-flag-failed (<error>)`) and writes nothing else of
 //! it.
+
+use std::sync::Arc;
+use std::time::Instant;
 
 use bitcoin::bip158::BlockFilter;
 use bitcoin::Block;
@@ -17,7 +21,9 @@ use crate::filters;
 use crate::muhash::BlockDelta;
 use crate::primitives::BlockId;
 use crate::store::WriteBatch;
-use crate::validation::script::{block_script_flags, verify_block_scripts, BlockScriptError};
+use crate::validation::script::{
+    block_script_flags, BlockScriptError, OwnedBlockChecks, PendingChecks, ScriptPool,
+};
 use crate::validation::SpentOutput;
 
 use super::{Chainstate, PipelineError};
@@ -81,54 +87,39 @@ impl Chainstate {
     }
 
     /// Verifies `block`'s scripts with Core's interpreter (unless
-    /// assumevalid skips them) on worker threads, while this thread builds
-    /// the block's BIP-158 filter and MuHash delta from the same spent
-    /// outputs. [`ScriptsOutcome::Failed`] is a script failure: the block
-    /// is invalid.
+    /// assumevalid skips them) on the script threads, while this thread
+    /// builds the block's BIP-158 filter and MuHash delta from the same
+    /// spent outputs and then joins the verification.
+    /// [`ScriptsOutcome::Failed`] is a script failure: the block is invalid.
     ///
     /// # Errors
     /// [`PipelineError::ScriptEngine`] when the engine could not decide,
-    /// [`PipelineError::Filter`], and [`PipelineError::Inconsistent`] when
-    /// a verification thread panicked.
+    /// [`PipelineError::Filter`].
     pub(super) fn scripts_filter_delta(
         &mut self,
-        block: &Block,
+        block: &Arc<Block>,
         entry: &IndexEntry,
-        spent: &[SpentOutput],
+        spent: &Arc<[SpentOutput]>,
     ) -> Result<ScriptsOutcome, PipelineError> {
         let verify = matches!(self.script_check(entry), ScriptCheck::Verify(_));
-        let flags = block_script_flags(self.index.params(), entry.height, &entry.hash);
-        let threads = self.script_threads;
-        let (verdict, filter, delta) = std::thread::scope(|s| {
-            let job = verify.then(|| {
-                s.spawn(move || {
-                    let started = std::time::Instant::now();
-                    let verdict = verify_block_scripts(block, spent, flags, threads);
-                    (verdict, started.elapsed())
-                })
-            });
-            let scripts = spent.iter().map(|s| s.coin.script_pubkey.as_slice());
-            let filter = filters::basic_filter(block, scripts);
-            let delta = self.timed_delta(block, entry.height, spent);
-            (job.map(|j| j.join()), filter, delta)
-        });
-        let verdict = match verdict {
+        let started = Instant::now();
+        let pending = verify.then(|| self.start_checks(block, entry, spent));
+        let scripts = spent.iter().map(|s| s.coin.script_pubkey.as_slice());
+        let filter = filters::basic_filter(block, scripts);
+        let delta = self.timed_delta(block, entry.height, spent);
+        let verdict = match pending {
             None => {
                 self.stats.blocks_assumed_valid += 1;
                 Ok(())
             }
-            Some(Ok((verdict, elapsed))) => {
+            Some(pending) => {
+                let verdict = pending.and_then(PendingChecks::finish);
                 self.stats.inputs_verified += spent.len() as u64;
                 self.stats.script_micros = self
                     .stats
                     .script_micros
-                    .saturating_add(elapsed.as_micros() as u64);
+                    .saturating_add(started.elapsed().as_micros() as u64);
                 verdict
-            }
-            Some(Err(_)) => {
-                return Err(PipelineError::Inconsistent {
-                    reason: "a script verification thread panicked".into(),
-                })
             }
         };
         match verdict {
@@ -149,6 +140,36 @@ impl Chainstate {
             filter,
             delta: Box::new(delta),
         })
+    }
+
+    /// Hands the checks of `block`'s inputs to the script threads, under
+    /// the flags of its height (Core's `GetBlockScriptFlags`).
+    ///
+    /// # Errors
+    /// [`BlockScriptError::SpentMismatch`] when `spent` is not the block's.
+    fn start_checks(
+        &mut self,
+        block: &Arc<Block>,
+        entry: &IndexEntry,
+        spent: &Arc<[SpentOutput]>,
+    ) -> Result<PendingChecks, BlockScriptError> {
+        let flags = block_script_flags(self.index.params(), entry.height, &entry.hash);
+        let checks = OwnedBlockChecks::new(Arc::clone(block), Arc::clone(spent), flags)?;
+        Ok(self.script_pool().start(Arc::new(checks)))
+    }
+
+    /// The script threads: [`Chainstate::set_script_threads`] minus one
+    /// (the writer joins every block's checks), started at first use.
+    fn script_pool(&mut self) -> &ScriptPool {
+        let workers = self.script_threads.get() - 1;
+        self.script_pool
+            .get_or_insert_with(|| match ScriptPool::new(workers) {
+                Ok(pool) => pool,
+                Err(e) => {
+                    tracing::warn!(workers, "no script threads, the writer verifies alone: {e}");
+                    ScriptPool::default()
+                }
+            })
     }
 }
 

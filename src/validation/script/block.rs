@@ -9,10 +9,15 @@
 //! input in block order: a failure at position `p` stops the inputs after
 //! `p`, never those before it, so the verdict and the error do not depend
 //! on the thread count or on scheduling.
+//!
+//! [`verify_block_scripts`] starts its threads for one block;
+//! [`super::pool::ScriptPool`] keeps them across blocks and runs the same
+//! [`BlockChecks`].
 
 use std::num::NonZeroUsize;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use bitcoin::consensus::serialize;
 use bitcoin::{Block, Txid};
@@ -74,31 +79,15 @@ impl BlockScriptError {
     }
 }
 
-/// One non-coinbase transaction of the block and where its inputs start in
-/// the block's flat list of inputs.
-struct TxJob<'a> {
-    tx: &'a bitcoin::Transaction,
+/// One non-coinbase transaction of the block: its position in the block,
+/// and where its inputs start in the block's flat list of inputs.
+struct TxJob {
+    /// Index in the block's transactions.
+    tx: usize,
     txid: Txid,
-    spent: &'a [SpentOutput],
     first_input: usize,
+    inputs: usize,
     prepared: OnceLock<Result<PreparedTx, VerifyError>>,
-}
-
-impl TxJob<'_> {
-    fn prepared(&self) -> &Result<PreparedTx, VerifyError> {
-        self.prepared.get_or_init(|| {
-            let bytes = serialize(self.tx);
-            let spent: Vec<SpentTxOut<'_>> = self
-                .spent
-                .iter()
-                .map(|s| SpentTxOut {
-                    value: s.coin.value,
-                    script_pubkey: &s.coin.script_pubkey,
-                })
-                .collect();
-            PreparedTx::new(&bytes, &spent)
-        })
-    }
 }
 
 /// The first failure found, by position in the block's flat input list.
@@ -122,8 +111,151 @@ impl FirstFailure {
     }
 }
 
+/// Every input check of one block, shared by the threads that run them
+/// ([`BlockChecks::work`]): the block (`B`: `&Block` or `Arc<Block>`), its
+/// spent outputs (`S`: `&[SpentOutput]` or `Arc<[SpentOutput]>`), the flags,
+/// the shared counter of inputs taken, and the first failure.
+pub struct BlockChecks<B, S> {
+    block: B,
+    spent: S,
+    flags: ScriptFlags,
+    jobs: Vec<TxJob>,
+    /// Input position -> job index, so a worker finds its transaction in O(1).
+    owner: Vec<usize>,
+    next: AtomicUsize,
+    failure: FirstFailure,
+}
+
+/// Checks that own their block and spent outputs, for threads that outlive
+/// the caller's borrow ([`super::pool::ScriptPool`]).
+pub type OwnedBlockChecks = BlockChecks<Arc<Block>, Arc<[SpentOutput]>>;
+
+impl<B, S> BlockChecks<B, S>
+where
+    B: Deref<Target = Block>,
+    S: Deref<Target = [SpentOutput]>,
+{
+    /// The checks of every input of `block` under `flags`. `spent` is the
+    /// block's spent outputs in block order, transaction by transaction,
+    /// input by input, the coinbase excluded: exactly
+    /// [`crate::validation::BlockEffects::spent`] for this block.
+    ///
+    /// # Errors
+    /// [`BlockScriptError::SpentMismatch`] when `spent` does not match the
+    /// block.
+    pub fn new(block: B, spent: S, flags: ScriptFlags) -> Result<Self, BlockScriptError> {
+        let jobs = tx_jobs(&block, &spent)?;
+        let mut owner = Vec::with_capacity(spent.len());
+        for (j, job) in jobs.iter().enumerate() {
+            owner.extend(std::iter::repeat_n(j, job.inputs));
+        }
+        Ok(BlockChecks {
+            block,
+            spent,
+            flags,
+            jobs,
+            owner,
+            next: AtomicUsize::new(0),
+            failure: FirstFailure {
+                limit: AtomicUsize::new(usize::MAX),
+                found: std::sync::Mutex::new(None),
+            },
+        })
+    }
+
+    /// The number of inputs to check.
+    pub fn inputs(&self) -> usize {
+        self.owner.len()
+    }
+
+    /// Whether every input has been taken by some thread (or none need
+    /// checking after a failure or [`BlockChecks::cancel`]).
+    pub fn exhausted(&self) -> bool {
+        let next = self.next.load(Ordering::Relaxed);
+        next >= self.owner.len() || next > self.failure.limit.load(Ordering::Acquire)
+    }
+
+    /// Stops the checks: inputs not taken yet are never checked (the
+    /// verdict is then meaningless; for a caller that no longer wants it).
+    pub fn cancel(&self) {
+        self.failure.limit.store(0, Ordering::Release);
+        self.next.fetch_max(self.owner.len(), Ordering::AcqRel);
+    }
+
+    /// Takes chunks of inputs and checks them until none is left or every
+    /// remaining one is after a failure. Any number of threads may run it
+    /// at once.
+    pub fn work(&self) {
+        loop {
+            let start = self.next.fetch_add(CHUNK, Ordering::Relaxed);
+            if start >= self.owner.len() {
+                return;
+            }
+            for position in start..(start + CHUNK).min(self.owner.len()) {
+                if position > self.failure.limit.load(Ordering::Acquire) {
+                    return;
+                }
+                self.check(position);
+            }
+        }
+    }
+
+    /// Checks the input at `position` in the block's flat list.
+    fn check(&self, position: usize) {
+        let job = &self.jobs[self.owner[position]];
+        let vin = position - job.first_input;
+        let prepared = job.prepared.get_or_init(|| {
+            let tx = &self.block.txdata[job.tx];
+            let spent: Vec<SpentTxOut<'_>> = self.spent
+                [job.first_input..job.first_input + job.inputs]
+                .iter()
+                .map(|s| SpentTxOut {
+                    value: s.coin.value,
+                    script_pubkey: &s.coin.script_pubkey,
+                })
+                .collect();
+            PreparedTx::new(&serialize(tx), &spent)
+        });
+        let result = match prepared {
+            Ok(prepared) => prepared.verify(vin, self.flags),
+            Err(e) => Err(e.clone()),
+        };
+        let error = match result {
+            Ok(()) => return,
+            Err(VerifyError::Script { error }) => BlockScriptError::Script {
+                txid: job.txid,
+                vin: vin as u32,
+                error,
+            },
+            Err(source) => BlockScriptError::Engine {
+                txid: job.txid,
+                source,
+            },
+        };
+        self.failure.record(position, error);
+    }
+
+    /// The verdict once every thread running [`BlockChecks::work`] has
+    /// returned: the first failing input in block order, if any.
+    ///
+    /// # Errors
+    /// As [`verify_block_scripts`].
+    pub fn verdict(&self) -> Result<(), BlockScriptError> {
+        let found = self
+            .failure
+            .found
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match found.as_ref() {
+            Some((_, error)) => Err(error.clone()),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Verifies every input of `block` under `flags` with Core's interpreter,
-/// on up to `threads` threads (the caller's included).
+/// on up to `threads` threads (the caller's included), started for this
+/// block ([`super::pool::ScriptPool`] keeps them across blocks).
 ///
 /// `spent` is the block's spent outputs in block order, transaction by
 /// transaction, input by input, the coinbase excluded: exactly
@@ -140,64 +272,43 @@ pub fn verify_block_scripts(
     flags: ScriptFlags,
     threads: NonZeroUsize,
 ) -> Result<(), BlockScriptError> {
-    let jobs = tx_jobs(block, spent)?;
-    // Input position -> job index, so a worker finds its transaction in O(1).
-    let mut owner = Vec::with_capacity(spent.len());
-    for (j, job) in jobs.iter().enumerate() {
-        owner.extend(std::iter::repeat_n(j, job.spent.len()));
-    }
-    let next = AtomicUsize::new(0);
-    let failure = FirstFailure {
-        limit: AtomicUsize::new(usize::MAX),
-        found: std::sync::Mutex::new(None),
-    };
-    let work = || worker(&jobs, &owner, flags, &next, &failure);
-    let threads = threads.get().min(owner.len().div_ceil(CHUNK)).max(1);
-    if threads == 1 || owner.len() < MIN_PARALLEL_INPUTS {
-        work();
+    let checks = BlockChecks::new(block, spent, flags)?;
+    let threads = threads.get().min(checks.inputs().div_ceil(CHUNK)).max(1);
+    if threads == 1 || checks.inputs() < MIN_PARALLEL_INPUTS {
+        checks.work();
     } else {
         std::thread::scope(|s| {
             for _ in 1..threads {
-                s.spawn(work);
+                s.spawn(|| checks.work());
             }
-            work();
+            checks.work();
         });
     }
-    let found = failure
-        .found
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    match found {
-        Some((_, error)) => Err(error),
-        None => Ok(()),
-    }
+    checks.verdict()
 }
 
-/// The block's non-coinbase transactions with their slices of `spent`.
+/// The block's non-coinbase transactions with their places in `spent`.
 ///
-/// Each slice must be the transaction's inputs in order (the outpoint each
+/// Each transaction's slice must be its inputs in order (the outpoint each
 /// spends, its index, one spending txid for all); the txid is taken from
 /// the slice (`connect_block` computed it), not hashed again. A
 /// transaction without inputs (never in a block that passed the economic
 /// checks) or a slice that does not match is [`BlockScriptError::SpentMismatch`].
-fn tx_jobs<'a>(
-    block: &'a Block,
-    spent: &'a [SpentOutput],
-) -> Result<Vec<TxJob<'a>>, BlockScriptError> {
+fn tx_jobs(block: &Block, spent: &[SpentOutput]) -> Result<Vec<TxJob>, BlockScriptError> {
     let mut jobs = Vec::with_capacity(block.txdata.len().saturating_sub(1));
     let mut offset = 0;
-    for tx in block.txdata.iter().skip(1) {
+    for (index, tx) in block.txdata.iter().enumerate().skip(1) {
         let end = offset + tx.input.len();
         let slice = spent.get(offset..end).filter(|s| spends_of(tx, s));
-        let Some((slice, first)) = slice.and_then(|s| Some((s, s.first()?))) else {
+        let Some(first) = slice.and_then(|s| s.first()) else {
             let txid = tx.compute_txid();
             return Err(BlockScriptError::SpentMismatch { txid });
         };
         jobs.push(TxJob {
-            tx,
+            tx: index,
             txid: first.txid,
-            spent: slice,
             first_input: offset,
+            inputs: tx.input.len(),
             prepared: OnceLock::new(),
         });
         offset = end;
@@ -228,49 +339,8 @@ fn spends_of(tx: &bitcoin::Transaction, spent: &[SpentOutput]) -> bool {
             })
 }
 
-/// Takes chunks of inputs until none is left or every remaining one is
-/// after a failure.
-fn worker(
-    jobs: &[TxJob<'_>],
-    owner: &[usize],
-    flags: ScriptFlags,
-    next: &AtomicUsize,
-    failure: &FirstFailure,
-) {
-    loop {
-        let start = next.fetch_add(CHUNK, Ordering::Relaxed);
-        if start >= owner.len() {
-            return;
-        }
-        for position in start..(start + CHUNK).min(owner.len()) {
-            if position > failure.limit.load(Ordering::Acquire) {
-                return;
-            }
-            let job = &jobs[owner[position]];
-            let vin = position - job.first_input;
-            let result = match job.prepared() {
-                Ok(prepared) => prepared.verify(vin, flags),
-                Err(e) => Err(e.clone()),
-            };
-            let error = match result {
-                Ok(()) => continue,
-                Err(VerifyError::Script { error }) => BlockScriptError::Script {
-                    txid: job.txid,
-                    vin: vin as u32,
-                    error,
-                },
-                Err(source) => BlockScriptError::Engine {
-                    txid: job.txid,
-                    source,
-                },
-            };
-            failure.record(position, error);
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::primitives::Coin;
     use bitcoin::hashes::Hash;
@@ -279,7 +349,11 @@ mod tests {
     /// A block of `txs` transactions of `inputs` inputs each, spending
     /// outputs whose scriptPubKey is OP_TRUE, except the flat input
     /// positions in `failing` (OP_FALSE: EVAL_FALSE).
-    fn block(txs: usize, inputs: usize, failing: &[usize]) -> (Block, Vec<SpentOutput>) {
+    pub(in crate::validation::script) fn block(
+        txs: usize,
+        inputs: usize,
+        failing: &[usize],
+    ) -> (Block, Vec<SpentOutput>) {
         let coinbase = Transaction {
             version: bitcoin::transaction::Version::ONE,
             lock_time: bitcoin::absolute::LockTime::ZERO,

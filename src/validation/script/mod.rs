@@ -6,7 +6,10 @@
 //! - [`flags`]: Core's `SCRIPT_VERIFY_*` [`ScriptFlags`] and the flags of a
 //!   block ([`block_script_flags`], Core's `GetBlockScriptFlags`);
 //! - [`block`]: every input of a block, spread over threads
-//!   ([`verify_block_scripts`]), the first failure in block order.
+//!   ([`verify_block_scripts`], [`BlockChecks`]), the first failure in
+//!   block order;
+//! - [`pool`]: script-check threads kept across blocks ([`ScriptPool`],
+//!   Core's `CCheckQueue`), which verify a block while its caller goes on.
 //!
 //! kakehi has no interpreter of its own: every verdict on a script is
 //! Core's. Why Core 26.0's libbitcoinconsensus and not libbitcoinkernel:
@@ -31,9 +34,11 @@
 pub mod block;
 pub mod engine;
 pub mod flags;
+pub mod pool;
 
-pub use block::{verify_block_scripts, BlockScriptError};
+pub use block::{verify_block_scripts, BlockChecks, BlockScriptError, OwnedBlockChecks};
 pub use engine::{
     sha256_implementation, PreparedTx, ScriptError, SpentTxOut, VerifyError, BLOCK_SCRIPT_FAILURE,
 };
 pub use flags::{block_script_flags, ScriptFlags};
+pub use pool::{PendingChecks, ScriptPool};
