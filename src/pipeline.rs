@@ -308,6 +308,9 @@ pub struct Chainstate {
     group_limits: GroupLimits,
     /// The open group, if any: connected blocks not durable yet.
     group: Option<PendingGroup>,
+    /// The table write of the open group's last block when not applied
+    /// yet (`group`: [`Chainstate::write_unwritten`]).
+    unwritten: Option<BlockWrite>,
     /// Index metadata and records of the open group's blocks, not
     /// committed yet; every write starts its batch from it
     /// ([`Chainstate::take_batch`]).
@@ -485,6 +488,7 @@ impl Chainstate {
         &mut self,
         f: &mut dyn FnMut(&OutPoint, &Coin, u32),
     ) -> Result<(), PipelineError> {
+        self.write_unwritten()?;
         let view = self.index.view(self.index.tip().id);
         self.table.for_each(&mut |e| {
             if let ViewStatus::Unspent = e.status_in(&view) {

@@ -139,6 +139,12 @@ impl Chainstate {
         keys: &[OutPoint],
         parent: BlockId,
     ) -> Result<HashMap<OutPoint, Coin>, PipelineError> {
+        // The open group's last block, not yet written to the table, is
+        // `parent` itself (its write is read from memory below) or is
+        // written now.
+        if self.unwritten.as_ref().is_some_and(|w| w.block != parent) {
+            self.write_unwritten()?;
+        }
         let entries = self.table.get_batch(keys)?;
         let view = self.index.view(parent);
         let mut coins = HashMap::with_capacity(keys.len());
@@ -151,6 +157,9 @@ impl Chainstate {
                 };
                 coins.insert(e.outpoint, coin);
             }
+        }
+        if let Some(write) = &self.unwritten {
+            unwritten_coins(&mut coins, keys, write);
         }
         Ok(coins)
     }
@@ -214,7 +223,7 @@ impl Chainstate {
         self.set_active(&mut batch, id);
         self.put_record(&mut batch, id);
         self.put_block_rows(&mut batch, &block, &entry, &valid);
-        let grouped = self.end_boundary(batch, &entry, &valid, started)?;
+        let grouped = self.end_boundary(batch, &entry, valid, started)?;
         self.stats.blocks_connected += 1;
         tracing::info!(
             height = entry.height,
@@ -309,7 +318,7 @@ impl Chainstate {
         &mut self,
         mut batch: WriteBatch,
         entry: &IndexEntry,
-        valid: &ValidBlock,
+        valid: ValidBlock,
         started: Instant,
     ) -> Result<bool, PipelineError> {
         let id = entry.id;
@@ -329,7 +338,7 @@ impl Chainstate {
                 started,
                 txids: &valid.txids,
             };
-            self.add_to_group(batch, &valid.write, add)?;
+            self.add_to_group(batch, valid.write, add)?;
         } else {
             self.put_sozu_base(&mut batch, id);
             self.durable_connect(batch, &valid.write, tag)?;
@@ -352,8 +361,9 @@ impl Chainstate {
         write: &BlockWrite,
         tag: CommitTag,
     ) -> Result<(), PipelineError> {
-        // The open group's rows first (the index commit below names their
-        // blocks as connected).
+        // The open group's last table write and rows first (the index
+        // commit below names their blocks as connected).
+        self.write_unwritten()?;
         if let Err(e) = self.rows.wait() {
             return Err(self.stop_writes(e.into()));
         }
@@ -396,5 +406,31 @@ impl Chainstate {
             return Err(self.stop_writes(e.into()));
         }
         Ok(())
+    }
+}
+
+/// Makes `coins` (the coins of `keys` in the view of `write`'s parent, as
+/// the table answers without `write`) what the table answers in the view of
+/// `write`'s block once `write` is applied: `keys` it creates are added
+/// (at its height), those it spends removed.
+fn unwritten_coins(coins: &mut HashMap<OutPoint, Coin>, keys: &[OutPoint], write: &BlockWrite) {
+    if !write.created.is_empty() {
+        let created: HashMap<&OutPoint, &Coin> = write
+            .created
+            .iter()
+            .map(|n| (&n.outpoint, &n.coin))
+            .collect();
+        for key in keys {
+            if let Some(coin) = created.get(key) {
+                let coin = Coin {
+                    height: write.height,
+                    ..(*coin).clone()
+                };
+                coins.insert(*key, coin);
+            }
+        }
+    }
+    for (outpoint, _) in &write.spent {
+        coins.remove(outpoint);
     }
 }

@@ -10,7 +10,10 @@
 //! writer's pending batch, its transaction, spend and address rows are
 //! applied to the index database on a thread of their own, not flushed
 //! (`pipeline/rows.rs`: readers ignore rows of blocks not connected), and
-//! its UTXO-table write is applied in memory but not committed.
+//! its UTXO-table write is applied in memory but not committed: by the next
+//! block's connect, while that block's scripts are verified (the next
+//! block's lookups read the kept write from memory), or before any other
+//! use of the table ([`Chainstate::write_unwritten`]).
 //! The group ends, in the order of every block boundary (the rows thread
 //! drained, flat files synced, then the index batch flushed with the rows,
 //! then the table's commit), when the next
@@ -41,7 +44,7 @@ use bitcoin::Txid;
 
 use crate::chain::index::ChainIndex;
 use crate::primitives::BlockId;
-use crate::sozu::{BlockOracle, CommitTag};
+use crate::sozu::{BlockOracle, BlockWrite, CommitTag};
 use crate::store::{sync_concurrently, WriteBatch, META_SOZU_BASE};
 
 use super::{Chainstate, PipelineError, Verdict};
@@ -173,27 +176,24 @@ impl Chainstate {
     }
 
     /// Adds a validated block to the open group (opening one): its table
-    /// write is applied in memory, `batch` (with its rows) becomes the
-    /// pending batch. Nothing is durable, nothing is published.
+    /// write is kept to be applied in memory before the table is next used
+    /// ([`Chainstate::write_unwritten`]), `batch` (with its rows) becomes
+    /// the pending batch. Nothing is durable, nothing is published.
     ///
     /// # Errors
     /// The table's write failed: writes stop ([`PipelineError::Failed`]).
     pub(super) fn add_to_group(
         &mut self,
         mut batch: WriteBatch,
-        write: &crate::sozu::BlockWrite,
+        write: BlockWrite,
         entry: GroupEntry<'_>,
     ) -> Result<(), PipelineError> {
         self.put_sozu_base(&mut batch, entry.tag.block);
         if let Err(e) = self.rows.send(batch.take_rows()) {
             return Err(self.stop_writes(e.into()));
         }
-        if let Err(e) = self
-            .table
-            .write_block(write, self.index.core(), &mut |_| {})
-        {
-            return Err(self.stop_writes(e.into()));
-        }
+        self.write_unwritten()?;
+        self.unwritten = Some(write);
         self.pending = batch;
         let base = self.table_base();
         let g = self.group.get_or_insert_with(|| PendingGroup {
@@ -209,6 +209,27 @@ impl Chainstate {
         g.blocks += 1;
         g.bytes += entry.bytes;
         g.txids.extend(entry.txids.iter().copied());
+        Ok(())
+    }
+
+    /// Applies the table write of the open group's last block, kept by
+    /// [`Chainstate::add_to_group`], if not applied yet. The next block's
+    /// connect applies it while that block's scripts are verified (its own
+    /// lookups read it from memory: `connect::unwritten_coins`); every other
+    /// use of the table applies it first.
+    ///
+    /// # Errors
+    /// The table's write failed: writes stop ([`PipelineError::Failed`]).
+    pub(super) fn write_unwritten(&mut self) -> Result<(), PipelineError> {
+        let Some(write) = self.unwritten.take() else {
+            return Ok(());
+        };
+        if let Err(e) = self
+            .table
+            .write_block(&write, self.index.core(), &mut |_| {})
+        {
+            return Err(self.stop_writes(e.into()));
+        }
         Ok(())
     }
 
@@ -246,6 +267,7 @@ impl Chainstate {
     /// group open, the table then holds uncommitted blocks the index may
     /// lack, and a restart resumes from the last durable boundary.
     pub(super) fn commit_boundary(&mut self, batch: WriteBatch) -> Result<(), PipelineError> {
+        self.write_unwritten()?;
         let group = self.group.take();
         // The open group's rows first (the index commit names their blocks).
         let rows = self.rows.wait().map_err(PipelineError::from);

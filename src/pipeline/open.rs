@@ -160,6 +160,7 @@ impl Chainstate {
             script_threads: std::thread::available_parallelism()
                 .unwrap_or(std::num::NonZeroUsize::MIN),
             script_pool: None,
+            unwritten: None,
             last_reject: None,
             address_index: AddressIndexState {
                 write: true,

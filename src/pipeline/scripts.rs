@@ -104,6 +104,9 @@ impl Chainstate {
         let verify = matches!(self.script_check(entry), ScriptCheck::Verify(_));
         let started = Instant::now();
         let pending = verify.then(|| self.start_checks(block, entry, spent));
+        // The parent's table write, kept from its connect, while the
+        // scripts run.
+        self.write_unwritten()?;
         let scripts = spent.iter().map(|s| s.coin.script_pubkey.as_slice());
         let filter = filters::basic_filter(block, scripts);
         let delta = self.timed_delta(block, entry.height, spent);

@@ -1,0 +1,226 @@
+//! The overlap of a block's UTXO-table write with the next block's script
+//! checks, while blocks are grouped (catching up).
+//!
+//! In a group, the table write of the last connected block is kept in
+//! memory and applied while the next block's scripts are verified; that
+//! next block's own lookups read the kept write (`pipeline/connect.rs`,
+//! `unwritten_coins`). Blocks mined here on regtest's genesis (old header
+//! times: every block is catching up) check each side of it against a node
+//! that connects the same blocks one durable boundary at a time:
+//! - a block spending an output created by the block whose write is kept
+//!   is accepted;
+//! - a block spending again an output that block spent is rejected as a
+//!   double spend (`bad-txns-inputs-missingorspent`);
+//! - a block with a bad signature on top of it is rejected with Core's
+//!   reason, and its parent stays connected;
+//! - the UTXO set (dump), the tip and the stored MuHash, after a restart,
+//!   are the per-block node's.
+
+mod common;
+
+use std::time::Duration;
+
+use bitcoin::{Amount, Block, OutPoint, Sequence, Transaction, TxIn, TxOut, Witness};
+use common::blockgen::{coinbase, mine, subsidy, Kind, Wallet};
+use common::{muhash_of_table, TestNode};
+use kakehi::node::open_chainstate;
+use kakehi::pipeline::{GroupLimits, SubmitOutcome};
+
+/// Groups that only the test's own boundaries end (no time limit).
+const WIDE: GroupLimits = GroupLimits {
+    max_blocks: 10_000,
+    max_bytes: 1 << 30,
+    max_age: Duration::from_secs(3_600),
+};
+
+/// A transaction spending output `vout` of `funding` (a P2WPKH output of
+/// the wallet) to the wallet's P2WPKH for a fee of `fee` sats, signed; its
+/// signature's byte 10 flipped when `corrupt`.
+fn spend(wallet: &Wallet, funding: &Transaction, fee: u64, corrupt: bool) -> Transaction {
+    let vout = 0;
+    let coin = funding.output[vout as usize].clone();
+    let mut tx = Transaction {
+        version: bitcoin::transaction::Version::TWO,
+        lock_time: bitcoin::absolute::LockTime::ZERO,
+        input: vec![TxIn {
+            previous_output: OutPoint {
+                txid: funding.compute_txid(),
+                vout,
+            },
+            sequence: Sequence::MAX,
+            ..TxIn::default()
+        }],
+        output: vec![TxOut {
+            value: coin.value - Amount::from_sat(fee),
+            script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
+        }],
+    };
+    wallet.sign(&mut tx, &[(Kind::P2wpkh, coin)]);
+    if corrupt {
+        let mut items: Vec<Vec<u8>> = tx.input[0].witness.iter().map(<[u8]>::to_vec).collect();
+        items[0][10] ^= 0x01;
+        tx.input[0].witness = Witness::from_slice(&items);
+    }
+    tx
+}
+
+/// A block on `prev` at `height` paying its reward to the wallet, with `txs`.
+fn block(wallet: &Wallet, prev: &Block, height: u32, tag: u32, txs: Vec<Transaction>) -> Block {
+    let pay = TxOut {
+        value: Amount::from_sat(subsidy(height)),
+        script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
+    };
+    mine(
+        (prev.block_hash(), prev.header.time),
+        coinbase(height, tag, vec![pay]),
+        txs,
+    )
+}
+
+fn accepted(node: &TestNode, b: &Block, what: &str) {
+    match node.chain.lock().submit_block(b).expect("storage") {
+        SubmitOutcome::Accepted { .. } => {}
+        other => panic!("{what}: {other:?}"),
+    }
+}
+
+fn rejected(node: &TestNode, b: &Block, what: &str) -> String {
+    match node.chain.lock().submit_block(b).expect("storage") {
+        SubmitOutcome::Rejected { reason, .. } => reason,
+        other => panic!("{what}: {other:?}"),
+    }
+}
+
+fn dump(node: &TestNode) -> String {
+    let mut out = Vec::new();
+    node.chain.lock().dump_utxos(&mut out).expect("dump");
+    String::from_utf8(out).expect("utf-8")
+}
+
+/// Asserts two dumps are equal, showing only the lines that differ.
+fn same_dump(got: &str, want: &str, what: &str) {
+    let (g, w): (
+        std::collections::BTreeSet<&str>,
+        std::collections::BTreeSet<&str>,
+    ) = (got.lines().collect(), want.lines().collect());
+    let extra: Vec<_> = g.difference(&w).collect();
+    let missing: Vec<_> = w.difference(&g).collect();
+    assert!(
+        extra.is_empty() && missing.is_empty(),
+        "{what}: extra {extra:?}, missing {missing:?}"
+    );
+}
+
+#[test]
+fn the_next_block_reads_the_kept_table_write_and_a_failure_leaves_it_connected() {
+    let wallet = Wallet::new();
+    let genesis = bitcoin::blockdata::constants::genesis_block(bitcoin::Network::Regtest);
+    // 102 blocks paying the wallet: the coinbases of 1 and 2 are mature at
+    // 103.
+    let mut chain = vec![genesis];
+    for height in 1..=102 {
+        let b = block(&wallet, &chain[chain.len() - 1], height, 0, vec![]);
+        chain.push(b);
+    }
+    let (cb1, cb2) = (chain[1].txdata[0].clone(), chain[2].txdata[0].clone());
+    // 103 spends coinbase 1; 104 spends 103's output (created by the block
+    // whose write is kept).
+    let a = block(
+        &wallet,
+        &chain[102],
+        103,
+        0,
+        vec![spend(&wallet, &cb1, 1_000, false)],
+    );
+    let c = block(
+        &wallet,
+        &a,
+        104,
+        0,
+        vec![spend(&wallet, &a.txdata[1], 1_000, false)],
+    );
+    // On 104: spending 103's output again (104 spent it), and coinbase 1
+    // again (103 spent it).
+    // (Other fees: other transactions, not the same one again.)
+    let double_c = block(
+        &wallet,
+        &c,
+        105,
+        1,
+        vec![spend(&wallet, &a.txdata[1], 2_000, false)],
+    );
+    let double_a = block(
+        &wallet,
+        &c,
+        105,
+        2,
+        vec![spend(&wallet, &cb1, 2_000, false)],
+    );
+    // 105 spends 104's output; on it, a bad signature, then the valid 106.
+    let e = block(
+        &wallet,
+        &c,
+        105,
+        0,
+        vec![spend(&wallet, &c.txdata[1], 1_000, false)],
+    );
+    let bad = block(&wallet, &e, 106, 1, vec![spend(&wallet, &cb2, 1_000, true)]);
+    let good = block(
+        &wallet,
+        &e,
+        106,
+        0,
+        vec![spend(&wallet, &cb2, 1_000, false)],
+    );
+
+    let grouped = TestNode::new(bitcoin::Network::Regtest);
+    let single = TestNode::new(bitcoin::Network::Regtest);
+    grouped.chain.lock().set_group_limits(WIDE);
+    for b in &chain[1..] {
+        accepted(&grouped, b, "the first 102 blocks");
+        accepted(&single, b, "the first 102 blocks");
+    }
+    for node in [&grouped, &single] {
+        accepted(node, &a, "103, spending coinbase 1");
+        accepted(node, &c, "104, spending 103's output");
+        for (b, what) in [
+            (&double_c, "103's output again"),
+            (&double_a, "coinbase 1 again"),
+        ] {
+            let reason = rejected(node, b, what);
+            assert_eq!(reason, "bad-txns-inputs-missingorspent", "{what}");
+        }
+        // A rejection ends the group: 104's write is applied and durable.
+        accepted(node, &e, "105, spending 104's output");
+        let reason = rejected(node, &bad, "a bad signature on 105");
+        assert!(
+            reason.starts_with("block-script-verify-flag-failed ("),
+            "bad signature: {reason}"
+        );
+        assert_eq!(node.chain.lock().index().tip().hash, e.block_hash());
+        accepted(node, &good, "106");
+        node.chain.lock().flush().expect("flush");
+    }
+    assert_eq!(grouped.chain.lock().stats().blocks_rejected, 3);
+    let (want, got) = (dump(&single), dump(&grouped));
+    same_dump(&got, &want, "UTXO set, grouped against per block");
+    assert!(got.contains(&format!("{}:0 ", good.txdata[1].compute_txid())));
+
+    // After a restart: the same tip, UTXO set and MuHash.
+    let muhash = muhash_of_table(&mut single.chain.lock());
+    let TestNode {
+        dir,
+        datadir,
+        chain,
+    } = grouped;
+    drop(chain);
+    let params = kakehi::chain::ChainParams::new(bitcoin::Network::Regtest);
+    let reopened = TestNode {
+        dir,
+        chain: parking_lot::Mutex::new(open_chainstate(params, &datadir).expect("reopen")),
+        datadir,
+    };
+    assert_eq!(reopened.chain.lock().index().tip().hash, good.block_hash());
+    same_dump(&dump(&reopened), &want, "UTXO set after a restart");
+    assert_eq!(muhash_of_table(&mut reopened.chain.lock()), muhash);
+}
