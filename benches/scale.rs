@@ -36,7 +36,10 @@
 //!
 //! Prints, for each tenth of the blocks: blocks/s, tx/s, inputs/s
 //! (non-coinbase inputs), the process's CPU µs per input, milliseconds per block at p50 and p99, the
-//! process's RSS and the datadir's bytes; then the whole import (pipeline
+//! process's RSS, what the UTXO table (page images and summaries), the
+//! index rows (keys in memory, the run files' block indexes and filters)
+//! and the archive's epoch filters hold of it
+//! (`ChainSnapshot::memory_use`), and the datadir's bytes; then the whole import (pipeline
 //! time, and wall time with the reading and decoding of the files), the end
 //! state against the manifest (tip, SHA-256 of the `dump-utxos` text, the
 //! filter header at every 1,000th height), each datadir component's bytes
@@ -70,9 +73,10 @@ use bitcoin::hashes::{sha256, Hash, HashEngine};
 use bitcoin::{BlockHash, Network};
 use kakehi::chain::assumevalid::AssumeValid;
 use kakehi::chain::ChainParams;
-use kakehi::import::read_file;
+use kakehi::import::scan_block_file;
 use kakehi::node::{open_chainstate, DataDir};
 use kakehi::pipeline::{Chainstate, GroupLimits, SubmitOutcome};
+use kakehi::snapshot::MemoryUse;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -217,7 +221,7 @@ fn import(
     datadir: &Path,
 ) -> Totals {
     println!(
-        "{:>6} {:>8} {:>9} {:>9} {:>10} {:>11} {:>8} {:>8} {:>8} {:>11}",
+        "{:>6} {:>8} {:>9} {:>9} {:>10} {:>11} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>11}",
         "tenth",
         "blocks",
         "blocks/s",
@@ -227,6 +231,9 @@ fn import(
         "p50 ms",
         "p99 ms",
         "RSS MiB",
+        "UTXO MiB",
+        "rows MiB",
+        "arch MiB",
         "datadir MiB"
     );
     let tenth_size = total.div_ceil(10).max(1);
@@ -234,7 +241,14 @@ fn import(
     let mut totals = Totals::default();
     let mut tenth_cpu = common::cpu_seconds();
     for file in files {
-        for rec in read_file(file, params).expect("read block file") {
+        // As `kakehi import` reads them: the file's bytes, each block
+        // decoded when reached.
+        let (block_file, problem) = scan_block_file(file, params);
+        if let Some(e) = problem {
+            panic!("read block file: {e}");
+        }
+        for rec in block_file.records() {
+            let rec = rec.expect("decode a scanned block");
             let inputs: u64 = rec
                 .block
                 .txdata
@@ -270,7 +284,13 @@ fn import(
                 totals.txs += tenth.txs;
                 totals.inputs += tenth.inputs;
                 totals.pipeline_seconds += tenth.seconds;
-                print_tenth(totals.blocks.div_ceil(tenth_size), &mut tenth, datadir);
+                let memory = chain.snapshot().memory_use();
+                print_tenth(
+                    totals.blocks.div_ceil(tenth_size),
+                    &mut tenth,
+                    datadir,
+                    memory,
+                );
             }
         }
         totals
@@ -466,11 +486,11 @@ fn run_core(files: &[PathBuf], totals: &Totals, manifest: &serde_json::Value, wh
     );
 }
 
-fn print_tenth(index: u64, t: &mut Tenth, datadir: &Path) {
+fn print_tenth(index: u64, t: &mut Tenth, datadir: &Path, memory: MemoryUse) {
     t.block_ms.sort_by(f64::total_cmp);
     let pct = |p: f64| t.block_ms[((t.block_ms.len() - 1) as f64 * p).round() as usize];
     println!(
-        "{:>6} {:>8} {:>9.0} {:>9.0} {:>10.0} {:>11.1} {:>8.2} {:>8.2} {:>8} {:>10.0}",
+        "{:>6} {:>8} {:>9.0} {:>9.0} {:>10.0} {:>11.1} {:>8.2} {:>8.2} {:>8} {:>8.0} {:>8.1} {:>8.1} {:>11.0}",
         index,
         t.blocks,
         t.blocks as f64 / t.seconds,
@@ -480,6 +500,9 @@ fn print_tenth(index: u64, t: &mut Tenth, datadir: &Path) {
         pct(0.5),
         pct(0.99),
         common::status_mib("VmRSS:"),
+        mib(memory.utxo_table),
+        mib(memory.index_rows),
+        mib(memory.archive_filters),
         mib(common::dir_bytes(datadir))
     );
     *t = Tenth::default();

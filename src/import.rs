@@ -2,7 +2,9 @@
 //! network magic, 4 bytes little-endian length, serialized block) through
 //! the same pipeline as blocks from peers.
 //!
-//! A file is scanned whole before anything is imported: a truncated record,
+//! A file is scanned whole before anything is imported (each block decoded
+//! to check it, then decoded again when submitted, so that the import holds
+//! the file's bytes and one decoded block, not the whole file decoded): a truncated record,
 //! garbage between records, the wrong network's magic or a block that does
 //! not decode is a typed [`ImportError`] naming the file and offset, and
 //! leaves the database unchanged. Zero bytes after the last record (Core
@@ -120,37 +122,94 @@ pub fn read_file(path: &Path, params: &ChainParams) -> Result<Vec<Record>, Impor
     }
 }
 
-/// Reads `path` up to its first problem: the records before it, and the
-/// problem ([`ImportError::Io`] with no records when the file cannot be
-/// read). `kakehi reindex-chainstate` reads its own block files with it,
-/// whose last one may end in a torn append (cut at the next start).
+/// Reads `path` up to its first problem: the records before it, decoded,
+/// and the problem ([`ImportError::Io`] with no records when the file
+/// cannot be read). Holds every decoded block of the file at once; an
+/// import goes through [`scan_block_file`], which does not.
 pub fn scan_file(path: &Path, params: &ChainParams) -> (Vec<Record>, Option<ImportError>) {
-    let data = match std::fs::read(path) {
+    let (file, problem) = scan_block_file(path, params);
+    let mut out = Vec::with_capacity(file.len());
+    for rec in file.records() {
+        match rec {
+            Ok(rec) => out.push(rec),
+            Err(e) => return (out, Some(e)),
+        }
+    }
+    (out, problem)
+}
+
+/// A block file read whole and checked up to its first problem: its bytes
+/// and where each good record is, not its decoded blocks. A decoded block
+/// takes about 2.5 times its serialized size in memory (a 128 MiB file,
+/// Core's largest, about 300 MiB more), so [`BlockFile::records`] decodes
+/// the records one at a time, again: the process holds the file's bytes
+/// plus one block.
+#[derive(Debug)]
+pub struct BlockFile {
+    path: PathBuf,
+    data: Vec<u8>,
+    /// (offset, framed length) of each good record, in file order.
+    frames: Vec<(usize, usize)>,
+}
+
+impl BlockFile {
+    /// Number of good records.
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Whether the file holds no good record.
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// The good records in file order, each decoded when reached. A record
+    /// decoded when the file was scanned decodes again: the error case
+    /// ([`ImportError::BadBlock`]) is kept for the type, not expected.
+    pub fn records(&self) -> impl ExactSizeIterator<Item = Result<Record, ImportError>> + '_ {
+        self.frames
+            .iter()
+            .map(|&(pos, len)| decode_record(&self.path, &self.data[pos..pos + len], pos as u64))
+    }
+}
+
+/// Reads `path` and checks every record (framing, magic, the block
+/// decodes: each decoded then dropped) up to the first problem: the file
+/// with the good records before it, and the problem ([`ImportError::Io`]
+/// with no records when the file cannot be read). `kakehi import` and
+/// `kakehi reindex-chainstate` read their files with it (the latter's last
+/// file may end in a torn append, cut at the next start).
+pub fn scan_block_file(path: &Path, params: &ChainParams) -> (BlockFile, Option<ImportError>) {
+    let mut file = BlockFile {
+        path: path.into(),
+        data: Vec::new(),
+        frames: Vec::new(),
+    };
+    file.data = match std::fs::read(path) {
         Ok(d) => d,
         Err(source) => {
             let e = ImportError::Io {
                 path: path.into(),
                 source,
             };
-            return (Vec::new(), Some(e));
+            return (file, Some(e));
         }
     };
-    let mut out = Vec::new();
     let mut pos = 0usize;
-    while pos < data.len() {
-        let rest = &data[pos..];
+    while pos < file.data.len() {
+        let rest = &file.data[pos..];
         if rest.iter().all(|b| *b == 0) {
             break;
         }
         match next_record(path, params, rest, pos as u64) {
-            Ok((rec, len)) => {
-                out.push(rec);
+            Ok((_, len)) => {
+                file.frames.push((pos, len));
                 pos += len;
             }
-            Err(e) => return (out, Some(e)),
+            Err(e) => return (file, Some(e)),
         }
     }
-    (out, None)
+    (file, None)
 }
 
 /// Decodes the record at the start of `rest` (at `offset` in `path`): the
@@ -188,13 +247,19 @@ fn next_record(
             available: rest.len() as u64,
         });
     }
+    Ok((decode_record(path, &rest[..end], offset)?, end))
+}
+
+/// Decodes the block of the framed record `frame` (magic and length
+/// checked) at `offset` in `path`.
+fn decode_record(path: &Path, frame: &[u8], offset: u64) -> Result<Record, ImportError> {
     let block: Block =
-        bitcoin::consensus::deserialize(&rest[8..end]).map_err(|source| ImportError::BadBlock {
+        bitcoin::consensus::deserialize(&frame[8..]).map_err(|source| ImportError::BadBlock {
             path: path.into(),
             offset,
             source,
         })?;
-    Ok((Record { offset, block }, end))
+    Ok(Record { offset, block })
 }
 
 /// The record's magic must be the network's: another network's is
@@ -270,8 +335,11 @@ pub fn import_files(
 ) -> Result<ImportSummary, ImportError> {
     let mut run = ImportRun::new(chain);
     for path in paths {
-        let records = read_file(path, run.params())?;
-        run.import(path, records, stop, progress)?;
+        let file = match scan_block_file(path, run.params()) {
+            (file, None) => file,
+            (_, Some(e)) => return Err(e),
+        };
+        run.import(&file, stop, progress)?;
         if run.summary.interrupted {
             break;
         }
@@ -314,29 +382,29 @@ impl<'a> ImportRun<'a> {
         &self.params
     }
 
-    /// Submits the blocks of one file (`path`, for the log) in order, with
-    /// a progress bar on standard error when `progress`; stops at the
-    /// block boundary where `stop` is seen set (`summary.interrupted`).
+    /// Submits the good blocks of one scanned file in order, decoding each
+    /// when reached ([`BlockFile::records`]), with a progress bar on
+    /// standard error when `progress`; stops at the block boundary where
+    /// `stop` is seen set (`summary.interrupted`).
     ///
     /// # Errors
     /// [`ImportError::Pipeline`]: a storage failure.
     pub fn import(
         &mut self,
-        path: &Path,
-        records: Vec<Record>,
+        file: &BlockFile,
         stop: &AtomicBool,
         progress: bool,
     ) -> Result<(), ImportError> {
-        tracing::info!(file = %path.display(), blocks = records.len(), "importing");
-        let bar = progress_bar(progress, records.len() as u64);
+        tracing::info!(file = %file.path.display(), blocks = file.len(), "importing");
+        let bar = progress_bar(progress, file.len() as u64);
         let mut last_log = Instant::now();
         let file_started = Instant::now();
-        for (i, rec) in records.into_iter().enumerate() {
+        for (i, rec) in file.records().enumerate() {
             if stop.load(Ordering::SeqCst) {
                 self.summary.interrupted = true;
                 break;
             }
-            self.submit(&rec, &bar)?;
+            self.submit(&rec?, &bar)?;
             bar.inc(1);
             if last_log.elapsed().as_secs() >= 10 {
                 let rate = (i + 1) as f64 / file_started.elapsed().as_secs_f64().max(1e-9);
@@ -406,4 +474,59 @@ fn progress_bar(progress: bool, len: u64) -> indicatif::ProgressBar {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn regtest_a() -> Vec<u8> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testnet-data/regtest-a/blocks.dat"
+        );
+        std::fs::read(path).expect("regtest-a blocks")
+    }
+
+    /// Framed length of the record at `pos` of `data`.
+    fn frame_len(data: &[u8], pos: usize) -> usize {
+        8 + u32::from_le_bytes([data[pos + 4], data[pos + 5], data[pos + 6], data[pos + 7]])
+            as usize
+    }
+
+    /// A file whose fourth record does not decode: the scan keeps the three
+    /// before it and names the fourth; the records decode one by one to
+    /// the blocks of those three frames, at their offsets.
+    #[test]
+    fn block_file_keeps_good_records_and_decodes_them_when_reached() {
+        let good = regtest_a();
+        let mut ends = vec![0usize];
+        for _ in 0..4 {
+            let at = *ends.last().unwrap();
+            ends.push(at + frame_len(&good, at));
+        }
+        let mut bytes = good[..ends[4]].to_vec();
+        bytes[ends[3] + 8 + 80] = 0xfd; // a huge transaction count
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("bad4.dat");
+        std::fs::write(&path, &bytes).expect("write");
+        let params = ChainParams::new(Network::Regtest);
+
+        let (file, problem) = scan_block_file(&path, &params);
+        assert!(
+            matches!(problem, Some(ImportError::BadBlock { offset, .. }) if offset == ends[3] as u64),
+            "{problem:?}"
+        );
+        assert_eq!(file.len(), 3);
+        let records: Vec<Record> = file.records().map(|r| r.expect("decodes")).collect();
+        for (i, rec) in records.iter().enumerate() {
+            assert_eq!(rec.offset, ends[i] as u64);
+            let want: Block = bitcoin::consensus::deserialize(&good[ends[i] + 8..ends[i + 1]])
+                .expect("regtest-a block");
+            assert_eq!(rec.block, want);
+        }
+        let (decoded, again) = scan_file(&path, &params);
+        assert_eq!(decoded.len(), 3);
+        assert!(matches!(again, Some(ImportError::BadBlock { .. })));
+    }
 }

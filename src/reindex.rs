@@ -27,7 +27,7 @@ use std::sync::atomic::AtomicBool;
 use parking_lot::Mutex;
 
 use crate::chain::ChainParams;
-use crate::import::{scan_file, ImportError, ImportRun, ImportSummary};
+use crate::import::{scan_block_file, ImportError, ImportRun, ImportSummary};
 use crate::pipeline::{Chainstate, PipelineError};
 use crate::sozu::{SozuConfig, SozuError, SozuTable};
 use crate::store::durable;
@@ -263,7 +263,7 @@ fn build(
     let chain = Mutex::new(cs);
     let mut run = ImportRun::new(&chain);
     for (i, path) in files.iter().enumerate() {
-        let (records, problem) = scan_file(path, run.params());
+        let (file, problem) = scan_block_file(path, run.params());
         if let Some(e) = problem {
             let tail = matches!(
                 e,
@@ -278,7 +278,7 @@ fn build(
             tracing::warn!("the last block file ends in a torn append, cut: {e}");
         }
         tracing::info!(file = %path.display(), n = i + 1, of = files.len(), "reindexing");
-        run.import(path, records, stop, progress)?;
+        run.import(&file, stop, progress)?;
         if run.summary.interrupted {
             let summary = run.finish()?;
             return Err(ReindexError::Interrupted {

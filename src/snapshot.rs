@@ -24,7 +24,10 @@ use crate::store::{FileLoc, FlatReader, Store};
 use crate::validation::SpentOutput;
 
 mod history;
+mod memory;
+
 pub use history::{HistoryTx, ScriptStats, ScriptSummary, ScriptUtxo};
+pub use memory::MemoryUse;
 
 /// Per-block data that is not part of the chain index proper.
 #[derive(Clone, Debug, Default)]

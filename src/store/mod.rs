@@ -1037,6 +1037,13 @@ impl Store {
     pub fn tx_maybe_known(&self, txid: &Txid) -> Result<bool, StoreError> {
         Ok(self.rows.txs().has_prefix(&txid_prefix(txid))?)
     }
+
+    /// Bytes the row store holds in memory
+    /// ([`runs::RowSets::resident_bytes`]); sled's page cache is not
+    /// counted (bounded by the `cache_mib` given to [`Store::open`]).
+    pub fn rows_resident_bytes(&self) -> usize {
+        self.rows.resident_bytes()
+    }
 }
 
 #[cfg(test)]

@@ -330,6 +330,15 @@ impl RowSets {
         &self.core.history
     }
 
+    /// Bytes the three sets hold in memory ([`RowSet::resident_bytes`]):
+    /// the keys not yet in runs (at most about [`MEMORY_BOUND`] plus one
+    /// commit's) and, for every run, its block index and filter (about
+    /// 1.33 bytes per row: the part that grows with the rows).
+    pub fn resident_bytes(&self) -> usize {
+        let c = &*self.core;
+        c.txs.resident_bytes() + c.spends.resident_bytes() + c.history.resident_bytes()
+    }
+
     /// Makes every row inserted so far durable, the cheaper way: one
     /// record appended to the row log and synced (`log.rs`), or, when the
     /// rows in memory reach [`MEMORY_BOUND`] bytes, the rows to log reach

@@ -266,6 +266,13 @@ impl<const N: usize> Run<N> {
             + 4
     }
 
+    /// Bytes this run holds in memory while open: its block index (first
+    /// key and CRC-32 of each block of keys) and its filter, about 1.33
+    /// bytes per key (the keys themselves stay on disk).
+    pub fn resident_bytes(&self) -> usize {
+        self.index.len() + self.bloom.as_bytes().len()
+    }
+
     /// Whether a key starting with the 8-byte `prefix` may be here.
     pub fn may_contain(&self, prefix: u64) -> bool {
         self.bloom.may_contain(prefix)

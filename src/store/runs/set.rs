@@ -115,6 +115,16 @@ impl<const N: usize> RowSet<N> {
         self.state.read().mem.len() * N
     }
 
+    /// Bytes of keys in memory, the frozen ones being written to a run
+    /// included (the B-tree's node overhead not counted), plus every run's
+    /// [`Run::resident_bytes`].
+    pub fn resident_bytes(&self) -> usize {
+        let s = self.state.read();
+        let frozen = s.frozen.as_ref().map_or(0, |f| f.len());
+        let runs: usize = s.runs.iter().map(|r| r.resident_bytes()).sum();
+        (s.mem.len() + frozen) * N + runs
+    }
+
     /// Moves the keys in memory aside to be written as a run (they stay
     /// visible); `None` when there are none.
     pub fn freeze(&self) -> Option<Arc<BTreeSet<[u8; N]>>> {

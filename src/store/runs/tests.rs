@@ -480,3 +480,35 @@ fn a_log_short_of_a_committed_position_is_refused() {
     };
     assert!(sets.check_log(newer).is_err());
 }
+
+/// [`RowSets::resident_bytes`] counts the keys in memory, then, once they
+/// are in a run, the run's block index (first key and CRC-32 per block of
+/// keys) and filter, not its keys; a second run adds its own.
+#[test]
+fn resident_bytes_are_memory_keys_then_run_index_and_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sets, _) = RowSets::open(dir.path()).unwrap();
+    let many = |from: u32, n: u32| -> Vec<[u8; TX_KEY]> {
+        (from..from + n)
+            .map(|i| {
+                let mut k = [0u8; TX_KEY];
+                k[..4].copy_from_slice(&i.to_be_bytes());
+                k
+            })
+            .collect()
+    };
+    sets.txs().insert(many(0, 5000));
+    sets.spends().insert(many(0, 10));
+    assert_eq!(sets.resident_bytes(), 5010 * TX_KEY);
+    sets.flush().unwrap();
+    let per_run = |n: usize, keys: usize| {
+        n.div_ceil(run::BLOCK_KEYS) * (keys + 4) + bloom::Bloom::with_capacity(n).as_bytes().len()
+    };
+    let first = per_run(5000, TX_KEY) + per_run(10, SPEND_KEY);
+    assert_eq!(sets.resident_bytes(), first);
+    assert!(first < 5010 * TX_KEY / 8, "{first}");
+    sets.txs().insert(many(5000, 7));
+    assert_eq!(sets.resident_bytes(), first + 7 * TX_KEY);
+    sets.flush().unwrap();
+    assert_eq!(sets.resident_bytes(), first + per_run(7, TX_KEY));
+}
