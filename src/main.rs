@@ -232,15 +232,23 @@ fn load_config(cli: &Cli) -> anyhow::Result<(Config, Vec<String>)> {
 fn init_logging(config: &Config) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log.filter)
         .with_context(|| format!("bad log filter {:?}", config.log.filter))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let fmt = tracing_subscriber::fmt::layer()
         // Colours only on a terminal: a log file or journald gets plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    match config.log.format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Human => builder.init(),
-    }
+    let fmt = match config.log.format {
+        LogFormat::Json => fmt.json().with_filter(filter).boxed(),
+        LogFormat::Human => fmt.with_filter(filter).boxed(),
+    };
+    // sled's `log` records reach tracing through `tracing-log` (installed
+    // by `init`); its background failures stop the node's writes.
+    tracing_subscriber::registry()
+        .with(fmt)
+        .with(kakehi::store::sled_watch::layer())
+        .init();
     Ok(())
 }
 

@@ -22,6 +22,7 @@ pub mod flatfile;
 pub mod headers;
 pub mod history;
 pub mod runs;
+pub mod sled_watch;
 
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
@@ -139,6 +140,16 @@ pub enum StoreError {
         /// sled's error.
         #[source]
         source: sled::Error,
+    },
+    /// sled's background flusher failed (its fsync or segment rewrite:
+    /// [`sled_watch`]), which sled only logs: what it wrote since may not
+    /// be durable, so no commit is made after it.
+    #[error("index database at {path}: its background flush failed ({message}); writes stopped: restart the node (it recovers to the last commit every store agrees on), or `kakehi reindex-chainstate`")]
+    Background {
+        /// The database directory.
+        path: PathBuf,
+        /// sled's logged error, "target: message".
+        message: String,
     },
     /// A flat file failed.
     #[error(transparent)]
@@ -932,6 +943,7 @@ impl Store {
         };
         let fault_err = |source: std::io::Error| write_err(source.into());
         fault::check(fault::IoOp::Write, &self.path).map_err(fault_err)?;
+        self.check_background()?;
         let t = &self.trees;
         let rows = RowBatch {
             txs: batch.txs,
@@ -967,7 +979,21 @@ impl Store {
             })?;
         fault::check(fault::IoOp::Sync, &self.path).map_err(fault_err)?;
         self.db.flush().map_err(write_err)?;
-        Ok(())
+        // A background failure logged while this commit ran may concern
+        // pages the flush above reported durable.
+        self.check_background()
+    }
+
+    /// [`StoreError::Background`] once sled has logged a failure of its
+    /// background threads ([`sled_watch`]).
+    fn check_background(&self) -> Result<(), StoreError> {
+        match sled_watch::background_failure() {
+            None => Ok(()),
+            Some(message) => Err(StoreError::Background {
+                path: self.path.to_path_buf(),
+                message: message.to_owned(),
+            }),
+        }
     }
 
     /// The database directory.
