@@ -544,16 +544,7 @@ fn reader_during_writes_and_checkpoints() {
     let seed = 7u64;
     let last = 180u32;
     let blocks: Vec<BlockWrite> = (1..=last).map(|h| kill_block(seed, h)).collect();
-    let spent: std::collections::HashSet<OutPoint> = blocks
-        .iter()
-        .flat_map(|w| w.spent.iter().map(|(o, _)| *o))
-        .collect();
-    let watched: Vec<(OutPoint, Amount)> = blocks[..20]
-        .iter()
-        .flat_map(|w| w.created.iter())
-        .filter(|n| !spent.contains(&n.outpoint))
-        .map(|n| (n.outpoint, n.coin.value))
-        .collect();
+    let watched = never_spent(&blocks, 20);
     assert!(watched.len() > 10, "{}", watched.len());
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = SozuConfig {
@@ -667,6 +658,57 @@ fn spills_into_children_on_disk_are_counted() {
     assert!(c.spill_file_reads > 0, "{c:?}");
     assert!(c.spill_reads_avoidable <= c.spill_file_reads, "{c:?}");
     assert!(c.disk_page_reads >= c.spill_file_reads, "{c:?}");
+}
+
+/// The outputs the first `n` of `blocks` create that none of `blocks`
+/// spends, with their values.
+fn never_spent(blocks: &[BlockWrite], n: usize) -> Vec<(OutPoint, Amount)> {
+    let spent: std::collections::HashSet<OutPoint> = blocks
+        .iter()
+        .flat_map(|w| w.spent.iter().map(|(o, _)| *o))
+        .collect();
+    blocks[..n]
+        .iter()
+        .flat_map(|w| w.created.iter())
+        .filter(|n| !spent.contains(&n.outpoint))
+        .map(|n| (n.outpoint, n.coin.value))
+        .collect()
+}
+
+/// A batched lookup announces the disk pages it is about to read
+/// (`SozuStats::disk_page_prefetches`, `posix_fadvise(WILLNEED)` on real
+/// files) so their reads overlap: only pages it then reads from the files
+/// (not those a summary rules out, nor those in memory), and it still finds
+/// every key.
+#[test]
+fn lookups_announce_the_pages_they_read() {
+    let seed = 11u64;
+    let blocks: Vec<BlockWrite> = (1..=120).map(|h| kill_block(seed, h)).collect();
+    let old = never_spent(&blocks, 30);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = kill_config();
+    let mut t = SozuTable::open(dir.path(), cfg.clone()).expect("open");
+    for w in &blocks {
+        t.write_block(w, &Linear(w.height), &mut |_| {})
+            .expect("write");
+        t.commit(tag(w.height, w.height)).expect("commit");
+    }
+    t.checkpoint_now().expect("checkpoint");
+    drop(t);
+    let mut t = SozuTable::open(dir.path(), cfg).expect("reopen");
+    let before = t.counters();
+    let keys: Vec<OutPoint> = old.iter().map(|(o, _)| *o).collect();
+    let got = t.get_batch(&keys).expect("get_batch");
+    for ((op, value), e) in old.iter().zip(got) {
+        assert_eq!(e.map(|e| e.coin.value), Some(*value), "{op}");
+    }
+    let c = t.counters();
+    let (announced, reads) = (
+        c.disk_page_prefetches - before.disk_page_prefetches,
+        c.disk_page_reads - before.disk_page_reads,
+    );
+    assert!(old.len() > 50 && announced > 0, "{} keys, {c:?}", old.len());
+    assert!(announced <= reads, "announced {announced}, read {reads}");
 }
 
 fn open_err(storage: &MemStorage) -> SozuError {

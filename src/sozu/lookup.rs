@@ -37,6 +37,10 @@ pub(super) trait PageView {
     /// # Errors
     /// Storage failure or corruption.
     fn read(&mut self, addr: Addr) -> Result<Arc<Vec<u8>>, SozuError>;
+    /// Hints that the pages `addrs` (disk layers, ascending) are about to
+    /// be read, so those not in memory are fetched from their files at
+    /// once rather than one read after the other (default: nothing).
+    fn prefetch(&mut self, _addrs: &[Addr]) {}
 }
 
 /// What a descent cost.
@@ -100,6 +104,9 @@ pub(super) fn descend(
             break;
         }
         pending.sort_unstable();
+        if !geo.is_ram(layer) {
+            d.prefetch(view, layer, &pending);
+        }
         let mut next = Vec::new();
         for group in pending.chunk_by(|a, b| a.0 == b.0) {
             d.visit(view, (layer, group[0].0), group, &mut next)?;
@@ -110,6 +117,27 @@ pub(super) fn descend(
 }
 
 impl Batch<'_, '_> {
+    /// Announces the pages of a disk layer that this layer's visits will
+    /// read: those whose summary may hold one of their keys, or that have
+    /// none. A page read costs a synchronous file read when it is not in
+    /// memory; announced together, the reads overlap (`BENCHMARKS.md`,
+    /// Sozu round 11: 4× less CPU and wall per read from the virtual disk).
+    fn prefetch(&mut self, view: &mut dyn PageView, layer: u8, pending: &[(u64, usize)]) {
+        let mut wanted = Vec::new();
+        let mut may = std::mem::take(&mut self.may);
+        for group in pending.chunk_by(|a, b| a.0 == b.0) {
+            let sigs: Vec<u16> = group.iter().map(|&(_, qi)| self.sigs[qi]).collect();
+            let addr = (layer, group[0].0);
+            if view.check(addr, &sigs, &mut may).is_none() || may.iter().any(|&m| m) {
+                wanted.push(addr);
+            }
+        }
+        self.may = may;
+        if wanted.len() > 1 {
+            view.prefetch(&wanted);
+        }
+    }
+
     fn go_down(
         &mut self,
         d: Descent,

@@ -13,7 +13,7 @@ use super::page::Slot;
 use super::records;
 use super::stats::{file_bytes, LayerScan, SozuStats};
 use super::storage::Storage;
-use super::store::{io_err, read_existing_page, Published};
+use super::store::{io_err, layer_file, read_existing_page, Published};
 use super::types::{outpoint_key, Entry};
 use super::walk::walk;
 use super::{SozuError, UtxoReader};
@@ -79,6 +79,21 @@ impl PageView for View<'_> {
                 return r.map(Arc::new);
             }
             tries += 1;
+        }
+    }
+    fn prefetch(&mut self, addrs: &[Addr]) {
+        let ps = self.page_size as u64;
+        let cold: Vec<Addr> = {
+            let pages = self.published.pages.read();
+            addrs
+                .iter()
+                .filter(|a| !pages.contains_key(a))
+                .copied()
+                .collect()
+        };
+        for addr in cold {
+            let name = layer_file(self.shard, addr.0);
+            self.st.prefetch(&name, addr.1.saturating_mul(ps), ps);
         }
     }
 }

@@ -101,6 +101,9 @@ impl PageView for PageStore {
     fn read(&mut self, addr: Addr) -> Result<Arc<Vec<u8>>, SozuError> {
         self.page(addr)
     }
+    fn prefetch(&mut self, addrs: &[Addr]) {
+        PageStore::prefetch(self, addrs);
+    }
 }
 
 impl Shard {

@@ -47,6 +47,12 @@ pub struct SozuStats {
     /// Time spent in those reads (read, checksum, validation, copy),
     /// nanoseconds of the threads that made them.
     pub disk_read_nanos: u64,
+    /// Disk pages announced to the storage since open
+    /// (`posix_fadvise(WILLNEED)`), so that reads overlap: those a batch of
+    /// lookups is about to read from a disk layer, and the written children
+    /// of the pages a write pass will spill (pages in memory are not
+    /// announced).
+    pub disk_page_prefetches: u64,
     /// Page reads from the files that a spill into an existing child made
     /// since open (the child's purge hint and its bytes to append to).
     pub spill_file_reads: u64,

@@ -43,6 +43,12 @@ pub trait Storage: Send {
     /// # Errors
     /// I/O failure, or `UnexpectedEof` past the end.
     fn read_at(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Hints that `len` bytes of `name` at `offset` are about to be read,
+    /// so the medium can fetch them now, overlapped with other such reads
+    /// (`posix_fadvise(POSIX_FADV_WILLNEED)`). Only a hint: nothing fails
+    /// and nothing changes if it is ignored (the default), and a missing
+    /// file is not created.
+    fn prefetch(&mut self, _name: &str, _offset: u64, _len: u64) {}
     /// Writes `data` at `offset`, creating the file if needed.
     ///
     /// # Errors
@@ -145,6 +151,20 @@ impl Storage for FsStorage {
     fn read_at(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
         self.file_opt(name, false)?.read_exact_at(buf, offset)
+    }
+    fn prefetch(&mut self, name: &str, offset: u64, len: u64) {
+        #[cfg(target_os = "linux")]
+        if let Ok(f) = self.file_opt(name, false) {
+            // A hint: its failure only loses the overlap.
+            let _ = rustix::fs::fadvise(
+                &*f,
+                offset,
+                std::num::NonZeroU64::new(len),
+                rustix::fs::Advice::WillNeed,
+            );
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = (name, offset, len);
     }
     fn write_at(&mut self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;

@@ -167,6 +167,9 @@ pub(super) struct PageStore {
     pub(super) file_reads: u64,
     /// Nanoseconds spent in them.
     pub(super) file_read_nanos: u64,
+    /// Pages announced to the storage before a batch of reads
+    /// ([`PageStore::prefetch`]).
+    pub(super) prefetches: u64,
     /// Bytes of committed images a commit replaced while a checkpoint in
     /// flight still held them: held twice (the checkpoint's copy and the
     /// new one) until it finishes.
@@ -216,6 +219,7 @@ impl PageStore {
             unflushed,
             file_reads: 0,
             file_read_nanos: 0,
+            prefetches: 0,
             held_twice: 0,
             held_twice_peak: 0,
         }
@@ -242,6 +246,16 @@ impl PageStore {
         Ok(p)
     }
 
+    /// The current content of a page if it is in memory (dirty, committed
+    /// or cached); never reads a file.
+    pub(super) fn in_memory(&self, addr: Addr) -> Option<Arc<Vec<u8>>> {
+        self.dirty
+            .get(&addr)
+            .or_else(|| self.committed.get(&addr))
+            .or_else(|| self.cache.peek(&addr))
+            .cloned()
+    }
+
     /// A committed page from its file; its summary is recorded if missing.
     fn read_file(&mut self, addr: Addr) -> Result<Vec<u8>, SozuError> {
         self.file_reads += 1;
@@ -253,6 +267,23 @@ impl PageStore {
         }
         self.file_read_nanos += start.elapsed().as_nanos() as u64;
         Ok(p)
+    }
+
+    /// Hints that the pages `addrs` are about to be read: those in no
+    /// map or cache of this store are announced to the storage
+    /// ([`Storage::prefetch`]), so their file reads overlap.
+    pub(super) fn prefetch(&mut self, addrs: &[Addr]) {
+        let ps = self.page_size as u64;
+        for &addr in addrs {
+            if !self.dirty.contains_key(&addr)
+                && !self.committed.contains_key(&addr)
+                && !self.cache.contains_key(&addr)
+            {
+                let name = layer_file(self.shard, addr.0);
+                self.storage.prefetch(&name, addr.1.saturating_mul(ps), ps);
+                self.prefetches += 1;
+            }
+        }
     }
 
     /// Signature check of a committed, unedited page (see

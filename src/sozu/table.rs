@@ -228,6 +228,7 @@ impl SozuTable {
             spill_file_reads: c.spill_file_reads,
             spill_reads_avoidable: c.spill_reads_avoidable,
             disk_read_nanos: self.shards.iter().map(|s| s.store.file_read_nanos).sum(),
+            disk_page_prefetches: self.shards.iter().map(|s| s.store.prefetches).sum(),
             commits: t.commits,
             checkpoints: t.checkpoints,
             journal_bytes: t.journal_bytes,

@@ -108,11 +108,49 @@ impl Shard {
                 }
                 continue;
             }
+            if layer < ctx.geo.max_layer && !ctx.geo.is_ram(layer + 1) {
+                self.prefetch_spill_children(ctx, layer, &this);
+            }
             for (page, w) in this {
                 self.rewrite(ctx, (layer, page), w, &mut work, purged)?;
             }
         }
         self.compact_records(ctx.geo, ctx.compact_min)
+    }
+
+    /// Announces the disk pages this layer's spills are likely to read: the
+    /// written children of each page of the pass already over its capacity
+    /// (with its inserts), most often because a spill from above filled
+    /// it. A spill reads its child at once; announced together for the
+    /// whole pass, those reads overlap instead of following one another.
+    /// Only pages already in memory are looked at (nothing is read here);
+    /// a child not chosen by the spill policy is fetched for nothing.
+    fn prefetch_spill_children(
+        &mut self,
+        ctx: &BlockCtx<'_>,
+        layer: u8,
+        this: &BTreeMap<u64, PageWork>,
+    ) {
+        let capacity = ctx.geo.layer_cfg(layer).capacity;
+        let fanout = 1u64 << ctx.geo.g;
+        let mut children = Vec::new();
+        for (&page, w) in this {
+            let Some(p) = self.store.in_memory((layer, page)) else {
+                continue;
+            };
+            let incoming: usize = w.inserts.iter().map(Vec::len).sum();
+            let head = page::head(&p);
+            if page::payload_len(&p) + incoming <= capacity || head.children == 0 {
+                continue;
+            }
+            let first = (head.children - 1).saturating_mul(fanout);
+            for c in (0..fanout).filter(|c| head.child_mask & (1 << c) != 0) {
+                children.push((layer + 1, first.saturating_add(c)));
+            }
+        }
+        if children.len() > 1 {
+            self.store.prefetch(&children);
+        }
     }
 
     /// Step 1: locates what may be present and sorts the work by page.
