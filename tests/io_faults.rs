@@ -577,6 +577,37 @@ fn accept_all(
     ((datadir, cs), result)
 }
 
+/// A headers-only sync of `headers` into a fresh datadir with a fault of
+/// `op` (`errno`) planned after `after` operations of the `headers/` files
+/// (`u64::MAX`: never, to count them): the datadir, its canonical root,
+/// the node, the sync's result and what the seam saw.
+fn faulted_sync(
+    headers: &[bitcoin::block::Header],
+    op: IoOp,
+    after: u64,
+    errno: i32,
+) -> (
+    tempfile::TempDir,
+    PathBuf,
+    DataDirChain,
+    Result<(), String>,
+    FaultReport,
+) {
+    let dir = common::tempdir();
+    let root = dir.path().canonicalize().unwrap();
+    fault::arm(FaultPlan {
+        under: root.clone(),
+        path_contains: "/headers/".into(),
+        path_excludes: None,
+        op,
+        after,
+        errno,
+    });
+    let (node, result) = accept_all(&root, headers);
+    let report = fault::disarm();
+    (dir, root, node, result, report)
+}
+
 /// One fault in the `headers/` files during a headers-only sync of
 /// regtest-a's headers (file order, stale branches included): the sync
 /// stops with an error naming the file, writes stay stopped, and the next
@@ -588,18 +619,7 @@ fn headers_case(
     after: u64,
 ) -> String {
     let (op, errno, message) = fault;
-    let dir = common::tempdir();
-    let root = dir.path().canonicalize().unwrap();
-    fault::arm(FaultPlan {
-        under: root.clone(),
-        path_contains: "/headers/".into(),
-        path_excludes: None,
-        op,
-        after,
-        errno,
-    });
-    let ((datadir, cs), result) = accept_all(&root, headers);
-    let report = fault::disarm();
+    let (_dir, root, (datadir, cs), result, report) = faulted_sync(headers, op, after, errno);
     let case = format!("headers files, {op:?} {message}, after {after}");
     let fired = report
         .fired
@@ -660,19 +680,9 @@ fn header_file_faults_stop_the_sync_and_lose_no_published_header() {
     .map(|r| r.block.header)
     .collect();
     // The writes and syncs of the headers files in a whole headers sync.
-    let dir = common::tempdir();
-    let root = dir.path().canonicalize().unwrap();
-    fault::arm(FaultPlan {
-        under: root.clone(),
-        path_contains: "/headers/".into(),
-        path_excludes: None,
-        op: IoOp::Write,
-        after: u64::MAX,
-        errno: 5,
-    });
-    let (_node, result) = accept_all(&root, &headers);
-    let seen = fault::disarm().seen;
+    let (_dir, _, _node, result, report) = faulted_sync(&headers, IoOp::Write, u64::MAX, 5);
     result.unwrap();
+    let seen = report.seen;
     let mut cases = 0;
     for fault in FAULTS {
         let total = count(&seen, "/headers/", None, fault.0);
