@@ -13,8 +13,10 @@
 //! runs a block's checks after its caller has moved on.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
 
 use super::block::{BlockScriptError, OwnedBlockChecks};
 
@@ -43,16 +45,10 @@ struct Shared {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The state is a list and a flag, consistent at every unlock: a
-        // panicking holder leaves nothing half-done.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Removes `checks` from the live list (no worker takes them again)
     /// and waits until every worker has left them.
     fn retire(&self, checks: &Arc<OwnedBlockChecks>) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         let Some(at) = state
             .live
             .iter()
@@ -62,10 +58,7 @@ impl Shared {
         };
         let live = state.live.remove(at);
         while live.active.load(Ordering::Acquire) > 0 {
-            state = self
-                .left
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
+            self.left.wait(&mut state);
         }
     }
 }
@@ -128,7 +121,7 @@ impl ScriptPool {
     /// Hands `checks` to the workers, who start at once.
     pub fn start(&self, checks: Arc<OwnedBlockChecks>) -> PendingChecks {
         let active = Arc::new(AtomicUsize::new(0));
-        self.shared.lock().live.push(Live {
+        self.shared.state.lock().live.push(Live {
             checks: Arc::clone(&checks),
             active,
         });
@@ -142,7 +135,7 @@ impl ScriptPool {
 
 impl Drop for ScriptPool {
     fn drop(&mut self) {
-        self.shared.lock().shutdown = true;
+        self.shared.state.lock().shutdown = true;
         self.shared.work.notify_all();
         for thread in self.threads.drain(..) {
             // A worker that panicked has nothing left to clean up.
@@ -154,17 +147,14 @@ impl Drop for ScriptPool {
 /// A worker: runs the oldest live checks that still have inputs to take,
 /// until shutdown.
 fn worker(shared: &Shared) {
-    let mut state = shared.lock();
+    let mut state = shared.state.lock();
     loop {
         if state.shutdown {
             return;
         }
         let next = state.live.iter().find(|l| !l.checks.exhausted());
         let Some(live) = next else {
-            state = shared
-                .work
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
+            shared.work.wait(&mut state);
             continue;
         };
         let (checks, active) = (Arc::clone(&live.checks), Arc::clone(&live.active));
@@ -172,7 +162,7 @@ fn worker(shared: &Shared) {
         active.fetch_add(1, Ordering::AcqRel);
         drop(state);
         checks.work();
-        state = shared.lock();
+        state = shared.state.lock();
         active.fetch_sub(1, Ordering::AcqRel);
         shared.left.notify_all();
     }
