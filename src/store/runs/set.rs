@@ -116,8 +116,8 @@ impl<const N: usize> RowSet<N> {
     }
 
     /// Bytes of keys in memory, the frozen ones being written to a run
-    /// included (the B-tree's node overhead not counted), plus every run's
-    /// [`Run::resident_bytes`].
+    /// included (the B-tree's node overhead not counted), plus what every
+    /// run keeps in memory (its filter and block index, `Run::resident_bytes`).
     pub fn resident_bytes(&self) -> usize {
         let s = self.state.read();
         let frozen = s.frozen.as_ref().map_or(0, |f| f.len());
