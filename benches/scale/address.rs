@@ -33,13 +33,20 @@ pub fn time_routes(chain: &Chainstate) {
     let tip = chain.snapshot().index().tip_height();
     let mid = tip / 2;
     let block = String::from_utf8(get(&format!("/block-height/{mid}")).0).expect("hash");
-    let txs: Vec<serde_json::Value> =
-        serde_json::from_slice(&get(&format!("/block/{block}/txs")).0).expect("txs");
-    let mut addresses: Vec<String> = txs
-        .iter()
-        .flat_map(|t| t["vout"].as_array().into_iter().flatten())
-        .filter_map(|o| o["scriptpubkey_address"].as_str().map(str::to_string))
-        .collect();
+    let txids: Vec<String> =
+        serde_json::from_slice(&get(&format!("/block/{block}/txids")).0).expect("txids");
+    let mut addresses: Vec<String> = Vec::new();
+    for txid in txids.iter().take(SCRIPTS) {
+        let tx: serde_json::Value =
+            serde_json::from_slice(&get(&format!("/tx/{txid}")).0).expect("tx");
+        addresses.extend(
+            tx["vout"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|o| o["scriptpubkey_address"].as_str().map(str::to_string)),
+        );
+    }
     addresses.sort();
     addresses.dedup();
     addresses.truncate(SCRIPTS);
