@@ -323,6 +323,50 @@ fn transactions_statuses_and_merkle_proofs_match_blocks_dat() {
     assert_eq!(c.get_merkle_proof(&unknown).unwrap(), None);
 }
 
+/// `/block/:hash/txs[/:start_index]` pages, read through esplora-client, are
+/// the block's transactions in order, 25 at a time, each the same JSON as
+/// `/tx/:txid`; bad start indexes are electrs' 400 and 404.
+#[test]
+fn block_txs_pages_are_the_blocks_transactions_25_at_a_time() {
+    let c = client();
+    let mut paged = 0;
+    for h in [1, 101, 169, 777] {
+        let block = &chain().blocks[h as usize - 1];
+        let hash = block.block_hash();
+        let n = block.txdata.len();
+        let mut got = Vec::new();
+        for start in (0..n).step_by(25) {
+            let page = c
+                .get_block_txs(&hash, (start > 0).then_some(start as u32))
+                .unwrap();
+            assert_eq!(page.len(), (n - start).min(25), "height {h} start {start}");
+            got.extend(page);
+        }
+        paged += usize::from(n > 25);
+        let txs: Vec<_> = got.iter().map(|t| t.to_tx()).collect();
+        assert_eq!(txs, block.txdata, "height {h}");
+        for t in &got {
+            assert_eq!(Some(t), c.get_tx_info(&t.txid).unwrap().as_ref());
+        }
+        let next = n.div_ceil(25) * 25;
+        for (path, status) in [
+            (format!("/block/{hash}/txs/{next}"), 404),
+            (format!("/block/{hash}/txs/1"), 400),
+            (format!("/block/{hash}/txs/-25"), 400),
+            (format!("/block/{hash}/txs/x"), 400),
+        ] {
+            let (st, ct, body) = get(&path);
+            assert_eq!((st, ct.as_str()), (status, "application/json"), "{path}");
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["code"], status, "{path}: {v}");
+            assert!(v["message"].is_string(), "{path}: {v}");
+        }
+    }
+    assert!(paged >= 1, "no sampled block spans two pages");
+    let unknown = bitcoin::BlockHash::from_byte_array([7; 32]);
+    assert_eq!(get(&format!("/block/{unknown}/txs")).0, 404);
+}
+
 #[test]
 fn outspends_match_spent_txt_for_a_sample() {
     let c = client();
@@ -857,6 +901,16 @@ fn stale_blocks_are_served_and_their_transactions_resolve_to_the_active_chain_on
         let txids: Vec<Txid> = b.txdata.iter().map(|t| t.compute_txid()).collect();
         assert_eq!(c.get_block_txids(&hash).unwrap(), txids);
         assert!(!c.get_block_status(&hash).unwrap().in_best_chain);
+        // Its transactions' JSON says where the active chain confirms them.
+        let page = c.get_block_txs(&hash, None).unwrap();
+        for (t, txid) in page.iter().zip(&txids) {
+            assert_eq!(t.txid, *txid);
+            if best_txids.contains(txid) {
+                assert_eq!(t.status, c.get_tx_status(txid).unwrap());
+            } else {
+                assert!(!t.status.confirmed, "{txid} is only in stale blocks");
+            }
+        }
         for txid in &txids[1..] {
             let status = c.get_tx_status(txid);
             if best_txids.contains(txid) {

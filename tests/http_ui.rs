@@ -590,6 +590,7 @@ fn schemathesis_config() -> String {
          files = {{ values = [{}] }}\n\
          addresses = {{ values = [{}] }}\n\
          scripthashes = {{ values = [{}] }}\n\
+         starts = {{ values = [0, 25, 50] }}\n\
          [parameters]\n\
          \"path.hash\" = {{ dictionary = \"hashes\", probability = 0.5 }}\n\
          \"path.txid\" = {{ dictionary = \"txids\", probability = 0.5 }}\n\
@@ -597,7 +598,8 @@ fn schemathesis_config() -> String {
          \"path.file\" = {{ dictionary = \"files\", probability = 0.5 }}\n\
          \"path.address\" = {{ dictionary = \"addresses\", probability = 0.5 }}\n\
          \"path.scripthash\" = {{ dictionary = \"scripthashes\", probability = 0.5 }}\n\
-         \"path.last_seen_txid\" = {{ dictionary = \"txids\", probability = 0.5 }}\n",
+         \"path.last_seen_txid\" = {{ dictionary = \"txids\", probability = 0.5 }}\n\
+         \"path.start_index\" = {{ dictionary = \"starts\", probability = 0.5 }}\n",
         list(&hashes),
         list(&txids),
         vouts.join(", "),

@@ -26,6 +26,7 @@ use bitcoin::merkle_tree::MerkleBlock;
 use bitcoin::{Address, Block, Network, Script, Transaction, Txid};
 use serde::Serialize;
 
+use super::address::TXS_PER_PAGE;
 use super::{hex, parse_hash, read, text, ApiError, ApiResult, AppState};
 use crate::chain::index::IndexEntry;
 use crate::snapshot::ChainSnapshot;
@@ -77,6 +78,16 @@ impl TxStatus {
             block_height: Some(e.height),
             block_hash: Some(e.hash.to_string()),
             block_time: Some(e.header.time),
+        }
+    }
+
+    /// Not confirmed on the active chain.
+    fn unconfirmed() -> Self {
+        TxStatus {
+            confirmed: false,
+            block_height: None,
+            block_hash: None,
+            block_time: None,
         }
     }
 }
@@ -498,6 +509,76 @@ pub(super) async fn block_txids(
         Ok(Json(ids).into_response())
     })
     .await
+}
+
+/// `GET /block/:hash/txs[/:start_index]`: Esplora's JSON of the block's
+/// transactions `start_index..start_index + 25` in block order (electrs'
+/// `CHAIN_TXS_PER_PAGE`, [`TXS_PER_PAGE`]).
+///
+/// As electrs answers: a `start_index` that is not a multiple of 25 is a 400,
+/// one at or past the block's transaction count a 404. A block off the active
+/// chain is served too; each transaction's `status` is then where the active
+/// chain confirms it, or unconfirmed (electrs' `prepare_txs` reads the status
+/// the same way). Unlike electrs, a `start_index` that is not a number is a
+/// 400, not page 0.
+///
+/// # Errors
+/// 400 for a bad hash or index, 404 for an unknown block or an index out of
+/// range, 503 when the block's spent outputs are not indexed (not connected).
+pub(super) async fn block_txs(
+    State(s): State<AppState>,
+    Path(hash): Path<String>,
+) -> ApiResult<Response> {
+    read(&s, move |cs| block_txs_page(cs, &hash, 0)).await
+}
+
+/// `GET /block/:hash/txs/:start_index` (see [`block_txs`]).
+pub(super) async fn block_txs_from(
+    State(s): State<AppState>,
+    Path((hash, start)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let start = parse_u32("start index", &start)? as usize;
+    read(&s, move |cs| block_txs_page(cs, &hash, start)).await
+}
+
+fn block_txs_page(cs: &ChainSnapshot, hash: &str, start: usize) -> ApiResult<Response> {
+    if !start.is_multiple_of(TXS_PER_PAGE) {
+        return Err(ApiError::bad_request(format!(
+            "start index {start} is not a multiple of {TXS_PER_PAGE}"
+        )));
+    }
+    let e = entry_by_hash(cs, hash)?;
+    let block = load_block(cs, e)?;
+    let page = block.txdata.get(start..).unwrap_or_default();
+    if page.is_empty() {
+        return Err(ApiError::not_found(format!(
+            "block {} has {} transactions, no index {start}",
+            e.hash,
+            block.txdata.len()
+        )));
+    }
+    let page = &page[..page.len().min(TXS_PER_PAGE)];
+    let spent = if page.iter().all(Transaction::is_coinbase) {
+        Vec::new()
+    } else {
+        block_spent(cs, e)?
+    };
+    let active = cs.index().is_active(e.id);
+    let network = cs.params().network;
+    let txs = page
+        .iter()
+        .map(|tx| {
+            let mut v = tx_value_with(e, tx, &spent, network);
+            if !active {
+                v.status = match locate_tx(cs, &tx.compute_txid()) {
+                    Ok((at, _)) => TxStatus::confirmed_in(at),
+                    Err(_) => TxStatus::unconfirmed(),
+                };
+            }
+            v
+        })
+        .collect::<Vec<_>>();
+    Ok(Json(txs).into_response())
 }
 
 pub(super) async fn block_txid_at(

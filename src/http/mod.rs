@@ -449,6 +449,12 @@ fn esplora_block_routes() -> Vec<RouteEntry> {
         ("get", "/block/{hash}", get(esplora::block)),
         ("get", "/block/{hash}/status", get(esplora::block_status)),
         ("get", "/block/{hash}/txids", get(esplora::block_txids)),
+        ("get", "/block/{hash}/txs", get(esplora::block_txs)),
+        (
+            "get",
+            "/block/{hash}/txs/{start_index}",
+            get(esplora::block_txs_from),
+        ),
         (
             "get",
             "/block/{hash}/txid/{index}",
