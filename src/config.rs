@@ -35,6 +35,12 @@
 //! assumevalid = "0"              # 0 (verify every script) or a block hash; default: the network's
 //! [index]
 //! address = true                 # address/scripthash index (Esplora's /address routes)
+//! cache_mib = 128                # index database page cache, MiB (8..=1048576)
+//! rows_memory_mib = 16           # index rows held in memory before run files, MiB (1..=65536)
+//! filter_cache_mib = 256         # cache of the run files' filters and block indexes, MiB (0..=1048576)
+//!
+//! [archive]
+//! filter_cache_mib = 256         # cache of the archive's epoch filters, MiB (0..=1048576)
 //! ```
 //!
 //! Unknown keys are refused (`deny_unknown_fields`): a typo must not be
@@ -65,6 +71,21 @@ pub const DEFAULT_SOZU_SHARDS: u8 = 2;
 pub const SOZU_RAM_MIB_RANGE: std::ops::RangeInclusive<usize> = 16..=1 << 20;
 /// Smallest and largest `index.cache_mib`, MiB.
 pub const INDEX_CACHE_MIB_RANGE: std::ops::RangeInclusive<usize> = 8..=1 << 20;
+/// Smallest and largest `index.rows_memory_mib`, MiB.
+pub const ROWS_MEMORY_MIB_RANGE: std::ops::RangeInclusive<usize> = 1..=1 << 16;
+/// Smallest and largest `index.filter_cache_mib` and
+/// `archive.filter_cache_mib`, MiB (0: no cache, every lookup reads the
+/// files).
+pub const FILTER_CACHE_MIB_RANGE: std::ops::RangeInclusive<usize> = 0..=1 << 20;
+/// Default `index.rows_memory_mib`, MiB
+/// ([`crate::store::runs::MEMORY_BOUND`]).
+pub const DEFAULT_ROWS_MEMORY_MIB: usize = crate::store::runs::MEMORY_BOUND >> 20;
+/// Default `index.filter_cache_mib`, MiB
+/// ([`crate::store::runs::DEFAULT_FILTER_CACHE`]).
+pub const DEFAULT_INDEX_FILTER_CACHE_MIB: usize = crate::store::runs::DEFAULT_FILTER_CACHE >> 20;
+/// Default `archive.filter_cache_mib`, MiB
+/// ([`crate::archive::DEFAULT_FILTER_CACHE`]).
+pub const DEFAULT_ARCHIVE_FILTER_CACHE_MIB: usize = crate::archive::DEFAULT_FILTER_CACHE >> 20;
 
 /// Errors reading the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -170,6 +191,23 @@ pub fn parse_ram_mib(s: &str) -> Result<usize, String> {
 /// A message naming the accepted range.
 pub fn parse_index_cache_mib(s: &str) -> Result<usize, String> {
     parse_mib_in(s, &INDEX_CACHE_MIB_RANGE)
+}
+
+/// Parses the index rows' memory bound in MiB, within
+/// [`ROWS_MEMORY_MIB_RANGE`].
+///
+/// # Errors
+/// A message naming the accepted range.
+pub fn parse_rows_memory_mib(s: &str) -> Result<usize, String> {
+    parse_mib_in(s, &ROWS_MEMORY_MIB_RANGE)
+}
+
+/// Parses a filter cache budget in MiB, within [`FILTER_CACHE_MIB_RANGE`].
+///
+/// # Errors
+/// A message naming the accepted range.
+pub fn parse_filter_cache_mib(s: &str) -> Result<usize, String> {
+    parse_mib_in(s, &FILTER_CACHE_MIB_RANGE)
 }
 
 /// Parses a memory size in MiB within `range`.
@@ -287,6 +325,12 @@ pub struct Layer {
     pub sozu_ram_mib: Option<usize>,
     /// Index-database page cache, MiB.
     pub index_cache_mib: Option<usize>,
+    /// Index rows held in memory before run files, MiB.
+    pub rows_memory_mib: Option<usize>,
+    /// Cache of the run files' filters and block indexes, MiB.
+    pub index_filter_cache_mib: Option<usize>,
+    /// Cache of the archive's epoch filters, MiB.
+    pub archive_filter_cache_mib: Option<usize>,
     /// `KAKEHI_*` variables no option reads (e.g. `KAKEHI_LONG`, which the
     /// long test modes use): not an error, the binary logs a warning naming
     /// them so a typo is visible.
@@ -312,6 +356,8 @@ struct FileConfig {
     validation: FileValidation,
     #[serde(default)]
     index: FileIndex,
+    #[serde(default)]
+    archive: FileArchive,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -320,6 +366,17 @@ struct FileIndex {
     address: Option<bool>,
     #[serde(default, deserialize_with = "de_index_cache_mib")]
     cache_mib: Option<usize>,
+    #[serde(default, deserialize_with = "de_rows_memory_mib")]
+    rows_memory_mib: Option<usize>,
+    #[serde(default, deserialize_with = "de_filter_cache_mib")]
+    filter_cache_mib: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileArchive {
+    #[serde(default, deserialize_with = "de_filter_cache_mib")]
+    filter_cache_mib: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -392,6 +449,20 @@ fn de_index_cache_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u
         .map_err(serde::de::Error::custom)
 }
 
+fn de_rows_memory_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    let n = i64::deserialize(d)?;
+    parse_rows_memory_mib(&n.to_string())
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn de_filter_cache_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    let n = i64::deserialize(d)?;
+    parse_filter_cache_mib(&n.to_string())
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
 impl Layer {
     /// Reads a TOML configuration file.
     ///
@@ -439,6 +510,9 @@ impl Layer {
             address_index: file.index.address,
             sozu_ram_mib: file.sozu.ram_mib,
             index_cache_mib: file.index.cache_mib,
+            rows_memory_mib: file.index.rows_memory_mib,
+            index_filter_cache_mib: file.index.filter_cache_mib,
+            archive_filter_cache_mib: file.archive.filter_cache_mib,
             unknown_env: Vec::new(),
         })
     }
@@ -463,6 +537,9 @@ impl Layer {
     /// | `KAKEHI_ADDRESS_INDEX` (`true`/`false`) | `index.address` |
     /// | `KAKEHI_SOZU_RAM_MIB` | `sozu.ram_mib` |
     /// | `KAKEHI_INDEX_CACHE_MIB` | `index.cache_mib` |
+    /// | `KAKEHI_INDEX_ROWS_MEMORY_MIB` | `index.rows_memory_mib` |
+    /// | `KAKEHI_INDEX_FILTER_CACHE_MIB` | `index.filter_cache_mib` |
+    /// | `KAKEHI_ARCHIVE_FILTER_CACHE_MIB` | `archive.filter_cache_mib` |
     ///
     /// # Errors
     /// [`ConfigError::Env`] for a bad value. Unknown `KAKEHI_*` variables
@@ -521,6 +598,17 @@ impl Layer {
                 "SOZU_RAM_MIB" => layer.sozu_ram_mib = Some(parse_ram_mib(&value).map_err(bad)?),
                 "INDEX_CACHE_MIB" => {
                     layer.index_cache_mib = Some(parse_index_cache_mib(&value).map_err(bad)?)
+                }
+                "INDEX_ROWS_MEMORY_MIB" => {
+                    layer.rows_memory_mib = Some(parse_rows_memory_mib(&value).map_err(bad)?)
+                }
+                "INDEX_FILTER_CACHE_MIB" => {
+                    layer.index_filter_cache_mib =
+                        Some(parse_filter_cache_mib(&value).map_err(bad)?)
+                }
+                "ARCHIVE_FILTER_CACHE_MIB" => {
+                    layer.archive_filter_cache_mib =
+                        Some(parse_filter_cache_mib(&value).map_err(bad)?)
                 }
                 _ => layer.unknown_env.push(var.clone()),
             }
@@ -581,6 +669,17 @@ pub struct Config {
     pub validation: ValidationSection,
     /// `[index]` section.
     pub index: IndexSection,
+    /// `[archive]` section.
+    pub archive: ArchiveSection,
+}
+
+/// `[archive]`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArchiveSection {
+    /// Budget of the cache of the sealed epochs' filters, MiB (0: none,
+    /// every lookup reads the filters from the epoch files). Applies at
+    /// each start. Default [`DEFAULT_ARCHIVE_FILTER_CACHE_MIB`].
+    pub filter_cache_mib: usize,
 }
 
 /// `[index]`.
@@ -595,6 +694,14 @@ pub struct IndexSection {
     /// Page cache of the index database (sled), MiB. Applies at each
     /// start. Default [`crate::store::DEFAULT_INDEX_CACHE_MIB`].
     pub cache_mib: usize,
+    /// Index rows (transaction, spend and address rows) held in memory,
+    /// and in the row log, before a commit writes them to run files, MiB.
+    /// Applies at each start. Default [`DEFAULT_ROWS_MEMORY_MIB`].
+    pub rows_memory_mib: usize,
+    /// Budget of the cache of the run files' filter and block-index
+    /// partitions, MiB (0: none, every lookup reads the files). Applies
+    /// at each start. Default [`DEFAULT_INDEX_FILTER_CACHE_MIB`].
+    pub filter_cache_mib: usize,
 }
 
 /// `[http]`.
@@ -698,7 +805,28 @@ impl Config {
                 address: pick(layers, |l| l.address_index.as_ref()).unwrap_or(true),
                 cache_mib: pick(layers, |l| l.index_cache_mib.as_ref())
                     .unwrap_or(crate::store::DEFAULT_INDEX_CACHE_MIB),
+                rows_memory_mib: pick(layers, |l| l.rows_memory_mib.as_ref())
+                    .unwrap_or(DEFAULT_ROWS_MEMORY_MIB),
+                filter_cache_mib: pick(layers, |l| l.index_filter_cache_mib.as_ref())
+                    .unwrap_or(DEFAULT_INDEX_FILTER_CACHE_MIB),
             },
+            archive: ArchiveSection {
+                filter_cache_mib: pick(layers, |l| l.archive_filter_cache_mib.as_ref())
+                    .unwrap_or(DEFAULT_ARCHIVE_FILTER_CACHE_MIB),
+            },
+        }
+    }
+
+    /// The memory knobs of the stores, in bytes (`[index]` and
+    /// `[archive]`).
+    pub fn budgets(&self) -> crate::store::Budgets {
+        crate::store::Budgets {
+            index_cache_mib: self.index.cache_mib,
+            rows: crate::store::runs::RowOptions {
+                memory_bound: self.index.rows_memory_mib << 20,
+                filter_cache: self.index.filter_cache_mib << 20,
+            },
+            archive_filter_cache: self.archive.filter_cache_mib << 20,
         }
     }
 
@@ -796,6 +924,16 @@ mod tests {
         let (line, key, msg) = file_err("[index]\ncache_mib = 4\n");
         assert_eq!((line, key.as_str()), (2, "index.cache_mib"));
         assert!(msg.contains("from 8 to"), "{msg}");
+        let (line, key, msg) = file_err("[index]\nrows_memory_mib = 0\n");
+        assert_eq!((line, key.as_str()), (2, "index.rows_memory_mib"));
+        assert!(msg.contains("from 1 to"), "{msg}");
+        let (line, key, msg) = file_err("[index]\nfilter_cache_mib = -1\n");
+        assert_eq!((line, key.as_str()), (2, "index.filter_cache_mib"));
+        assert!(msg.contains("from 0 to"), "{msg}");
+        let (line, key, _) = file_err("[archive]\n\nfilter_cache_mib = 2000000\n");
+        assert_eq!((line, key.as_str()), (3, "archive.filter_cache_mib"));
+        let (line, key, _) = file_err("[archive]\nfilter_cache = 2\n");
+        assert_eq!((line, key.as_str()), (2, "archive.filter_cache"));
         let (line, key, _) = file_err("[log]\nformat = \"xml\"\n");
         assert_eq!((line, key.as_str()), (2, "log.format"));
         let (line, key, msg) = file_err("[validation]\nassumevalid = \"yes\"\n");
@@ -824,6 +962,9 @@ mod tests {
             ("KAKEHI_SOZU_SHARDS", "4"),
             ("KAKEHI_SOZU_RAM_MIB", "2048"),
             ("KAKEHI_INDEX_CACHE_MIB", "64"),
+            ("KAKEHI_INDEX_ROWS_MEMORY_MIB", "2"),
+            ("KAKEHI_INDEX_FILTER_CACHE_MIB", "0"),
+            ("KAKEHI_ARCHIVE_FILTER_CACHE_MIB", "3"),
             ("PATH", "/bin"),
             ("KAKEHI_NETWROK", "regtest"),
         ])
@@ -835,6 +976,13 @@ mod tests {
         assert_eq!(l.sozu_shards, Some(4));
         assert_eq!(l.sozu_ram_mib, Some(2048));
         assert_eq!(l.index_cache_mib, Some(64));
+        assert_eq!(l.rows_memory_mib, Some(2));
+        assert_eq!(l.index_filter_cache_mib, Some(0));
+        assert_eq!(l.archive_filter_cache_mib, Some(3));
+        let budgets = Config::resolve(&[&l]).budgets();
+        assert_eq!(budgets.rows.memory_bound, 2 << 20);
+        assert_eq!(budgets.rows.filter_cache, 0);
+        assert_eq!(budgets.archive_filter_cache, 3 << 20);
         assert_eq!(l.unknown_env, vec!["KAKEHI_NETWROK".to_string()]);
         for bad in [
             ("KAKEHI_HTTP", "localhost"),
@@ -842,6 +990,9 @@ mod tests {
             ("KAKEHI_SOZU_RAM_MIB", "lots"),
             ("KAKEHI_SOZU_RAM_MIB", "2097152"),
             ("KAKEHI_INDEX_CACHE_MIB", "7"),
+            ("KAKEHI_INDEX_ROWS_MEMORY_MIB", "0"),
+            ("KAKEHI_INDEX_FILTER_CACHE_MIB", "1048577"),
+            ("KAKEHI_ARCHIVE_FILTER_CACHE_MIB", "x"),
             ("KAKEHI_LOG_FORMAT", "xml"),
             ("KAKEHI_ASSUMEVALID", "1"),
             ("KAKEHI_ASSUMEVALID", "00ff"),

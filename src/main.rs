@@ -334,12 +334,7 @@ fn open_chainstate(config: &Config, datadir: &DataDir) -> anyhow::Result<Chainst
     let utxo = datadir.path().join("utxo");
     let table = SozuTable::open(&utxo, sozu)
         .with_context(|| format!("opening the UTXO table in {}", utxo.display()))?;
-    match Chainstate::open(
-        params,
-        datadir.path(),
-        Box::new(table),
-        config.index.cache_mib,
-    ) {
+    match Chainstate::open(params, datadir.path(), Box::new(table), &config.budgets()) {
         Ok(mut c) => {
             c.set_group_limits(GroupLimits::NODE_DEFAULT);
             c.set_address_index(config.index.address, &mut |p| {
@@ -467,7 +462,7 @@ fn reindex(config: &Config, datadir: &DataDir, stop: &AtomicBool) -> anyhow::Res
         datadir.path(),
         ChainParams::new(config.network),
         sozu_config(config),
-        config.index.cache_mib,
+        config.budgets(),
         stop,
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
         &mut |cs| {

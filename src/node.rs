@@ -121,18 +121,28 @@ pub fn open_table(datadir: &Path) -> Result<Box<dyn UtxoTable + Send>, NodeError
     Ok(Box::new(SozuTable::open(&datadir.join("utxo"), config)?))
 }
 
-/// Opens the chain state in a locked datadir.
+/// Opens the chain state in a locked datadir, with the default memory
+/// knobs ([`crate::store::Budgets::default`]).
 ///
 /// # Errors
 /// [`NodeError`].
 pub fn open_chainstate(params: ChainParams, datadir: &DataDir) -> Result<Chainstate, NodeError> {
+    open_chainstate_with(params, datadir, &crate::store::Budgets::default())
+}
+
+/// Opens the chain state in a locked datadir with the memory knobs
+/// `budgets` (the index rows' memory bound and partition cache, the
+/// archive's filter cache, the index database's page cache).
+///
+/// # Errors
+/// [`NodeError`].
+pub fn open_chainstate_with(
+    params: ChainParams,
+    datadir: &DataDir,
+    budgets: &crate::store::Budgets,
+) -> Result<Chainstate, NodeError> {
     let table = open_table(datadir.path())?;
-    Ok(Chainstate::open(
-        params,
-        datadir.path(),
-        table,
-        crate::store::DEFAULT_INDEX_CACHE_MIB,
-    )?)
+    Ok(Chainstate::open(params, datadir.path(), table, budgets)?)
 }
 
 /// A flag set by SIGINT/SIGTERM; long work checks it at block boundaries.

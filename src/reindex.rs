@@ -30,7 +30,7 @@ use crate::chain::ChainParams;
 use crate::import::{scan_block_file, ImportError, ImportRun, ImportSummary};
 use crate::pipeline::{Chainstate, PipelineError};
 use crate::sozu::{SozuConfig, SozuError, SozuTable};
-use crate::store::durable;
+use crate::store::{durable, Budgets};
 
 /// The datadir's chain-state directories (`src/node.rs`, datadir layout),
 /// replaced by a reindex.
@@ -132,8 +132,8 @@ pub fn check_no_swap_pending(datadir: &Path) -> Result<(), ReindexError> {
 }
 
 /// Rebuilds the chain state of `datadir` (locked by the caller) from its
-/// block files; `sozu` configures the new UTXO table, `index_cache_mib`
-/// the new index database's page cache (MiB), and `configure` the
+/// block files; `sozu` configures the new UTXO table, `budgets` the
+/// memory of the new index database, row store and archive, and `configure` the
 /// new chain state once opened (group limits, assumevalid, address index,
 /// as the node sets them). Shows a progress bar
 /// per block file on standard error when `progress`; stops between blocks
@@ -148,7 +148,7 @@ pub fn reindex_chainstate(
     datadir: &Path,
     params: ChainParams,
     sozu: SozuConfig,
-    index_cache_mib: usize,
+    budgets: Budgets,
     stop: &AtomicBool,
     progress: bool,
     configure: &mut dyn FnMut(&mut Chainstate) -> Result<(), PipelineError>,
@@ -167,7 +167,7 @@ pub fn reindex_chainstate(
     let files = block_files(&datadir.join("blocks"))?;
     let built = build_complete(
         &new,
-        (params, sozu, index_cache_mib),
+        (params, sozu, budgets),
         &files,
         stop,
         progress,
@@ -187,7 +187,7 @@ pub fn reindex_chainstate(
 /// Builds the new chain state in `new` and marks it complete, durably.
 fn build_complete(
     new: &Path,
-    limits: (ChainParams, SozuConfig, usize),
+    limits: (ChainParams, SozuConfig, Budgets),
     files: &[PathBuf],
     stop: &AtomicBool,
     progress: bool,
@@ -251,14 +251,14 @@ fn block_files(blocks: &Path) -> Result<Vec<PathBuf>, ReindexError> {
 /// Imports the blocks of `files` into a new chain state in `new`.
 fn build(
     new: &Path,
-    (params, sozu, index_cache_mib): (ChainParams, SozuConfig, usize),
+    (params, sozu, budgets): (ChainParams, SozuConfig, Budgets),
     files: &[PathBuf],
     stop: &AtomicBool,
     progress: bool,
     configure: &mut dyn FnMut(&mut Chainstate) -> Result<(), PipelineError>,
 ) -> Result<ImportSummary, ReindexError> {
     let table = SozuTable::open(&new.join("utxo"), sozu)?;
-    let mut cs = Chainstate::open(params, new, Box::new(table), index_cache_mib)?;
+    let mut cs = Chainstate::open(params, new, Box::new(table), &budgets)?;
     configure(&mut cs)?;
     let chain = Mutex::new(cs);
     let mut run = ImportRun::new(&chain);

@@ -365,7 +365,7 @@ fn reindex(
         root,
         ChainParams::new(Network::Regtest),
         SozuConfig::default(),
-        kakehi::store::DEFAULT_INDEX_CACHE_MIB,
+        kakehi::store::Budgets::default(),
         &AtomicBool::new(false),
         false,
         &mut |cs| {

@@ -115,7 +115,7 @@ fn utxo_set_muhash_matches_core_and_survives_reorgs_and_restarts() {
     {
         let store = Store::open(
             &dir.path().join("index"),
-            kakehi::store::DEFAULT_INDEX_CACHE_MIB,
+            &kakehi::store::Budgets::default(),
         )
         .expect("open index");
         let mut batch = WriteBatch::default();

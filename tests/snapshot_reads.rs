@@ -447,7 +447,14 @@ fn orphan_address_rows_of_a_reused_block_id_are_not_attributed_to_it() {
                 .all(|o| script_hash(&o.script_pubkey) != *sh)
         })
     }));
-    let store = Store::open(&dir.path().join("index"), 16).expect("index");
+    let store = Store::open(
+        &dir.path().join("index"),
+        &kakehi::store::Budgets {
+            index_cache_mib: 16,
+            ..Default::default()
+        },
+    )
+    .expect("index");
     store.commit(batch).expect("plant");
     drop(store);
     let chain = open();

@@ -45,7 +45,7 @@ pub use proof::{
     TxInclusion, Verified, VerifiedStatus, VerifyError,
 };
 pub use seal::{EpochBuilder, SEAL_MEMORY_BYTES};
-pub use store::Archive;
+pub use store::{Archive, DEFAULT_FILTER_CACHE};
 
 /// The status of an outpoint as kakehi reports it. The archive answers
 /// `Archived` / `Unknown` ([`Archive::status`]); the node fills `Unspent` and

@@ -1,6 +1,14 @@
 //! The on-disk archive: one immutable file per sealed epoch plus the epoch
 //! header list, written crash-safely (tmp file, fsync, rename, dir fsync).
 //! File layouts in `docs/archive.md` ("On disk").
+//!
+//! The epochs' filters are read through a cache of a byte budget
+//! ([`DEFAULT_FILTER_CACHE`], config `archive.filter_cache_mib`): open
+//! checks each epoch's filter and keeps its checksum; a filter not in the
+//! cache is read again from its file and checked against that checksum.
+//! So the memory of the filters does not grow with the archive; a budget
+//! below their total (about 2.6 bytes per spent output) costs reading the
+//! filters of the evicted epochs again at each lookup.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -20,6 +28,7 @@ use super::proof::{verify, Anchor, EpochProof, Gap, ProofBatch, ProofItem, Proof
 use super::seal::{self, EpochBuilder, SEAL_MEMORY_BYTES};
 use super::{ArchiveError, OutpointStatus};
 use crate::primitives::outpoint_key;
+use crate::store::byte_cache::{ByteCache, Weighed};
 use crate::store::durable;
 use crate::store::fault::{self, IoOp};
 
@@ -33,6 +42,22 @@ pub const FORMAT_VERSION: u8 = 1;
 pub const MAX_EPOCH_LEAVES: usize = 1 << 30;
 /// Name of the header list file.
 pub const INDEX_FILE: &str = "epochs.dat";
+/// Default budget of the cache of epoch filters, bytes: 256 MiB, the
+/// filters of about 10⁸ spent outputs (the whole testnet4-sized chain's
+/// are ~136 MiB; mainnet's ~7 GB).
+pub const DEFAULT_FILTER_CACHE: usize = 256 << 20;
+/// Bytes of an epoch file before its filter: magic, version, header,
+/// filter length.
+const FILTER_AT: u64 = 94;
+
+/// The cache of epoch filters, by epoch number.
+type FilterCache = ByteCache<u32, EpochFilter>;
+
+impl Weighed for EpochFilter {
+    fn heap_bytes(&self) -> usize {
+        self.fingerprints() * 2
+    }
+}
 
 /// The path of epoch `n`'s file in `dir`: `epoch-NNNNNNNN.dat`.
 pub fn epoch_file_name(n: u32) -> String {
@@ -44,7 +69,11 @@ pub fn epoch_file_name(n: u32) -> String {
 struct EpochFile {
     path: PathBuf,
     file: File,
-    filter: EpochFilter,
+    /// Bytes of the filter (from [`FILTER_AT`]).
+    filter_len: u64,
+    /// The CRC-32 of the bytes before the filter and of the filter, as
+    /// checked at open.
+    filter_sum: u32,
     leaf_count: u32,
     offsets_at: u64,
     leaves_at: u64,
@@ -65,6 +94,8 @@ pub struct Archive {
     epoch_length: u32,
     headers: Arc<Vec<EpochHeader>>,
     files: Arc<Vec<Arc<EpochFile>>>,
+    /// The sealed epochs' filters read so far (shared by the clones).
+    filters: Arc<FilterCache>,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
@@ -162,6 +193,19 @@ impl Archive {
     /// [`ArchiveError::Io`] for I/O failures, [`ArchiveError::Corrupt`]
     /// naming the damaged file, [`ArchiveError::EpochLengthMismatch`].
     pub fn open(dir: &Path, epoch_length: u32) -> Result<Archive, ArchiveError> {
+        Self::open_with_cache(dir, epoch_length, DEFAULT_FILTER_CACHE)
+    }
+
+    /// [`Archive::open`] with a cache of epoch filters of `filter_cache`
+    /// bytes (answers do not depend on it).
+    ///
+    /// # Errors
+    /// As [`Archive::open`].
+    pub fn open_with_cache(
+        dir: &Path,
+        epoch_length: u32,
+        filter_cache: usize,
+    ) -> Result<Archive, ArchiveError> {
         if epoch_length == 0 {
             return Err(ArchiveError::EpochLengthMismatch {
                 path: dir.to_path_buf(),
@@ -196,18 +240,18 @@ impl Archive {
                 fs::remove_file(&p).map_err(io_err(&p))?;
             }
         }
+        let filters = Arc::new(FilterCache::new(filter_cache, 1 << 20));
         let mut files = Vec::with_capacity(headers.len());
         for h in &headers {
-            files.push(Self::open_epoch_file(
-                &dir.join(epoch_file_name(h.epoch)),
-                h,
-            )?);
+            let path = dir.join(epoch_file_name(h.epoch));
+            files.push(Self::open_epoch_file(&path, h, &filters)?);
         }
         Ok(Archive {
             dir: Arc::from(dir),
             epoch_length,
             headers: Arc::new(headers),
             files: Arc::new(files.into_iter().map(Arc::new).collect()),
+            filters,
         })
     }
 
@@ -262,7 +306,13 @@ impl Archive {
         Ok(headers)
     }
 
-    fn open_epoch_file(path: &Path, want: &EpochHeader) -> Result<EpochFile, ArchiveError> {
+    /// Opens epoch `want.epoch`'s file, checking its filter (kept in
+    /// `filters` if it fits) and its layout.
+    fn open_epoch_file(
+        path: &Path,
+        want: &EpochHeader,
+        filters: &FilterCache,
+    ) -> Result<EpochFile, ArchiveError> {
         let file = match File::open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -291,18 +341,14 @@ impl Archive {
             ));
         }
         let flen = be_u32(&pre[90..94]) as u64;
-        if 94 + flen + 4 > len {
+        if FILTER_AT + flen + 4 > len {
             return Err(corrupt(path, "filter length beyond the end of the file"));
         }
-        let fb = read_at(&file, path, 94, flen as usize + 4)?;
+        let fb = read_at(&file, path, FILTER_AT, flen as usize + 4)?;
         let (fbytes, fsum) = fb.split_at(flen as usize);
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&pre);
-        crc.update(fbytes);
-        if crc.finalize() != be_u32(fsum) {
-            return Err(corrupt(path, "header/filter checksum mismatch"));
-        }
-        let filter = EpochFilter::from_bytes(fbytes).map_err(|r| corrupt(path, r))?;
+        let filter_sum = be_u32(fsum);
+        let filter = check_filter(path, &pre, fbytes, filter_sum)?;
+        filters.get_or_load(&want.epoch, || Ok::<_, ArchiveError>(filter))?;
         let n = header.leaf_count;
         let offsets_at = 94 + flen + 4;
         let leaves_at = offsets_at + 8 * (u64::from(n) + 1);
@@ -331,7 +377,8 @@ impl Archive {
         Ok(EpochFile {
             path: path.to_path_buf(),
             file,
-            filter,
+            filter_len: flen,
+            filter_sum,
             leaf_count: n,
             offsets_at,
             leaves_at,
@@ -386,15 +433,33 @@ impl Archive {
         commitment(&self.headers)
     }
 
-    /// The filter of sealed epoch `n` (for serving and statistics).
-    pub fn filter(&self, n: u32) -> Option<&EpochFilter> {
-        self.files.get(n as usize).map(|f| &f.filter)
+    /// The filter of sealed epoch `n` (for serving and statistics), from
+    /// the cache or its file; `None` when `n` is not sealed.
+    ///
+    /// # Errors
+    /// [`ArchiveError::Io`]; [`ArchiveError::Corrupt`] naming the file
+    /// when the filter read again differs from the one checked at open.
+    pub fn filter(&self, n: u32) -> Result<Option<Arc<EpochFilter>>, ArchiveError> {
+        self.files
+            .get(n as usize)
+            .map(|ef| self.epoch_filter(n, ef))
+            .transpose()
     }
 
-    /// Bytes of the sealed epochs' filters, all held in memory: about
-    /// 2.25 bytes per spent output of the archive (18 bits per key).
+    /// Epoch `n`'s filter (`ef` its file), from the cache or read again.
+    fn epoch_filter(&self, n: u32, ef: &EpochFile) -> Result<Arc<EpochFilter>, ArchiveError> {
+        self.filters.get_or_load(&n, || {
+            let b = read_at(&ef.file, &ef.path, 0, (FILTER_AT + ef.filter_len) as usize)?;
+            let (pre, fbytes) = b.split_at(FILTER_AT as usize);
+            check_filter(&ef.path, pre, fbytes, ef.filter_sum)
+        })
+    }
+
+    /// Bytes of epoch filters held in memory: those in the cache, at most
+    /// its budget (the filters take about 2.6 bytes per spent output of
+    /// the archive: 18 bits per key and the filter's slack).
     pub fn filter_bytes(&self) -> usize {
-        self.files.iter().map(|f| f.filter.fingerprints() * 2).sum()
+        self.filters.bytes()
     }
 
     /// Path of sealed epoch `n`'s file.
@@ -496,7 +561,7 @@ impl Archive {
         let mut all = Vec::clone(&self.headers);
         all.push(header);
         self.write_index(&all)?;
-        let file = Self::open_epoch_file(&path, &header)?;
+        let file = Self::open_epoch_file(&path, &header, &self.filters)?;
         self.headers = Arc::new(all);
         let mut files = Vec::clone(&self.files);
         files.push(Arc::new(file));
@@ -632,14 +697,18 @@ impl Archive {
 
     /// Sealed epochs whose filter may hold `outpoint` (no false negatives;
     /// false positives at the filter's rate).
-    pub fn candidate_epochs(&self, outpoint: &OutPoint) -> Vec<u32> {
+    ///
+    /// # Errors
+    /// As [`Archive::filter`], for a filter read again from its file.
+    pub fn candidate_epochs(&self, outpoint: &OutPoint) -> Result<Vec<u32>, ArchiveError> {
         let k = filter_key(&outpoint_key(outpoint));
-        self.files
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| f.filter.may_contain(k))
-            .map(|(i, _)| i as u32)
-            .collect()
+        let mut out = Vec::new();
+        for (i, ef) in self.files.iter().enumerate() {
+            if self.epoch_filter(i as u32, ef)?.may_contain(k) {
+                out.push(i as u32);
+            }
+        }
+        Ok(out)
     }
 
     /// The sealed leaf of `outpoint` and its epoch, if archived.
@@ -648,7 +717,7 @@ impl Archive {
     /// [`ArchiveError::Io`] / [`ArchiveError::Corrupt`] reading epoch files.
     pub fn lookup(&self, outpoint: &OutPoint) -> Result<Option<(u32, Leaf)>, ArchiveError> {
         let key = outpoint_key(outpoint);
-        for e in self.candidate_epochs(outpoint) {
+        for e in self.candidate_epochs(outpoint)? {
             if let Ok((_, TreeEntry::Spent { leaf, .. })) =
                 self.search(&self.files[e as usize], &key)?
             {
@@ -800,7 +869,7 @@ impl Archive {
         key: &[u8; 36],
         only: Option<u32>,
     ) -> Result<Option<(u32, u32, TreeEntry)>, ArchiveError> {
-        for e in self.candidate_epochs(op) {
+        for e in self.candidate_epochs(op)? {
             if only.is_some_and(|o| o != e) {
                 continue;
             }
@@ -900,6 +969,27 @@ fn check_request(outpoints: &[OutPoint]) -> Result<(), ArchiveError> {
     Ok(())
 }
 
+/// The filter stored as `fbytes` after the epoch file's first bytes `pre`,
+/// checked against `sum` (the CRC-32 of both, as stored in the file and
+/// checked at open).
+///
+/// # Errors
+/// [`ArchiveError::Corrupt`] naming `path`.
+fn check_filter(
+    path: &Path,
+    pre: &[u8],
+    fbytes: &[u8],
+    sum: u32,
+) -> Result<EpochFilter, ArchiveError> {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(pre);
+    crc.update(fbytes);
+    if crc.finalize() != sum {
+        return Err(corrupt(path, "header/filter checksum mismatch"));
+    }
+    EpochFilter::from_bytes(fbytes).map_err(|r| corrupt(path, r))
+}
+
 /// `[n·L, (n+1)·L − 1]`, saturating.
 pub fn epoch_range_of(n: u32, epoch_length: u32) -> (u32, u32) {
     let first = n.saturating_mul(epoch_length);
@@ -914,6 +1004,7 @@ mod tests {
     use super::*;
     use crate::archive::leaf::Spend;
     use crate::archive::VerifiedStatus;
+    use crate::store::byte_cache::ENTRY_OVERHEAD;
     use bitcoin::hashes::Hash;
     use bitcoin::ScriptBuf;
 
@@ -936,19 +1027,21 @@ mod tests {
     }
 
     /// The filters held in memory: about 2.25 bytes per spent output (18
-    /// bits per key), the same after a reopen, nothing for an empty epoch.
+    /// bits per key, plus the cache entry's overhead), the same after a
+    /// reopen, nothing for an empty epoch.
     #[test]
     fn filter_bytes_count_each_sealed_epochs_filter() {
         let dir = tempfile::tempdir().unwrap();
         let mut a = Archive::open(dir.path(), 10).unwrap();
         assert_eq!(a.filter_bytes(), 0);
         a.seal(0, vec![]).unwrap();
-        assert_eq!(a.filter_bytes(), 0);
+        assert_eq!(a.filter_bytes(), ENTRY_OVERHEAD);
         let leaves: Vec<Leaf> = (0..20_000u32).map(|v| leaf(1, v, 15)).collect();
         a.seal(1, leaves).unwrap();
         let bytes = a.filter_bytes();
         assert!((40_000..=50_000).contains(&bytes), "{bytes}");
-        assert_eq!(bytes, a.filter(1).unwrap().fingerprints() * 2);
+        let fp = a.filter(1).unwrap().unwrap().fingerprints() * 2;
+        assert_eq!(bytes, fp + 2 * ENTRY_OVERHEAD);
         assert_eq!(Archive::open(dir.path(), 10).unwrap().filter_bytes(), bytes);
     }
 

@@ -157,7 +157,8 @@ async fn epoch(State(s): State<AppState>, Path(n): Path<String>) -> Result<Respo
         .map_err(|_| Error::bad_request(format!("invalid epoch number {n:?}")))?;
     read(&s, move |cs| {
         let a = cs.archive();
-        let (Some(header), Some(filter)) = (a.epochs().get(n as usize), a.filter(n)) else {
+        let filter = a.filter(n).map_err(Error::internal)?;
+        let (Some(header), Some(filter)) = (a.epochs().get(n as usize), filter) else {
             return Err(Error::new(
                 StatusCode::NOT_FOUND,
                 format!("epoch {n} is not sealed ({} sealed)", a.epochs().len()),

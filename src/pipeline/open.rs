@@ -13,8 +13,9 @@ use crate::primitives::BlockId;
 use crate::snapshot::{ChainSnapshot, Snapshots};
 use crate::sozu::UtxoTable;
 use crate::store::{
-    FlatFiles, FlatPos, Store, WriteBatch, META_ADDRESS_INDEX, META_FLAT_BLOCKS, META_FLAT_FILTERS,
-    META_FLAT_HEADERS, META_FLAT_SPENT, META_SOZU_BASE, META_SOZU_LAST, META_TIP,
+    Budgets, FlatFiles, FlatPos, Store, WriteBatch, META_ADDRESS_INDEX, META_FLAT_BLOCKS,
+    META_FLAT_FILTERS, META_FLAT_HEADERS, META_FLAT_SPENT, META_SOZU_BASE, META_SOZU_LAST,
+    META_TIP,
 };
 
 use super::address_index::AddressIndexState;
@@ -91,8 +92,9 @@ impl FlatSeries {
 
 impl Chainstate {
     /// Opens the chain state in `datadir` with the UTXO table `table` and
-    /// an index-database page cache of `index_cache_mib` MiB
-    /// ([`crate::store::DEFAULT_INDEX_CACHE_MIB`]), reconciling the stores
+    /// the memory knobs `budgets` (the index database's page cache, the
+    /// index rows' memory bound and partition cache, the archive's filter
+    /// cache: [`Budgets`]), reconciling the stores
     /// after a crash (flat files truncated to their committed length; a
     /// UTXO-table commit missing after the index's is replayed).
     ///
@@ -102,9 +104,9 @@ impl Chainstate {
         params: ChainParams,
         datadir: &Path,
         table: Box<dyn UtxoTable + Send>,
-        index_cache_mib: usize,
+        budgets: &Budgets,
     ) -> Result<Self, PipelineError> {
-        let store = Store::open(&datadir.join("index"), index_cache_mib)?;
+        let store = Store::open(&datadir.join("index"), budgets)?;
         let files = FlatSeries::open(&store, datadir, params.magic())?;
         let (index, meta) = load::load_index(
             &params,
@@ -112,8 +114,11 @@ impl Chainstate {
             &files.headers.reader(),
             files.headers.position(),
         )?;
-        let archive =
-            crate::archive::Archive::open(&datadir.join("archive"), params.archive_epoch_length)?;
+        let archive = crate::archive::Archive::open_with_cache(
+            &datadir.join("archive"),
+            params.archive_epoch_length,
+            budgets.archive_filter_cache,
+        )?;
         let utxo = table.reader();
         let datadir: Arc<Path> = Arc::from(datadir);
         let first = ChainSnapshot {

@@ -138,7 +138,7 @@ fn thread_gone(store: &Store) -> StoreError {
 mod tests {
     use super::*;
     use crate::primitives::BlockId;
-    use crate::store::{WriteBatch, DEFAULT_INDEX_CACHE_MIB};
+    use crate::store::WriteBatch;
     use bitcoin::hashes::Hash;
     use bitcoin::Txid;
 
@@ -155,7 +155,7 @@ mod tests {
             })
             .collect();
         {
-            let store = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap();
+            let store = Store::open(dir.path(), &crate::store::Budgets::default()).unwrap();
             let mut writer = RowWriter::new(store.clone());
             writer.wait().unwrap();
             for (block, chunk) in txids.chunks(10).enumerate() {
@@ -175,7 +175,7 @@ mod tests {
             batch.put_meta("test", &[1]);
             store.commit(batch).unwrap();
         }
-        let store = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap();
+        let store = Store::open(dir.path(), &crate::store::Budgets::default()).unwrap();
         assert_eq!(
             store.tx_candidates(&txids[299]).unwrap(),
             vec![(BlockId(30), 9)]

@@ -17,6 +17,8 @@
 //! | `history_by_script_prefix` | runs `history-*.run` | script-hash prefix (8) ‖ height ‖ `BlockId` ‖ position (`store::history`) | none |
 
 mod batch;
+pub mod budgets;
+pub mod byte_cache;
 mod codec;
 pub mod durable;
 mod error;
@@ -36,6 +38,7 @@ use std::sync::Arc;
 
 use bitcoin::{OutPoint, Txid};
 
+pub use budgets::Budgets;
 pub use flatfile::{sync_concurrently, FileLoc, FlatFileError, FlatFiles, FlatPos, FlatReader};
 pub use history::HistoryKey;
 
@@ -65,10 +68,15 @@ pub const DEFAULT_INDEX_CACHE_MIB: usize = 128;
 /// it against the database's metadata: a database with a format version
 /// (`versioned`) has a row manifest, and the row log reaches the position
 /// of the last commit ([`META_ROWS_LOG`]).
-fn open_rows(path: &Path, trees: &Trees, versioned: bool) -> Result<runs::RowSets, StoreError> {
+fn open_rows(
+    path: &Path,
+    trees: &Trees,
+    versioned: bool,
+    options: runs::RowOptions,
+) -> Result<runs::RowSets, StoreError> {
     // A fresh database gets its row manifest before its format version: a
     // database with a version and no manifest lost it.
-    let (rows, created) = runs::RowSets::open(&path.join("rows"))?;
+    let (rows, created) = runs::RowSets::open(&path.join("rows"), options)?;
     if created && versioned {
         return Err(trees
             .meta_by_name
@@ -99,15 +107,17 @@ pub struct Store {
 
 impl Store {
     /// Opens (or creates) the database in `path` with a page cache of
-    /// `cache_mib` MiB ([`DEFAULT_INDEX_CACHE_MIB`]), checking its format
-    /// version, then its row store in `path/rows` ([`runs::RowSets::open`]).
+    /// `budgets.index_cache_mib` MiB ([`DEFAULT_INDEX_CACHE_MIB`]),
+    /// checking its format version, then its row store in `path/rows`
+    /// ([`runs::RowSets::open`] with `budgets.rows`).
     ///
     /// # Errors
     /// [`StoreError::FormatMismatch`] for another major version; sled errors;
     /// [`StoreError::Rows`] for the row store (a damaged run or manifest,
     /// named); [`StoreError::Corrupt`] when a database with a format
     /// version has no row manifest.
-    pub fn open(path: &Path, cache_mib: usize) -> Result<Self, StoreError> {
+    pub fn open(path: &Path, budgets: &Budgets) -> Result<Self, StoreError> {
+        let cache_mib = budgets.index_cache_mib;
         // sled panics on some damaged files during recovery (seen with a
         // `db` file cut to half: an index out of bounds); a panic must not
         // escape as a crash, it is a corrupt database like any other. The
@@ -134,7 +144,7 @@ impl Store {
         if let Some(v) = &format {
             check_format(&path, &trees, v)?;
         }
-        let rows = open_rows(&path, &trees, format.is_some())?;
+        let rows = open_rows(&path, &trees, format.is_some(), budgets.rows)?;
         let store = Store {
             db,
             path,
@@ -387,7 +397,7 @@ mod tests {
         assert_eq!(<()>::decode(&[0]), None);
 
         let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap();
+        let s = Store::open(dir.path(), &Budgets::default()).unwrap();
         s.commit(b).unwrap();
         // A txid sharing the 8-byte prefix finds the row (a candidate the
         // reader checks); one differing there does not.
@@ -416,10 +426,10 @@ mod tests {
     #[test]
     fn a_lost_row_manifest_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        drop(Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap());
-        drop(Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap());
+        drop(Store::open(dir.path(), &Budgets::default()).unwrap());
+        drop(Store::open(dir.path(), &Budgets::default()).unwrap());
         std::fs::remove_file(dir.path().join("rows/MANIFEST")).unwrap();
-        let err = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap_err();
+        let err = Store::open(dir.path(), &Budgets::default()).unwrap_err();
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
         assert!(err.to_string().contains("rows/MANIFEST"), "{err}");
     }
@@ -428,12 +438,12 @@ mod tests {
     fn format_mismatch_refuses_to_open() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let s = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap();
+            let s = Store::open(dir.path(), &Budgets::default()).unwrap();
             let mut b = WriteBatch::default();
             b.put_meta(META_FORMAT, &[0, 9, 0, 0]);
             s.commit(b).unwrap();
         }
-        let err = Store::open(dir.path(), DEFAULT_INDEX_CACHE_MIB).unwrap_err();
+        let err = Store::open(dir.path(), &Budgets::default()).unwrap_err();
         assert!(
             matches!(err, StoreError::FormatMismatch { found_major: 9, .. }),
             "{err}"

@@ -16,28 +16,43 @@
 pub const BITS_PER_KEY: usize = 10;
 /// Bits set per prefix, all in one 512-bit block.
 const PROBES: u32 = 6;
-/// Bytes of a block (one cache line).
-const BLOCK_BYTES: usize = 64;
+/// Bytes of a block (one cache line): a lookup reads one block.
+pub const BLOCK_BYTES: usize = 64;
 
-/// A filter over `u64` prefixes; its bytes are its on-disk form.
+/// A filter over `u64` prefixes, as the writer builds it; its bytes are
+/// its on-disk form (read back one block at a time: [`block_of`],
+/// [`block_may_contain`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bloom {
     bytes: Box<[u8]>,
 }
 
-/// The block index and the bit positions of `prefix` in a filter of
-/// `blocks` blocks (the prefix is a hash prefix already; the multiplies
-/// spread it anyway).
-fn probes(prefix: u64, blocks: usize) -> (usize, [u32; PROBES as usize]) {
+/// The block holding `prefix`'s bits in a filter of `blocks` blocks (the
+/// prefix is a hash prefix already; the multiply spreads it anyway).
+pub fn block_of(prefix: u64, blocks: usize) -> usize {
     let h = prefix.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let block = ((h >> 32) * blocks as u64) >> 32;
+    (((h >> 32) * blocks as u64) >> 32) as usize
+}
+
+/// The bit positions of `prefix` within its block.
+fn bits(prefix: u64) -> [u32; PROBES as usize] {
     let mut g = (prefix ^ (prefix >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     let mut bits = [0u32; PROBES as usize];
     for b in &mut bits {
         *b = (g & 511) as u32;
         g >>= 9;
     }
-    (block as usize, bits)
+    bits
+}
+
+/// Whether `prefix` may have been added, given its block's
+/// [`BLOCK_BYTES`] bytes (`false`: it was not).
+pub fn block_may_contain(block: &[u8], prefix: u64) -> bool {
+    bits(prefix).iter().all(|&bit| {
+        block
+            .get((bit / 8) as usize)
+            .is_some_and(|b| b & (1 << (bit % 8)) != 0)
+    })
 }
 
 impl Bloom {
@@ -50,14 +65,6 @@ impl Bloom {
         }
     }
 
-    /// The filter stored as `bytes`; `None` unless their length is a
-    /// positive multiple of a block.
-    pub fn from_bytes(bytes: Vec<u8>) -> Option<Bloom> {
-        (!bytes.is_empty() && bytes.len().is_multiple_of(BLOCK_BYTES)).then(|| Bloom {
-            bytes: bytes.into_boxed_slice(),
-        })
-    }
-
     /// The on-disk form.
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes
@@ -65,19 +72,18 @@ impl Bloom {
 
     /// Adds `prefix`.
     pub fn insert(&mut self, prefix: u64) {
-        let (block, bits) = probes(prefix, self.bytes.len() / BLOCK_BYTES);
+        let block = block_of(prefix, self.bytes.len() / BLOCK_BYTES);
         let b = &mut self.bytes[block * BLOCK_BYTES..][..BLOCK_BYTES];
-        for bit in bits {
+        for bit in bits(prefix) {
             b[(bit / 8) as usize] |= 1 << (bit % 8);
         }
     }
 
     /// Whether `prefix` may have been added (`false`: it was not).
+    #[cfg(test)]
     pub fn may_contain(&self, prefix: u64) -> bool {
-        let (block, bits) = probes(prefix, self.bytes.len() / BLOCK_BYTES);
-        let b = &self.bytes[block * BLOCK_BYTES..][..BLOCK_BYTES];
-        bits.iter()
-            .all(|&bit| b[(bit / 8) as usize] & (1 << (bit % 8)) != 0)
+        let block = block_of(prefix, self.bytes.len() / BLOCK_BYTES);
+        block_may_contain(&self.bytes[block * BLOCK_BYTES..][..BLOCK_BYTES], prefix)
     }
 }
 
@@ -98,9 +104,5 @@ mod tests {
             .count();
         let rate = fp as f64 / 200_000.0;
         assert!(rate < 0.02, "false-positive rate {rate}");
-        let g = Bloom::from_bytes(f.as_bytes().to_vec()).unwrap();
-        assert_eq!(g, f);
-        assert!(Bloom::from_bytes(vec![0; 63]).is_none());
-        assert!(Bloom::from_bytes(Vec::new()).is_none());
     }
 }

@@ -150,7 +150,7 @@ fn merge<const N: usize>(
     if core.stop.load(Ordering::Acquire) {
         return Ok(None);
     }
-    out.finish(number).map(Some)
+    out.finish(number, &core.cache).map(Some)
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@
 //!   at once, not durable. [`RowSets::commit`] makes them durable: as one
 //!   record appended to the row log (`log.rs`) and synced once
 //!   (`fdatasync`, no directory sync), the rows staying in memory; or, when
-//!   the memory holds [`MEMORY_BOUND`] bytes of keys, the commit brings
-//!   [`RECORD_BOUND`] bytes or more, or an earlier write failed, by
+//!   the memory holds [`RowOptions::memory_bound`] bytes of keys
+//!   ([`MEMORY_BOUND`] by default), the commit brings a quarter of that
+//!   or more, or an earlier write failed, by
 //!   [`RowSets::flush`]: each set's rows in memory as one new run file
 //!   (`run.rs`), fsynced, then the manifest (`manifest.rs`) replaced to
 //!   name them and the log's next generation (the log restarts). The
@@ -20,7 +21,8 @@
 //!   ignores (index format 3.0), and a crash mid-append tears only the
 //!   record of a commit that never returned.
 //! - **Open** reads the manifest and each run's header, block index and
-//!   filter (not its keys), deletes the files the manifest does not name
+//!   filter (not its keys; of the last two it keeps each partition's
+//!   checksum, `run.rs`), deletes the files the manifest does not name
 //!   (a run written by a flush or compaction that a crash cut short, the
 //!   manifest's and log's temporary files), and replays the log's records
 //!   of the manifest's generation into memory, up to the first torn or
@@ -32,7 +34,10 @@
 //!   commit then fails and the node stops writing, as for any failed
 //!   write of the index) and by [`RowSets::settle`].
 //! - **Reads** merge memory and the runs (each run's filter skips most
-//!   runs for a given 8-byte prefix), on a snapshot of the run list.
+//!   runs for a given 8-byte prefix), on a snapshot of the run list. The
+//!   runs' filter and block-index partitions are read through one cache
+//!   per store, of [`RowOptions::filter_cache`] bytes: the memory of the
+//!   runs does not grow with the rows.
 //!
 //! Rows are never removed (readers filter them by the active chain), so a
 //! set only grows; equal keys are kept once.
@@ -60,7 +65,7 @@ pub use error::RunError;
 pub use log::LogPosition;
 use log::RowLog;
 use manifest::{Manifest, WriteError};
-use run::{Run, RunWriter};
+use run::{PartCache, Run, RunWriter, PART_BYTES};
 pub use set::RowSet;
 
 /// Key length of the transaction rows.
@@ -77,10 +82,37 @@ const SET_NAMES: [&str; manifest::SETS] = ["tx", "spend", "history"];
 /// about 70 % full), and this again on disk in the log file; the time to
 /// replay the log at open grows with it (BENCHMARKS.md, "Row log").
 pub const MEMORY_BOUND: usize = 16 << 20;
-/// Bytes of new keys from which a commit writes run files rather than a
-/// log record (a large group of blocks while catching up: written once,
-/// not twice): 4 MiB.
-pub const RECORD_BOUND: usize = 4 << 20;
+/// Default budget of the cache of the runs' filter and block-index
+/// partitions: 256 MiB, enough for every partition of the whole
+/// testnet4-sized chain (about 1.33 bytes per row; mainnet's ~8·10⁹ rows
+/// would need ~10 GiB to keep them all, and read the others from the
+/// files).
+pub const DEFAULT_FILTER_CACHE: usize = 256 << 20;
+
+/// The row store's memory knobs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowOptions {
+    /// Bytes of keys the three sets may hold in memory before a commit
+    /// flushes them to runs ([`MEMORY_BOUND`] by default, config
+    /// `index.rows_memory_mib`); a commit bringing a quarter of it or more
+    /// writes runs rather than a log record (a large group of blocks while
+    /// catching up: written once, not twice).
+    pub memory_bound: usize,
+    /// Budget of the cache of the runs' filter and block-index partitions,
+    /// bytes ([`DEFAULT_FILTER_CACHE`], config `index.filter_cache_mib`).
+    /// Answers are the same for every budget; a smaller one reads more
+    /// partitions from the files (4 KiB each).
+    pub filter_cache: usize,
+}
+
+impl Default for RowOptions {
+    fn default() -> Self {
+        RowOptions {
+            memory_bound: MEMORY_BOUND,
+            filter_cache: DEFAULT_FILTER_CACHE,
+        }
+    }
+}
 
 /// The run-number and log-generation counters, under one lock with every
 /// change of the run lists and manifest.
@@ -116,6 +148,10 @@ pub(crate) struct Core {
     log: Mutex<LogState>,
     /// Where the log's valid records ended at open.
     opened: LogPosition,
+    /// The memory knobs.
+    options: RowOptions,
+    /// The runs' filter and block-index partitions.
+    cache: Arc<PartCache>,
     compact_lock: Mutex<()>,
     /// The first compaction failure not yet reported.
     failed: Mutex<Option<RunError>>,
@@ -226,7 +262,7 @@ fn write_frozen<const N: usize>(
         for key in frozen.iter() {
             w.push(key)?;
         }
-        w.finish(number)
+        w.finish(number, &core.cache)
     });
     if written.is_err() {
         let _ = std::fs::remove_file(&path);
@@ -253,11 +289,14 @@ impl RowSets {
     /// compaction thread. Returns the store and whether it was created
     /// (there was no manifest).
     ///
+    /// `options` gives the memory knobs.
+    ///
     /// # Errors
     /// [`RunError::Io`]; [`RunError::Corrupt`] for a damaged manifest or
     /// run (naming the file).
-    pub fn open(dir: &Path) -> Result<(RowSets, bool), RunError> {
+    pub fn open(dir: &Path, options: RowOptions) -> Result<(RowSets, bool), RunError> {
         let io = RunError::io(dir);
+        let cache = Arc::new(PartCache::new(options.filter_cache, PART_BYTES));
         std::fs::create_dir_all(dir).map_err(&io)?;
         let found = Manifest::read(dir)?;
         let created = found.is_none();
@@ -272,9 +311,9 @@ impl RowSets {
         let listed: Vec<Vec<(String, u64)>> = (0..names.len()).map(files).collect();
         remove_unlisted(dir, &listed)?;
         let (txs, spends, history) = (
-            RowSet::new(names[0], open_runs(dir, &listed[0])?),
-            RowSet::new(names[1], open_runs(dir, &listed[1])?),
-            RowSet::new(names[2], open_runs(dir, &listed[2])?),
+            RowSet::new(names[0], open_runs(dir, &listed[0], &cache)?),
+            RowSet::new(names[1], open_runs(dir, &listed[1], &cache)?),
+            RowSet::new(names[2], open_runs(dir, &listed[2], &cache)?),
         );
         let log = RowLog::open(dir, m.log_generation, &mut |record| {
             txs.load(record[0]);
@@ -284,6 +323,8 @@ impl RowSets {
         let core = Arc::new(Core {
             dir: dir.to_path_buf(),
             opened: log.position(),
+            options,
+            cache,
             txs,
             spends,
             history,
@@ -331,19 +372,30 @@ impl RowSets {
     }
 
     /// Bytes the three sets hold in memory ([`RowSet::resident_bytes`]):
-    /// the keys not yet in runs (at most about [`MEMORY_BOUND`] plus one
-    /// commit's) and, for every run, its block index and filter (about
-    /// 1.33 bytes per row: the part that grows with the rows).
+    /// the keys not yet in runs (at most about
+    /// [`RowOptions::memory_bound`] plus one commit's), for every run the
+    /// checksums and first keys of its partitions (about 0.0014 bytes per
+    /// row), and the partition cache ([`RowSets::cache_bytes`], at most
+    /// [`RowOptions::filter_cache`]).
     pub fn resident_bytes(&self) -> usize {
         let c = &*self.core;
-        c.txs.resident_bytes() + c.spends.resident_bytes() + c.history.resident_bytes()
+        c.txs.resident_bytes()
+            + c.spends.resident_bytes()
+            + c.history.resident_bytes()
+            + self.cache_bytes()
+    }
+
+    /// Bytes the cache of run partitions holds now (at most
+    /// [`RowOptions::filter_cache`]).
+    pub fn cache_bytes(&self) -> usize {
+        self.core.cache.bytes()
     }
 
     /// Makes every row inserted so far durable, the cheaper way: one
     /// record appended to the row log and synced (`log.rs`), or, when the
-    /// rows in memory reach [`MEMORY_BOUND`] bytes, the rows to log reach
-    /// [`RECORD_BOUND`] bytes, or an earlier write failed, a flush to run
-    /// files ([`RowSets::flush`]).
+    /// rows in memory reach [`RowOptions::memory_bound`] bytes, the rows
+    /// to log reach a quarter of it, or an earlier write failed, a flush
+    /// to run files ([`RowSets::flush`]).
     ///
     /// # Errors
     /// A compaction failure not yet reported; [`RunError::Io`] naming the
@@ -362,7 +414,8 @@ impl RowSets {
             core.txs.pending_bytes() + core.spends.pending_bytes() + core.history.pending_bytes();
         let memory =
             core.txs.memory_bytes() + core.spends.memory_bytes() + core.history.memory_bytes();
-        if log.must_flush || memory >= MEMORY_BOUND || pending >= RECORD_BOUND {
+        let bound = core.options.memory_bound;
+        if log.must_flush || memory >= bound || pending >= bound / 4 {
             self.flush_locked(&mut log)?;
             return Ok(log.log.position());
         } else if pending == 0 {
@@ -567,10 +620,11 @@ fn remove_unlisted(dir: &Path, listed: &[Vec<(String, u64)>]) -> Result<(), RunE
 fn open_runs<const N: usize>(
     dir: &Path,
     files: &[(String, u64)],
+    cache: &Arc<PartCache>,
 ) -> Result<Vec<Arc<Run<N>>>, RunError> {
     files
         .iter()
-        .map(|(name, n)| Run::open(&dir.join(name), *n).map(Arc::new))
+        .map(|(name, n)| Run::open(&dir.join(name), *n, cache).map(Arc::new))
         .collect()
 }
 

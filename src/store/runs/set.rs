@@ -57,6 +57,20 @@ fn range<const N: usize>(prefix: &[u8], below: Option<&[u8; N]>) -> ([u8; N], Op
     (lo, hi.map(|h| h.max(lo)))
 }
 
+/// The runs whose filter may hold keys of the 8-byte `prefix`.
+///
+/// # Errors
+/// A run's [`RunError`] reading a filter partition.
+fn candidates<const N: usize>(runs: &[Arc<Run<N>>], prefix: u64) -> Result<Vec<&Run<N>>, RunError> {
+    let mut out = Vec::new();
+    for run in runs {
+        if run.may_contain(prefix)? {
+            out.push(&**run);
+        }
+    }
+    Ok(out)
+}
+
 fn bounds<const N: usize>(lo: &[u8; N], hi: Option<&[u8; N]>) -> (Bound<[u8; N]>, Bound<[u8; N]>) {
     (
         Bound::Included(*lo),
@@ -117,7 +131,8 @@ impl<const N: usize> RowSet<N> {
 
     /// Bytes of keys in memory, the frozen ones being written to a run
     /// included (the B-tree's node overhead not counted), plus what every
-    /// run keeps in memory (its filter and block index, `Run::resident_bytes`).
+    /// run keeps in memory outside the partition cache (the checksums and
+    /// first keys of its partitions, `Run::resident_bytes`).
     pub fn resident_bytes(&self) -> usize {
         let s = self.state.read();
         let frozen = s.frozen.as_ref().map_or(0, |f| f.len());
@@ -180,8 +195,7 @@ impl<const N: usize> RowSet<N> {
     pub fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<[u8; N]>, RunError> {
         let (lo, hi) = range::<N>(prefix, None);
         let (mut keys, runs) = self.snapshot(&lo, hi.as_ref());
-        let p = prefix_u64(prefix);
-        for run in runs.iter().filter(|r| r.may_contain(p)) {
+        for run in candidates(&runs, prefix_u64(prefix))? {
             run.scan(&lo, hi.as_ref(), &mut |k| {
                 keys.push(*k);
                 true
@@ -205,8 +219,7 @@ impl<const N: usize> RowSet<N> {
                 return Ok(true);
             }
         }
-        let p = prefix_u64(prefix);
-        for run in self.runs().iter().filter(|r| r.may_contain(p)) {
+        for run in candidates(&self.runs(), prefix_u64(prefix))? {
             let mut found = false;
             run.scan(&lo, hi.as_ref(), &mut |_| {
                 found = true;
@@ -235,12 +248,10 @@ impl<const N: usize> RowSet<N> {
         let (lo, hi) = range::<N>(prefix, below);
         let (mut mem, runs) = self.snapshot(&lo, hi.as_ref());
         mem.sort_unstable();
-        let p = prefix_u64(prefix);
-        let mut cursors: Vec<RevCursor<'_, N>> = runs
-            .iter()
-            .filter(|r| r.may_contain(p))
+        let mut cursors: Vec<RevCursor<'_, N>> = candidates(&runs, prefix_u64(prefix))?
+            .into_iter()
             .map(|r| RevCursor::new(r, lo, hi))
-            .collect();
+            .collect::<Result<_, _>>()?;
         // Source 0 is memory; source i + 1 is cursor i.
         let mut heap = BinaryHeap::new();
         if let Some(k) = mem.pop() {

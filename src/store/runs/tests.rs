@@ -21,6 +21,16 @@ enum Op {
     Query([u8; 8], Option<[u8; TX_KEY]>),
 }
 
+/// The default knobs but a cache of run partitions of 8 KiB (two
+/// partitions): every read goes through evictions, and must give the
+/// model's answers all the same.
+fn small_cache() -> RowOptions {
+    RowOptions {
+        filter_cache: 8 << 10,
+        ..RowOptions::default()
+    }
+}
+
 /// Keys over few 8-byte prefixes, so queries hit many runs.
 fn key() -> impl Strategy<Value = [u8; TX_KEY]> {
     (0u8..6, any::<u64>()).prop_map(|(p, rest)| {
@@ -76,7 +86,7 @@ proptest! {
     fn row_store_matches_a_btreeset(ops in prop::collection::vec(op(), 1..60)) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rows");
-        let (mut sets, created) = RowSets::open(&path).unwrap();
+        let (mut sets, created) = RowSets::open(&path, small_cache()).unwrap();
         prop_assert!(created);
         let mut all = BTreeSet::new();
         let mut durable = BTreeSet::new();
@@ -99,7 +109,7 @@ proptest! {
                     drop(sets);
                     std::fs::write(path.join("tx-000000999999.run"), b"cut short").unwrap();
                     std::fs::write(path.join(manifest::TMP_NAME), b"cut").unwrap();
-                    let (s, created) = RowSets::open(&path).unwrap();
+                    let (s, created) = RowSets::open(&path, small_cache()).unwrap();
                     prop_assert!(!created);
                     prop_assert!(!path.join("tx-000000999999.run").exists());
                     sets = s;
@@ -119,7 +129,7 @@ proptest! {
 #[test]
 fn compaction_bounds_the_run_count() {
     let dir = tempfile::tempdir().unwrap();
-    let (sets, _) = RowSets::open(dir.path()).unwrap();
+    let (sets, _) = RowSets::open(dir.path(), small_cache()).unwrap();
     let mut model = BTreeSet::new();
     for i in 0..300u32 {
         let keys: Vec<[u8; 20]> = (0..20u32)
@@ -139,7 +149,7 @@ fn compaction_bounds_the_run_count() {
     let runs = sets.history().runs().len();
     assert!(runs < FAN_IN_BOUND, "{runs} runs after 300 flushes");
     drop(sets);
-    let (sets, _) = RowSets::open(dir.path()).unwrap();
+    let (sets, _) = RowSets::open(dir.path(), small_cache()).unwrap();
     let mut got = Vec::new();
     sets.history()
         .scan_prefix_rev(&[0, 0, 0, 3, 0, 0, 0, 0], None, &mut |k| {
@@ -175,14 +185,14 @@ static FAULTS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 fn damaged_files_are_named() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let (sets, _) = RowSets::open(dir.path()).unwrap();
+        let (sets, _) = RowSets::open(dir.path(), small_cache()).unwrap();
         sets.txs().insert(vec![[7u8; 16], [8u8; 16]]);
         sets.flush().unwrap();
     }
     let run = dir.path().join("tx-000000000000.run");
     let good = std::fs::read(&run).unwrap();
     std::fs::write(&run, &good[..good.len() - 3]).unwrap();
-    let err = RowSets::open(dir.path()).unwrap_err();
+    let err = RowSets::open(dir.path(), small_cache()).unwrap_err();
     assert!(matches!(err, RunError::Corrupt { .. }), "{err}");
     assert!(
         err.to_string().contains(&run.display().to_string()),
@@ -194,7 +204,7 @@ fn damaged_files_are_named() {
     let mut m = std::fs::read(&manifest).unwrap();
     m[9] ^= 1;
     std::fs::write(&manifest, &m).unwrap();
-    let err = RowSets::open(dir.path()).unwrap_err();
+    let err = RowSets::open(dir.path(), small_cache()).unwrap_err();
     assert!(
         err.to_string().contains(&manifest.display().to_string()),
         "{err}"
@@ -214,7 +224,7 @@ fn a_failed_flush_leaves_an_openable_store() {
         for after in 0..8 {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("rows");
-            let (sets, _) = RowSets::open(&path).unwrap();
+            let (sets, _) = RowSets::open(&path, small_cache()).unwrap();
             let keys: Vec<[u8; 16]> = (0..50u8).map(|i| [i; 16]).collect();
             sets.txs().insert(keys.clone());
             sets.history().insert(vec![[3; 20]]);
@@ -243,10 +253,13 @@ fn a_failed_flush_leaves_an_openable_store() {
                 let e = e.unwrap();
                 std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
             }
-            drop(RowSets::open(copy.path()).unwrap_or_else(|e| panic!("{op:?} {after}: {e}")));
+            drop(
+                RowSets::open(copy.path(), small_cache())
+                    .unwrap_or_else(|e| panic!("{op:?} {after}: {e}")),
+            );
             sets.flush().unwrap();
             drop(sets);
-            let (sets, _) = RowSets::open(&path).unwrap();
+            let (sets, _) = RowSets::open(&path, small_cache()).unwrap();
             for k in &keys {
                 assert!(sets.txs().has_prefix(&k[..8]).unwrap(), "{op:?} {after}");
             }
@@ -263,7 +276,7 @@ fn keys(range: std::ops::Range<u8>) -> Vec<[u8; TX_KEY]> {
 /// Which of `keys` the store at `dir` has after a reopen, and the bytes of
 /// keys it holds in memory (replayed from the log).
 fn reopened(dir: &Path, keys: &[[u8; TX_KEY]]) -> (Vec<bool>, usize) {
-    let (sets, _) = RowSets::open(dir).unwrap();
+    let (sets, _) = RowSets::open(dir, small_cache()).unwrap();
     let has = keys
         .iter()
         .map(|k| sets.txs().has_prefix(&k[..8]).unwrap())
@@ -274,7 +287,7 @@ fn reopened(dir: &Path, keys: &[[u8; TX_KEY]]) -> (Vec<bool>, usize) {
 /// Three small commits, each one record of the log (no run file); the
 /// offsets where each record ends.
 fn three_records(dir: &Path) -> [u64; 3] {
-    let (sets, _) = RowSets::open(dir).unwrap();
+    let (sets, _) = RowSets::open(dir, small_cache()).unwrap();
     let mut ends = [0; 3];
     for (i, end) in ends.iter_mut().enumerate() {
         let at = 10 * i as u8;
@@ -309,7 +322,7 @@ fn log_replay_stops_at_a_torn_tail() {
     assert_eq!(has, (0..40).map(|i| i < 20).collect::<Vec<_>>());
     assert_eq!(memory, 20 * TX_KEY);
     {
-        let (sets, _) = RowSets::open(dir.path()).unwrap();
+        let (sets, _) = RowSets::open(dir.path(), small_cache()).unwrap();
         sets.txs().insert(keys(30..40));
         sets.commit().unwrap();
     }
@@ -342,14 +355,14 @@ fn log_replay_after_a_flush() {
     three_records(dir.path());
     let all = keys(0..50);
     {
-        let (sets, _) = RowSets::open(dir.path()).unwrap();
+        let (sets, _) = RowSets::open(dir.path(), small_cache()).unwrap();
         assert_eq!(sets.txs().memory_bytes(), 30 * TX_KEY);
         sets.flush().unwrap();
     }
     let (has, memory) = reopened(dir.path(), &all);
     assert_eq!((has.iter().filter(|h| **h).count(), memory), (30, 0));
     {
-        let (sets, _) = RowSets::open(dir.path()).unwrap();
+        let (sets, _) = RowSets::open(dir.path(), small_cache()).unwrap();
         // The same size as the old first record: the old second record
         // follows it exactly, of the old generation.
         sets.txs().insert(keys(40..50));
@@ -366,12 +379,13 @@ fn log_replay_after_a_flush() {
     assert_eq!(has_again, has);
 }
 
-/// A commit of [`RECORD_BOUND`] bytes or more, or one that finds
-/// [`MEMORY_BOUND`] bytes in memory, writes runs (and restarts the log).
+/// A commit of a quarter of [`MEMORY_BOUND`] bytes or more, or one that
+/// finds [`MEMORY_BOUND`] bytes in memory, writes runs (and restarts the
+/// log).
 #[test]
 fn large_commits_write_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let (sets, _) = RowSets::open(dir.path()).unwrap();
+    let (sets, _) = RowSets::open(dir.path(), small_cache()).unwrap();
     let many = |from: u32, n: u32| -> Vec<[u8; 20]> {
         (from..from + n)
             .map(|i| {
@@ -381,7 +395,7 @@ fn large_commits_write_runs() {
             })
             .collect()
     };
-    let per_record = (RECORD_BOUND / 20) as u32;
+    let per_record = (MEMORY_BOUND / 4 / 20) as u32;
     sets.history().insert(many(0, per_record - 1));
     sets.commit().unwrap();
     assert!(sets.history().runs().is_empty());
@@ -412,7 +426,7 @@ fn a_failed_log_append_leaves_an_openable_store() {
     for op in [IoOp::Write, IoOp::Sync] {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rows");
-        let (sets, _) = RowSets::open(&path).unwrap();
+        let (sets, _) = RowSets::open(&path, small_cache()).unwrap();
         sets.txs().insert(keys(0..10));
         sets.commit().unwrap();
         sets.txs().insert(keys(10..20));
@@ -458,7 +472,7 @@ fn a_log_short_of_a_committed_position_is_refused() {
         end,
     };
     damage_log(dir.path(), |b| b[ends[1] as usize + 20] ^= 1);
-    let (sets, _) = RowSets::open(dir.path()).unwrap();
+    let (sets, _) = RowSets::open(dir.path(), small_cache()).unwrap();
     sets.check_log(at(ends[1])).unwrap();
     let err = sets.check_log(at(ends[2])).unwrap_err();
     assert!(matches!(err, RunError::Corrupt { .. }), "{err}");
@@ -471,7 +485,7 @@ fn a_log_short_of_a_committed_position_is_refused() {
     sets.txs().insert(keys(50..60));
     assert_eq!(sets.commit().unwrap().generation, next.generation);
     drop(sets);
-    let (sets, _) = RowSets::open(dir.path()).unwrap();
+    let (sets, _) = RowSets::open(dir.path(), small_cache()).unwrap();
     sets.check_log(at(ends[2])).unwrap();
     sets.check_log(next).unwrap();
     let newer = LogPosition {
@@ -482,17 +496,27 @@ fn a_log_short_of_a_committed_position_is_refused() {
 }
 
 /// [`RowSets::resident_bytes`] counts the keys in memory, then, once they
-/// are in a run, the run's block index (first key and CRC-32 per block of
-/// keys) and filter, not its keys; a second run adds its own.
+/// are in a run, the run's partition checksums and first keys and the
+/// partitions in the cache, which never holds more than its budget
+/// however many runs and rows there are.
 #[test]
-fn resident_bytes_are_memory_keys_then_run_index_and_filter() {
+fn resident_bytes_are_memory_keys_then_partitions_within_the_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let (sets, _) = RowSets::open(dir.path()).unwrap();
+    let budget = 64 << 10;
+    let options = RowOptions {
+        filter_cache: budget,
+        ..RowOptions::default()
+    };
+    let (sets, _) = RowSets::open(dir.path(), options).unwrap();
     let many = |from: u32, n: u32| -> Vec<[u8; TX_KEY]> {
         (from..from + n)
             .map(|i| {
                 let mut k = [0u8; TX_KEY];
-                k[..4].copy_from_slice(&i.to_be_bytes());
+                k[..8].copy_from_slice(
+                    &u64::from(i)
+                        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                        .to_be_bytes(),
+                );
                 k
             })
             .collect()
@@ -501,14 +525,28 @@ fn resident_bytes_are_memory_keys_then_run_index_and_filter() {
     sets.spends().insert(many(0, 10));
     assert_eq!(sets.resident_bytes(), 5010 * TX_KEY);
     sets.flush().unwrap();
-    let per_run = |n: usize, keys: usize| {
-        n.div_ceil(run::BLOCK_KEYS) * (keys + 4) + bloom::Bloom::with_capacity(n).as_bytes().len()
-    };
-    let first = per_run(5000, TX_KEY) + per_run(10, SPEND_KEY);
-    assert_eq!(sets.resident_bytes(), first);
-    assert!(first < 5010 * TX_KEY / 8, "{first}");
-    sets.txs().insert(many(5000, 7));
-    assert_eq!(sets.resident_bytes(), first + 7 * TX_KEY);
-    sets.flush().unwrap();
-    assert_eq!(sets.resident_bytes(), first + per_run(7, TX_KEY));
+    assert_eq!(sets.cache_bytes(), 0, "nothing read yet");
+    let first = sets.resident_bytes();
+    assert!(first < 64, "{first}");
+    // 20 runs of 50,000 rows: ~1.3 MB of filters and block indexes on
+    // disk, looked up all over.
+    for r in 0..20u32 {
+        sets.txs().insert(many(10_000 + r * 50_000, 50_000));
+        sets.flush().unwrap();
+    }
+    let on_disk: usize = sets.txs().runs().iter().map(|r| r.tail_bytes()).sum();
+    assert!(on_disk > 16 * budget, "{on_disk}");
+    for i in (0..1_020_000u32).step_by(499) {
+        let k = many(i, 1)[0];
+        let held = i < 5000 || (10_000..1_010_000).contains(&i);
+        assert_eq!(sets.txs().has_prefix(&k[..8]).unwrap(), held, "{i}");
+        assert!(
+            sets.cache_bytes() <= budget,
+            "{} > {budget}",
+            sets.cache_bytes()
+        );
+    }
+    assert!(sets.cache_bytes() > budget / 2, "{}", sets.cache_bytes());
+    let summaries = sets.resident_bytes() - sets.cache_bytes();
+    assert!(summaries < on_disk / 500, "{summaries} of {on_disk}");
 }
