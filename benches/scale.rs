@@ -26,7 +26,10 @@
 //! whole chain would take too long), and the ratio is then taken against
 //! kakehi's time over the same files. `KAKEHI_SCALE_NO_ADDRESS_INDEX=1`
 //! imports without the address index (on by default, as in the node).
-//! `KAKEHI_SCALE_DATADIR=DIR` puts
+//! `KAKEHI_SCALE_ROWS_CACHE_MIB=N` and `KAKEHI_SCALE_ARCHIVE_CACHE_MIB=N`
+//! set the caches of the run files' partitions and of the epoch filters
+//! (`index.filter_cache_mib`, `archive.filter_cache_mib`; default 256
+//! each). `KAKEHI_SCALE_DATADIR=DIR` puts
 //! kakehi's temporary datadir under DIR (default: the system's temporary
 //! directory); it is deleted before Core's engine runs.
 //! `KAKEHI_SCALE_P2P=1` then syncs an empty second node from the importing
@@ -37,8 +40,8 @@
 //! Prints, for each tenth of the blocks: blocks/s, tx/s, inputs/s
 //! (non-coinbase inputs), the process's CPU µs per input, milliseconds per block at p50 and p99, the
 //! process's RSS, what the UTXO table (page images and summaries), the
-//! index rows (keys in memory, the run files' block indexes and filters)
-//! and the archive's epoch filters hold of it
+//! index rows (keys in memory, the cached partitions of the run files' block indexes and filters)
+//! and the archive's cached epoch filters hold of it
 //! (`ChainSnapshot::memory_use`), and the datadir's bytes; then the whole import (pipeline
 //! time, and wall time with the reading and decoding of the files), the end
 //! state against the manifest (tip, SHA-256 of the `dump-utxos` text, the
@@ -74,9 +77,10 @@ use bitcoin::{BlockHash, Network};
 use kakehi::chain::assumevalid::AssumeValid;
 use kakehi::chain::ChainParams;
 use kakehi::import::scan_block_file;
-use kakehi::node::{open_chainstate, DataDir};
+use kakehi::node::{open_chainstate_with, DataDir};
 use kakehi::pipeline::{Chainstate, GroupLimits, SubmitOutcome};
 use kakehi::snapshot::MemoryUse;
+use kakehi::store::Budgets;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -159,7 +163,13 @@ fn main() {
     }
     .expect("tempdir");
     let datadir = DataDir::open(datadir_tmp.path()).expect("datadir");
-    let mut chain = open_chainstate(params.clone(), &datadir).expect("open");
+    let b = budgets();
+    println!(
+        "caches: run partitions {} MiB, epoch filters {} MiB",
+        b.rows.filter_cache >> 20,
+        b.archive_filter_cache >> 20
+    );
+    let mut chain = open_chainstate_with(params.clone(), &datadir, &b).expect("open");
     chain.set_group_limits(GroupLimits::NODE_DEFAULT);
     if std::env::var_os("KAKEHI_SCALE_NO_ADDRESS_INDEX").is_some() {
         chain
@@ -452,11 +462,24 @@ fn filter_header_at(snapshot: &kakehi::snapshot::ChainSnapshot, height: u32) -> 
         .map(|(_, header)| header.to_string())
 }
 
+/// The memory knobs: the defaults, the filter caches from
+/// `KAKEHI_SCALE_ROWS_CACHE_MIB` and `KAKEHI_SCALE_ARCHIVE_CACHE_MIB`.
+fn budgets() -> Budgets {
+    let mut b = Budgets::default();
+    if let Some(n) = env_usize("KAKEHI_SCALE_ROWS_CACHE_MIB") {
+        b.rows.filter_cache = n << 20;
+    }
+    if let Some(n) = env_usize("KAKEHI_SCALE_ARCHIVE_CACHE_MIB") {
+        b.archive_filter_cache = n << 20;
+    }
+    b
+}
+
 /// Reopens the datadir at the tip, prints how long it took, and returns
 /// the chain state.
 fn reopen(params: &ChainParams, datadir: &DataDir) -> Chainstate {
     let t = Instant::now();
-    let chain = open_chainstate(params.clone(), datadir).expect("reopen");
+    let chain = open_chainstate_with(params.clone(), datadir, &budgets()).expect("reopen");
     let secs = t.elapsed().as_secs_f64();
     println!(
         "restart: reopening the datadir at height {} took {secs:.2} s (RSS {} MiB)",

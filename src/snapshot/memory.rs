@@ -16,12 +16,16 @@ pub struct MemoryUse {
     /// (about 3 bytes per entry), bytes ([`crate::sozu::SozuStats::memory_bytes`]
     /// as the writer published it; 0 for a table without counters).
     pub utxo_table: u64,
-    /// The index rows: keys not yet in run files (at most about 16 MiB plus
-    /// one commit's) and every run file's block index and filter (about
-    /// 1.33 bytes per row), bytes ([`crate::store::Store::rows_resident_bytes`]).
+    /// The index rows: keys not yet in run files (at most about
+    /// `index.rows_memory_mib` plus one commit's), the cache of the run
+    /// files' filter and block-index partitions (at most
+    /// `index.filter_cache_mib`) and each run's partition checksums (about
+    /// 0.0014 bytes per row), bytes
+    /// ([`crate::store::Store::rows_resident_bytes`]).
     pub index_rows: u64,
-    /// The archive's epoch filters (about 2.25 bytes per spent output of
-    /// the sealed epochs), bytes ([`crate::archive::Archive::filter_bytes`]).
+    /// The archive's epoch filters in their cache (at most
+    /// `archive.filter_cache_mib`), bytes
+    /// ([`crate::archive::Archive::filter_bytes`]).
     pub archive_filters: u64,
 }
 

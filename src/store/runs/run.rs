@@ -739,6 +739,11 @@ mod tests {
                 assert!(run.may_contain(prefix_u64(k)).unwrap(), "{budget} {i}");
                 assert_eq!(run.block_of(k).unwrap(), i / BLOCK_KEYS, "{budget} {i}");
             }
+            // Every block's first key, index partitions' first keys among
+            // them, is found in its own block.
+            for b in 0..run.blocks() {
+                assert_eq!(run.block_of(&keys[b * BLOCK_KEYS]).unwrap(), b, "{budget}");
+            }
             let mut got = Vec::new();
             let (lo, hi) = (key(70_001), key(700_000));
             run.scan(&lo, Some(&hi), &mut |k| {
