@@ -277,9 +277,16 @@ impl Chainstate {
             None => (entry.prev.unwrap_or(BlockId(0)), last),
         };
         if committed.unwrap_or(BlockId(0)) != base {
-            let table_height = committed
-                .and_then(|c| self.index.get(c))
-                .map_or_else(|| "empty".to_owned(), |e| format!("at height {}", e.height));
+            let table_height = match committed {
+                None => "empty".to_owned(),
+                Some(c) => match self.index.get(c) {
+                    Some(e) => format!("at height {}", e.height),
+                    None => format!(
+                        "at block id {}, which the index database does not hold",
+                        c.0
+                    ),
+                },
+            };
             return Err(PipelineError::Inconsistent {
                 reason: format!(
                     "the UTXO table ({}/utxo) is {table_height}, but the index database has \

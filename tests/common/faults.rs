@@ -242,7 +242,11 @@ pub struct FaultedImport {
 impl FaultedImport {
     /// Imports `blocks` into a fresh datadir with `fault(root)` armed.
     pub fn run(blocks: &Path, fault: impl FnOnce(PathBuf) -> FaultPlan) -> Self {
-        let dir = super::tempdir();
+        Self::run_in(super::tempdir(), blocks, fault)
+    }
+
+    /// [`FaultedImport::run`] with the datadir in `dir` (empty).
+    pub fn run_in(dir: TempDir, blocks: &Path, fault: impl FnOnce(PathBuf) -> FaultPlan) -> Self {
         let root = dir.path().canonicalize().unwrap();
         let (datadir, cs) = open(&root);
         let chain = Mutex::new(cs);
