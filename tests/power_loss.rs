@@ -113,18 +113,33 @@ fn one_cut(blocks: &Path, op: IoOp, after: u64, reference: &EndState) -> String 
     format!("{case} ({shown}): published {published}, reopened {reopened}")
 }
 
+/// `ci` cuts, or `long` with `KAKEHI_LONG` set.
+fn cut_count(ci: usize, long: usize) -> usize {
+    if std::env::var_os("KAKEHI_LONG").is_some() {
+        long
+    } else {
+        ci
+    }
+}
+
+/// The `i`-th cut: at writes and syncs in turn, at a random one of the
+/// reference import's.
+fn random_cut(suite: &mut Suite, i: usize) -> (IoOp, u64) {
+    let op = if i.is_multiple_of(2) {
+        IoOp::Write
+    } else {
+        IoOp::Sync
+    };
+    (op, suite.rng.next() % suite.ops("", op))
+}
+
 #[test]
 fn power_cut_keeps_every_published_block() {
     let _seam = SEAM.lock();
-    let cuts: usize = if std::env::var_os("KAKEHI_LONG").is_some() {
-        60
-    } else {
-        8
-    };
+    let cuts = cut_count(8, 60);
     let mut suite = Suite::new("power loss");
     for i in 0..cuts {
-        let op = if i % 2 == 0 { IoOp::Write } else { IoOp::Sync };
-        let after = suite.rng.next() % suite.ops("", op);
+        let (op, after) = random_cut(&mut suite, i);
         eprintln!("{}", one_cut(&suite.blocks, op, after, &suite.reference));
     }
     eprintln!("{cuts} power cuts, each recovered (seed {})", suite.seed);
@@ -197,17 +212,10 @@ fn power_cut_under_sled_and_the_utxo_table_keeps_every_published_block() {
             return;
         }
     };
-    let cuts: usize = if std::env::var_os("KAKEHI_LONG").is_some() {
-        20
-    } else {
-        3
-    };
+    let cuts = cut_count(3, 20);
     let mut suite = Suite::new("lazy power loss");
     for i in 0..cuts {
-        let cut = (i > 0).then(|| {
-            let op = if i % 2 == 0 { IoOp::Write } else { IoOp::Sync };
-            (op, suite.rng.next() % suite.ops("", op))
-        });
+        let cut = (i > 0).then(|| random_cut(&mut suite, i));
         let line = lazy_cut(&mounted, &mount, &suite.blocks, cut, &suite.reference);
         eprintln!("{line}");
     }
