@@ -23,7 +23,7 @@ mod common;
 
 use std::path::Path;
 
-use common::faults::{check_recovery, EndState, FaultedImport, Suite};
+use common::faults::{self, check_recovery, EndState, FaultedImport, Suite};
 use kakehi::store::fault::{FaultPlan, IoOp};
 
 /// The storage seam is one per process: the two tests take turns.
@@ -223,4 +223,60 @@ fn power_cut_under_sled_and_the_utxo_table_keeps_every_published_block() {
         "{cuts} power cuts on the lazy file system, each recovered (seed {})",
         suite.seed
     );
+}
+
+/// A failed fsync inside sled's own flusher thread (the lazy file system
+/// fails it by the thread's name, as a disk would: the pages it covered
+/// never reach the disk, and every other open file of `index/db` is told
+/// at its next fsync, as Linux does): the import stops at its next index
+/// commit naming `index/db`, nothing published is lost after a power cut,
+/// and the import resumes to the reference. Without the commit's own fsync
+/// of sled's file the commits would go on over the lost pages.
+#[test]
+fn a_failed_fsync_in_sleds_flusher_stops_the_writes_and_loses_nothing_published() {
+    let _seam = SEAM.lock();
+    let at = common::tempdir();
+    let mount = at.path().canonicalize().unwrap();
+    let mounted = match lazyfs::LazyFs::mount(&mount) {
+        Ok(m) => m,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let suite = Suite::new("sled flusher fault");
+    let dir = tempfile::tempdir_in(&mount).unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let (datadir, cs) = faults::open(&root);
+    let chain = parking_lot::Mutex::new(cs);
+    // Armed once the datadir is open: sled's flusher fsyncs as it starts.
+    mounted.fs.fail_fsyncs("log flusher", "db", 0);
+    let result = faults::import(&chain, &suite.blocks);
+    let failed = mounted.fs.stop_failing();
+    assert!(
+        failed >= 1,
+        "sled's flusher never fsynced during the import"
+    );
+    let err = result.expect_err("the import went on over a failed fsync");
+    let db = root.join("index").join("db");
+    assert!(
+        err.contains(&db.display().to_string()) && err.contains("Input/output error"),
+        "the error does not name {} and the failure: {err}",
+        db.display()
+    );
+    let published = chain.lock().snapshot().index().tip_height();
+    let image = common::tempdir();
+    let rel = root.strip_prefix(&mount).unwrap().to_path_buf();
+    mounted.fs.synced_image(&rel, image.path()).unwrap();
+    drop(chain);
+    drop(datadir);
+    let case = "a failed fsync in sled's flusher";
+    let reopened = check_recovery(
+        image.path(),
+        &suite.blocks,
+        published,
+        &suite.reference,
+        case,
+    );
+    eprintln!("{case} ({failed} failed): stopped with \"{err}\", published {published}, reopened {reopened}");
 }

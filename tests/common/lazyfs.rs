@@ -11,6 +11,13 @@
 //! reaches a FUSE file system, so data "made stable" by it alone is lost,
 //! as the man page warns it may be after a crash.
 //!
+//! It can also fail an fsync as a disk would ([`LazyFs::fail_fsyncs`]):
+//! by the calling thread's name, so inside a dependency's own thread
+//! (sled's flusher). A failed fsync loses the file's unsynced pages (the
+//! kernel marks them clean: they never reach the disk) and, as Linux does
+//! since 4.13 (`errseq_t`), reports the error once to every other open
+//! file of it at its next fsync.
+//!
 //! Mounting needs `/dev/fuse` and the right to mount (root here); without
 //! them [`LazyFs::mount`] says why and the caller skips.
 
@@ -47,6 +54,8 @@ struct Node {
     dirty: BTreeSet<usize>,
     /// Entries (directories).
     children: BTreeMap<OsString, u64>,
+    /// Failed fsyncs so far (Linux's per-file `errseq_t`).
+    errors: u64,
 }
 
 impl Node {
@@ -65,10 +74,23 @@ impl Node {
     }
 }
 
+/// Fsyncs to fail: from threads named `thread`, of files named `file`,
+/// the `skip`-th and later ones.
+struct FsyncFault {
+    thread: String,
+    file: OsString,
+    skip: usize,
+    failed: usize,
+}
+
 #[derive(Default)]
 struct State {
     nodes: BTreeMap<u64, Node>,
     next: u64,
+    /// Open handles: the file and the errors it has been told of.
+    handles: BTreeMap<u64, (u64, u64)>,
+    next_handle: u64,
+    fault: Option<FsyncFault>,
 }
 
 impl State {
@@ -120,6 +142,27 @@ impl State {
             p.children.insert(name.to_owned(), ino);
         }
         Ok(ino)
+    }
+
+    fn open_handle(&mut self, ino: u64) -> FileHandle {
+        self.next_handle += 1;
+        let seen = self.nodes.get(&ino).map_or(0, |n| n.errors);
+        self.handles.insert(self.next_handle, (ino, seen));
+        FileHandle(self.next_handle)
+    }
+
+    /// Whether the fsync of `ino` by `thread` is one to fail.
+    fn fails(&mut self, ino: u64, thread: &str) -> bool {
+        let named = |s: &Self, f: &OsStr| s.nodes.values().any(|n| n.children.get(f) == Some(&ino));
+        let Some(f) = &self.fault else {
+            return false;
+        };
+        if f.thread != thread || !named(self, &f.file) {
+            return false;
+        }
+        let f = self.fault.as_mut().expect("checked");
+        f.failed += 1;
+        f.failed > f.skip
     }
 
     fn file(&mut self, ino: u64) -> Result<&mut Node, Errno> {
@@ -205,6 +248,23 @@ impl LazyFs {
                 .ok_or_else(|| std::io::Error::other(format!("{} not found", dir.display())))?;
         }
         s.image(ino, to)
+    }
+
+    /// From now on fails the fsyncs of files named `file` made by threads
+    /// named `thread` (`/proc/.../comm`), after the first `skip` of them.
+    pub fn fail_fsyncs(&self, thread: &str, file: &str, skip: usize) {
+        self.0.lock().fault = Some(FsyncFault {
+            thread: thread.to_owned(),
+            file: file.into(),
+            skip,
+            failed: 0,
+        });
+    }
+
+    /// Fsyncs failed so far by [`LazyFs::fail_fsyncs`]; stops failing them.
+    pub fn stop_failing(&self) -> usize {
+        let f = self.0.lock().fault.take();
+        f.map_or(0, |f| f.failed.saturating_sub(f.skip))
     }
 
     /// Pages (4 KiB) written and not yet fsynced under `dir` (relative to
@@ -349,9 +409,24 @@ impl Filesystem for LazyFs {
         }
     }
 
-    fn open(&self, _: &Request, _: INodeNo, _: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _: &Request, ino: INodeNo, _: OpenFlags, reply: ReplyOpen) {
         // No page cache in the kernel: every read and write reaches us.
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
+        let fh = self.0.lock().open_handle(ino.0);
+        reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO);
+    }
+
+    fn release(
+        &self,
+        _: &Request,
+        _: INodeNo,
+        fh: FileHandle,
+        _: OpenFlags,
+        _: Option<LockOwner>,
+        _: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.0.lock().handles.remove(&fh.0);
+        reply.ok();
     }
 
     fn create(
@@ -373,13 +448,8 @@ impl Filesystem for LazyFs {
             },
         };
         let attr = s.attr(ino).expect("present");
-        reply.created(
-            &TTL,
-            &attr,
-            Generation(0),
-            FileHandle(0),
-            FopenFlags::FOPEN_DIRECT_IO,
-        );
+        let fh = s.open_handle(ino);
+        reply.created(&TTL, &attr, Generation(0), fh, FopenFlags::FOPEN_DIRECT_IO);
     }
 
     fn read(
@@ -437,14 +507,31 @@ impl Filesystem for LazyFs {
         reply.ok();
     }
 
-    fn fsync(&self, _: &Request, ino: INodeNo, _: FileHandle, _: bool, reply: ReplyEmpty) {
-        match self.0.lock().file(ino.0) {
-            Ok(n) => {
-                n.sync();
-                reply.ok()
-            }
-            Err(e) => reply.error(e),
+    fn fsync(&self, req: &Request, ino: INodeNo, fh: FileHandle, _: bool, reply: ReplyEmpty) {
+        let thread = std::fs::read_to_string(format!("/proc/self/task/{}/comm", req.pid()))
+            .unwrap_or_default();
+        let mut s = self.0.lock();
+        let fails = s.fails(ino.0, thread.trim_end());
+        let seen = s.handles.get(&fh.0).map(|h| h.1);
+        let n = match s.file(ino.0) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        if fails {
+            // The pages are marked clean without reaching the disk.
+            n.dirty.clear();
+            n.errors += 1;
+        } else if seen.is_some_and(|seen| seen < n.errors) {
+            // An earlier failure, not yet reported to this open file.
+        } else {
+            n.sync();
+            return reply.ok();
         }
+        let errors = n.errors;
+        if let Some(h) = s.handles.get_mut(&fh.0) {
+            h.1 = errors;
+        }
+        reply.error(Errno::EIO)
     }
 
     fn fallocate(
