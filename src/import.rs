@@ -12,6 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bitcoin::{Block, BlockHash, Network};
@@ -383,7 +384,8 @@ impl<'a> ImportRun<'a> {
     }
 
     /// Submits the good blocks of one scanned file in order, decoding each
-    /// when reached ([`BlockFile::records`]), with a progress bar on
+    /// one block ahead of its submission ([`BlockFile::records`]: at most
+    /// two decoded at once), with a progress bar on
     /// standard error when `progress`; stops at the block boundary where
     /// `stop` is seen set (`summary.interrupted`).
     ///
@@ -399,15 +401,28 @@ impl<'a> ImportRun<'a> {
         let bar = progress_bar(progress, file.len() as u64);
         let mut last_log = Instant::now();
         let file_started = Instant::now();
-        for (i, rec) in file.records().enumerate() {
+        // One record decoded ahead: the chain state validates it while the
+        // current block's scripts run (`Chainstate::submit_block_with_next`).
+        let mut records = file
+            .records()
+            .map(|r| r.map(|rec| (rec.offset, Arc::new(rec.block))))
+            .peekable();
+        let mut i = 0;
+        while let Some(rec) = records.next() {
             if stop.load(Ordering::SeqCst) {
                 self.summary.interrupted = true;
                 break;
             }
-            self.submit(&rec?, &bar)?;
+            let (offset, block) = rec?;
+            let next = match records.peek() {
+                Some(Ok((_, next))) => Some(Arc::clone(next)),
+                _ => None,
+            };
+            self.submit(offset, block, next, &bar)?;
+            i += 1;
             bar.inc(1);
             if last_log.elapsed().as_secs() >= 10 {
-                let rate = (i + 1) as f64 / file_started.elapsed().as_secs_f64().max(1e-9);
+                let rate = i as f64 / file_started.elapsed().as_secs_f64().max(1e-9);
                 let height = self.snapshots.load().index().tip_height();
                 let remaining = bar.length().unwrap_or(0).saturating_sub(bar.position());
                 tracing::info!(
@@ -424,11 +439,18 @@ impl<'a> ImportRun<'a> {
         Ok(())
     }
 
-    /// Submits one block and counts its outcome.
-    fn submit(&mut self, rec: &Record, bar: &indicatif::ProgressBar) -> Result<(), ImportError> {
+    /// Submits one block (read at `offset`; `next` is the file's next
+    /// one, when it decodes) and counts its outcome.
+    fn submit(
+        &mut self,
+        offset: u64,
+        block: Arc<Block>,
+        next: Option<Arc<Block>>,
+        bar: &indicatif::ProgressBar,
+    ) -> Result<(), ImportError> {
         self.summary.blocks_read += 1;
-        let hash = rec.block.block_hash();
-        let outcome = { self.chain.lock().submit_block(&rec.block)? };
+        let hash = block.block_hash();
+        let outcome = { self.chain.lock().submit_block_with_next(block, next)? };
         match outcome {
             SubmitOutcome::Accepted { height, .. } => {
                 self.summary.accepted += 1;
@@ -436,7 +458,7 @@ impl<'a> ImportRun<'a> {
             }
             SubmitOutcome::Duplicate => self.summary.duplicates += 1,
             SubmitOutcome::Rejected { reason, detail } => {
-                tracing::warn!(block_hash = %hash, offset = rec.offset, %reason, "rejected: {detail}");
+                tracing::warn!(block_hash = %hash, offset, %reason, "rejected: {detail}");
                 self.summary.rejected.push((hash, reason, detail));
             }
         }

@@ -49,18 +49,21 @@ use bitcoin::hex::DisplayHex;
 use bitcoin::{BlockHash, OutPoint};
 
 use crate::chain::assumevalid::{AssumeValid, AssumeValidState};
-use crate::chain::index::BlockIndex;
+use crate::chain::index::{BlockIndex, IndexEntry};
 use crate::chain::ChainParams;
 use crate::filters;
 use crate::muhash::MuHash3072;
 use crate::primitives::{BlockId, Coin};
 use crate::snapshot::{BlockMeta, ChainSnapshot, Snapshots};
-use crate::sozu::{BlockWrite, SozuError, UtxoReader, UtxoTable, ViewStatus};
+use crate::sozu::{
+    BlockWrite, Consumption, NewOutput, SozuError, UtxoReader, UtxoTable, ViewStatus,
+};
 use crate::store::{BlockRecord, FlatFiles, Store, StoreError, WriteBatch};
 use crate::validation::script::BlockScriptError;
 use crate::validation::{BlockError, SpentOutput};
 
 mod address_index;
+mod ahead;
 mod connect;
 mod group;
 mod headers;
@@ -230,6 +233,57 @@ enum Verdict {
     Invalid(BlockError),
 }
 
+/// What a block's UTXO checks found ([`Chainstate::check_utxos`]), before
+/// its block id is known.
+struct CheckedUtxos {
+    /// The outputs it spends, in block order.
+    spent: Arc<[SpentOutput]>,
+    /// The outputs it creates, in block order.
+    created: Vec<(OutPoint, Coin)>,
+    /// Its transaction ids, in block order.
+    txids: Vec<bitcoin::Txid>,
+    /// Those seen before (stored or in the open group): their outputs may
+    /// be in the table; every other transaction's are known absent.
+    seen_before: HashSet<bitcoin::Txid>,
+}
+
+impl CheckedUtxos {
+    /// The valid block `entry` these checks found: its table write.
+    fn into_valid(self, entry: &IndexEntry) -> ValidBlock {
+        let write = BlockWrite {
+            block: entry.id,
+            height: entry.height,
+            created: self
+                .created
+                .iter()
+                .map(|(op, coin)| NewOutput {
+                    outpoint: *op,
+                    coin: coin.clone(),
+                    known_absent: !self.seen_before.contains(&op.txid),
+                })
+                .collect(),
+            spent: self
+                .spent
+                .iter()
+                .map(|s| {
+                    let by = Consumption {
+                        block: entry.id,
+                        txid: s.txid,
+                        vin: s.vin,
+                    };
+                    (s.outpoint, by)
+                })
+                .collect(),
+        };
+        ValidBlock {
+            write,
+            spent: self.spent,
+            created: self.created,
+            txids: self.txids,
+        }
+    }
+}
+
 /// What connecting a valid block writes.
 struct ValidBlock {
     /// The UTXO table's write.
@@ -269,6 +323,10 @@ pub struct PipelineStats {
     pub script_micros: u64,
     /// Blocks connected without script verification (assumevalid).
     pub blocks_assumed_valid: u64,
+    /// Blocks whose connect used their validation ahead (lookups, UTXO
+    /// checks and script checks made while their parent's scripts ran:
+    /// [`Chainstate::submit_block_with_next`]).
+    pub blocks_validated_ahead: u64,
 }
 
 /// The node's chain state: block index, stores, UTXO table. The one writer:
@@ -328,6 +386,9 @@ pub struct Chainstate {
     /// The script threads (`script_threads` - 1 of them), started at the
     /// first block whose scripts are verified.
     script_pool: Option<crate::validation::script::ScriptPool>,
+    /// The next block, validated ahead while the last connected block's
+    /// scripts ran, for its submission (`ahead`).
+    ahead: Option<ahead::Ahead>,
     /// The block last found invalid while connecting and the description of
     /// why (for the [`SubmitOutcome::Rejected`] of its submission).
     last_reject: Option<(BlockId, String)>,

@@ -20,8 +20,8 @@ mod common;
 
 use std::time::Duration;
 
-use bitcoin::{Amount, Block, OutPoint, Sequence, Transaction, TxIn, TxOut, Witness};
-use common::blockgen::{coinbase, mine, subsidy, Kind, Wallet};
+use bitcoin::Block;
+use common::blockgen::{block_on as block, spend_p2wpkh as spend, Wallet};
 use common::{muhash_of_table, TestNode};
 use kakehi::node::open_chainstate;
 use kakehi::pipeline::{GroupLimits, SubmitOutcome};
@@ -32,50 +32,6 @@ const WIDE: GroupLimits = GroupLimits {
     max_bytes: 1 << 30,
     max_age: Duration::from_secs(3_600),
 };
-
-/// A transaction spending output `vout` of `funding` (a P2WPKH output of
-/// the wallet) to the wallet's P2WPKH for a fee of `fee` sats, signed; its
-/// signature's byte 10 flipped when `corrupt`.
-fn spend(wallet: &Wallet, funding: &Transaction, fee: u64, corrupt: bool) -> Transaction {
-    let vout = 0;
-    let coin = funding.output[vout as usize].clone();
-    let mut tx = Transaction {
-        version: bitcoin::transaction::Version::TWO,
-        lock_time: bitcoin::absolute::LockTime::ZERO,
-        input: vec![TxIn {
-            previous_output: OutPoint {
-                txid: funding.compute_txid(),
-                vout,
-            },
-            sequence: Sequence::MAX,
-            ..TxIn::default()
-        }],
-        output: vec![TxOut {
-            value: coin.value - Amount::from_sat(fee),
-            script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
-        }],
-    };
-    wallet.sign(&mut tx, &[(Kind::P2wpkh, coin)]);
-    if corrupt {
-        let mut items: Vec<Vec<u8>> = tx.input[0].witness.iter().map(<[u8]>::to_vec).collect();
-        items[0][10] ^= 0x01;
-        tx.input[0].witness = Witness::from_slice(&items);
-    }
-    tx
-}
-
-/// A block on `prev` at `height` paying its reward to the wallet, with `txs`.
-fn block(wallet: &Wallet, prev: &Block, height: u32, tag: u32, txs: Vec<Transaction>) -> Block {
-    let pay = TxOut {
-        value: Amount::from_sat(subsidy(height)),
-        script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
-    };
-    mine(
-        (prev.block_hash(), prev.header.time),
-        coinbase(height, tag, vec![pay]),
-        txs,
-    )
-}
 
 fn accepted(node: &TestNode, b: &Block, what: &str) {
     match node.chain.lock().submit_block(b).expect("storage") {

@@ -13,9 +13,10 @@
 mod common;
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Instant;
 
-use bitcoin::{Network, OutPoint, Txid};
+use bitcoin::{Block, Network, OutPoint, Txid};
 use common::{data, muhash_of_table, TestNode};
 use kakehi::muhash::{coin_bytes, MuHash3072};
 use kakehi::node::open_chainstate;
@@ -139,8 +140,13 @@ fn kept_muhash_equals_a_table_walk_after_every_reorg() {
     let mut cs = node.chain.lock();
     let mut reorgs = 0;
     let mut checked = 0;
-    for (i, r) in records.iter().enumerate() {
-        cs.submit_block(&r.block).expect("submit");
+    // Each block submitted with the next (validated ahead, as
+    // `kakehi import` does).
+    let blocks: Vec<Arc<Block>> = records.into_iter().map(|r| Arc::new(r.block)).collect();
+    for (i, b) in blocks.iter().enumerate() {
+        let next = blocks.get(i + 1).cloned();
+        cs.submit_block_with_next(Arc::clone(b), next)
+            .expect("submit");
         let now = cs.stats().reorgs;
         if now != reorgs || i % 250 == 0 {
             reorgs = now;
@@ -155,5 +161,8 @@ fn kept_muhash_equals_a_table_walk_after_every_reorg() {
         }
     }
     assert_eq!(reorgs, 7);
+    // All but the first block and those that start a side branch.
+    let ahead = cs.stats().blocks_validated_ahead;
+    assert!(ahead >= 1_450, "{ahead} blocks validated ahead");
     eprintln!("kept MuHash = table walk at {checked} points, after each of the 7 reorgs");
 }

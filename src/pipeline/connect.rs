@@ -8,21 +8,31 @@ use std::time::Instant;
 
 use bitcoin::bip158::{BlockFilter, FilterHeader};
 use bitcoin::hashes::Hash;
-use bitcoin::{Block, OutPoint, Txid};
+use bitcoin::{Block, BlockHash, OutPoint, Txid};
 
 use crate::chain::index::{BlockStatus, IndexEntry};
 use crate::filters;
 use crate::primitives::{BlockId, Coin};
-use crate::sozu::{BlockWrite, CommitTag, Consumption, NewOutput, ViewStatus};
+use crate::sozu::{BlockWrite, CommitTag, ViewStatus};
 use crate::store::{
     sync_concurrently, WriteBatch, META_FLAT_FILTERS, META_FLAT_SPENT, META_SOZU_LAST,
 };
-use crate::validation::{self, BlockContext};
+use crate::validation::{self, BlockContext, BlockError};
 
+use super::ahead::Ahead;
 use super::group::GroupEntry;
 use super::open::flat_pos_bytes;
 use super::spent::encode_spent;
-use super::{address_index, scripts, Chainstate, PipelineError, ValidBlock, Verdict};
+use super::{address_index, scripts, Chainstate, CheckedUtxos, PipelineError, ValidBlock, Verdict};
+
+/// What a connect gets besides its block (`pipeline/ahead.rs`).
+#[derive(Default)]
+pub(super) struct Lookahead {
+    /// The block's own validation ahead, if made.
+    pub prepared: Option<Ahead>,
+    /// The next block, to validate ahead while this one's scripts run.
+    pub next: Option<Arc<Block>>,
+}
 
 impl Chainstate {
     /// Validates block `entry` against the table under the view of its
@@ -37,13 +47,63 @@ impl Chainstate {
         entry: &IndexEntry,
         parent: BlockId,
     ) -> Result<Verdict, PipelineError> {
+        Ok(
+            match self.check_utxos(block, entry.height, entry.hash, parent, None)? {
+                Ok(checked) => Verdict::Valid(checked.into_valid(entry)),
+                Err(e) => Verdict::Invalid(e),
+            },
+        )
+    }
+
+    /// The UTXO checks of `block` (at `height`, hashed `hash`) under the
+    /// view of `parent`'s branch: its lookups in the table, then Core's
+    /// `ConnectBlock` rules but scripts. `parent_ahead` is `parent` itself
+    /// when it is being connected and its table write is neither applied
+    /// nor kept yet (a block validated ahead, `pipeline/ahead.rs`): its
+    /// write is read from memory and its transactions count as stored.
+    ///
+    /// # Errors
+    /// [`PipelineError`] when the table or the index database fails; an
+    /// invalid block is the inner `Err`.
+    pub(super) fn check_utxos(
+        &mut self,
+        block: &Block,
+        height: u32,
+        hash: BlockHash,
+        parent: BlockId,
+        parent_ahead: Option<&ValidBlock>,
+    ) -> Result<Result<CheckedUtxos, BlockError>, PipelineError> {
         let txids: Vec<Txid> = block.txdata.iter().map(|t| t.compute_txid()).collect();
-        let (keys, seen_before) = self.lookup_keys(block, &txids)?;
-        let coins = self.coins_in_view(&keys, parent)?;
+        let parent_txids = parent_ahead.map(|v| v.txids.as_slice());
+        let (keys, seen_before) = self.lookup_keys(block, &txids, parent_txids)?;
+        let coins = self.coins_in_view(&keys, parent, parent_ahead.map(|v| &v.write))?;
+        // `check_block` already passed when the block was stored
+        // (`submit_block`), against the same parent: only the UTXO checks
+        // remain.
+        let effects = self.with_context(height, hash, parent, |ctx| {
+            validation::connect_block(block, ctx, &coins)
+        });
+        Ok(effects.map(|effects| CheckedUtxos {
+            spent: effects.spent.into(),
+            created: effects.created,
+            txids,
+            seen_before,
+        }))
+    }
+
+    /// Calls `f` with the context of a block at `height`, hashed `hash`,
+    /// whose parent is `parent` (its median-time-past and its branch's).
+    pub(super) fn with_context<R>(
+        &self,
+        height: u32,
+        hash: BlockHash,
+        parent: BlockId,
+        f: impl FnOnce(&BlockContext<'_>) -> R,
+    ) -> R {
         let ctx = BlockContext {
             params: self.index.params(),
-            height: entry.height,
-            block_hash: entry.hash,
+            height,
+            block_hash: hash,
             prev_median_time_past: self.index.median_time_past(parent),
             median_time_past_at: &|h| {
                 self.index
@@ -51,44 +111,7 @@ impl Chainstate {
                     .map(|a| self.index.median_time_past(a.id))
             },
         };
-        // `check_block` already passed when the block was stored
-        // (`submit_block`), against the same parent: only the UTXO checks
-        // remain.
-        let effects = match validation::connect_block(block, &ctx, &coins) {
-            Ok(fx) => fx,
-            Err(e) => return Ok(Verdict::Invalid(e)),
-        };
-        let write = BlockWrite {
-            block: entry.id,
-            height: entry.height,
-            created: effects
-                .created
-                .iter()
-                .map(|(op, coin)| NewOutput {
-                    outpoint: *op,
-                    coin: coin.clone(),
-                    known_absent: !seen_before.contains(&op.txid),
-                })
-                .collect(),
-            spent: effects
-                .spent
-                .iter()
-                .map(|s| {
-                    let by = Consumption {
-                        block: entry.id,
-                        txid: s.txid,
-                        vin: s.vin,
-                    };
-                    (s.outpoint, by)
-                })
-                .collect(),
-        };
-        Ok(Verdict::Valid(ValidBlock {
-            write,
-            spent: effects.spent.into(),
-            created: effects.created,
-            txids,
-        }))
+        f(&ctx)
     }
 
     /// The outpoints to look up in the UTXO table for `block` (whose
@@ -98,7 +121,8 @@ impl Chainstate {
     /// returns those txids: the outputs of every other transaction are
     /// known absent from the table (proof of absence: BIP34 makes txids
     /// unique; a txid prefix shared with another transaction only adds
-    /// keys the table answers exactly).
+    /// keys the table answers exactly). `parent_txids`: the transactions
+    /// of a parent not yet in the open group nor stored (validated ahead).
     ///
     /// # Errors
     /// [`PipelineError::Store`] when the index database fails.
@@ -106,6 +130,7 @@ impl Chainstate {
         &self,
         block: &Block,
         txids: &[Txid],
+        parent_txids: Option<&[Txid]>,
     ) -> Result<(Vec<OutPoint>, HashSet<Txid>), PipelineError> {
         let in_block: HashSet<&Txid> = txids.iter().collect();
         let mut keys: Vec<OutPoint> = Vec::new();
@@ -116,10 +141,11 @@ impl Chainstate {
                 }
             }
         }
+        let in_parent: HashSet<&Txid> = parent_txids.into_iter().flatten().collect();
         let mut seen_before = HashSet::new();
         for (tx, txid) in block.txdata.iter().zip(txids) {
             let in_group = self.group.as_ref().is_some_and(|g| g.has_tx(txid));
-            if in_group || self.store.tx_maybe_known(txid)? {
+            if in_group || in_parent.contains(txid) || self.store.tx_maybe_known(txid)? {
                 seen_before.insert(*txid);
                 for vout in 0..tx.output.len() as u32 {
                     keys.push(OutPoint { txid: *txid, vout });
@@ -130,7 +156,9 @@ impl Chainstate {
     }
 
     /// The coins of `keys` unspent in the view of `parent`'s branch, each
-    /// with its creation height on that branch.
+    /// with its creation height on that branch. `parent_write`: `parent`'s
+    /// own table write when it is neither applied nor kept yet (read from
+    /// memory, as a kept write is).
     ///
     /// # Errors
     /// [`PipelineError::Sozu`] when the UTXO table fails.
@@ -138,11 +166,12 @@ impl Chainstate {
         &mut self,
         keys: &[OutPoint],
         parent: BlockId,
+        parent_write: Option<&BlockWrite>,
     ) -> Result<HashMap<OutPoint, Coin>, PipelineError> {
         // The open group's last block, not yet written to the table, is
         // `parent` itself (its write is read from memory below) or is
         // written now.
-        if self.unwritten.as_ref().is_some_and(|w| w.block != parent) {
+        if parent_write.is_some() || self.unwritten.as_ref().is_some_and(|w| w.block != parent) {
             self.write_unwritten()?;
         }
         let entries = self.table.get_batch(keys)?;
@@ -158,7 +187,7 @@ impl Chainstate {
                 coins.insert(e.outpoint, coin);
             }
         }
-        if let Some(write) = &self.unwritten {
+        if let Some(write) = parent_write.or(self.unwritten.as_ref()) {
             unwritten_coins(&mut coins, keys, write);
         }
         Ok(coins)
@@ -172,12 +201,14 @@ impl Chainstate {
     /// this block boundary (the block's storage record when it is stored
     /// and connected in one commit: its bytes, appended to the block files,
     /// are synced with the filter and spent-output files before the index
-    /// commit that points to them).
+    /// commit that points to them); `ahead`: this block's validation ahead
+    /// and the next block to validate ahead (`pipeline/ahead.rs`).
     pub(super) fn connect(
         &mut self,
         id: BlockId,
-        block: Option<&Block>,
+        block: Option<&Arc<Block>>,
         mut batch: WriteBatch,
+        ahead: Lookahead,
     ) -> Result<bool, PipelineError> {
         let entry = self
             .index
@@ -188,27 +219,37 @@ impl Chainstate {
             })?;
         let parent = entry.prev.unwrap_or(BlockId(0));
         // Shared with the script threads.
-        let block = Arc::new(match block {
-            Some(b) => b.clone(),
-            None => self
-                .current()
-                .read_block(id)?
-                .ok_or_else(|| PipelineError::Inconsistent {
+        let block = match block {
+            Some(b) => Arc::clone(b),
+            None => Arc::new(self.current().read_block(id)?.ok_or_else(|| {
+                PipelineError::Inconsistent {
                     reason: format!("block {} has no data", entry.hash),
-                })?,
-        });
+                }
+            })?),
+        };
         let started = Instant::now();
-        let valid = match self.validate(&block, &entry, parent)? {
-            Verdict::Valid(v) => v,
-            Verdict::Invalid(e) => {
-                return self.reject_connecting(id, &entry, e.reject_reason(), &e, batch)
+        let prepared = ahead.prepared.and_then(|a| self.take_prepared(a, parent));
+        let (valid, checks) = match prepared {
+            Some(p) => {
+                self.stats.blocks_validated_ahead += 1;
+                (p.checked.into_valid(&entry), Some(p.checks))
             }
+            None => match self.validate(&block, &entry, parent)? {
+                Verdict::Valid(v) => (v, None),
+                Verdict::Invalid(e) => {
+                    return self.reject_connecting(id, &entry, e.reject_reason(), &e, batch)
+                }
+            },
         };
         // Economic checks passed: now the scripts, while the filter and the
         // MuHash delta are built. Nothing is written before their verdict.
-        let (filter, delta) = match self.scripts_filter_delta(&block, &entry, &valid.spent) {
+        let next = ahead.next.as_ref();
+        let (filter, delta) = match self.scripts_filter_delta(&block, &entry, &valid, checks, next)
+        {
             Ok(scripts::ScriptsOutcome::Passed { filter, delta }) => (filter, *delta),
             Ok(scripts::ScriptsOutcome::Failed(e)) => {
+                // The next block, validated ahead on this one, goes too.
+                self.ahead = None;
                 let reason = e
                     .reject_reason()
                     .unwrap_or(validation::script::BLOCK_SCRIPT_FAILURE);

@@ -166,6 +166,7 @@ impl Chainstate {
                 .unwrap_or(std::num::NonZeroUsize::MIN),
             script_pool: None,
             unwritten: None,
+            ahead: None,
             last_reject: None,
             address_index: AddressIndexState {
                 write: true,

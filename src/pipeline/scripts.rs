@@ -3,7 +3,8 @@
 //! `libbitcoinconsensus`) after the economic checks, on script threads
 //! kept across blocks ([`ScriptPool`], Core's `CCheckQueue`) while the
 //! writer builds the block's BIP-158 filter and MuHash delta from the same
-//! spent outputs, then joins them; skipped for ancestors of the assumevalid block
+//! spent outputs (and validates the next block ahead, `pipeline/ahead.rs`),
+//! then joins them; skipped for ancestors of the assumevalid block
 //! ([`crate::chain::assumevalid`], Core's `ConnectBlock` rule). A failure
 //! rejects the block with Core's reason
 //! (`block-script-verify-flag-failed (<error>)`) and writes nothing else of
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bitcoin::bip158::BlockFilter;
-use bitcoin::Block;
+use bitcoin::{Block, BlockHash};
 
 use crate::chain::assumevalid::ScriptCheck;
 use crate::chain::index::IndexEntry;
@@ -26,7 +27,7 @@ use crate::validation::script::{
 };
 use crate::validation::SpentOutput;
 
-use super::{Chainstate, PipelineError};
+use super::{Chainstate, PipelineError, ValidBlock};
 
 /// Script verification in the block boundary.
 impl Chainstate {
@@ -89,7 +90,9 @@ impl Chainstate {
     /// Verifies `block`'s scripts with Core's interpreter (unless
     /// assumevalid skips them) on the script threads, while this thread
     /// builds the block's BIP-158 filter and MuHash delta from the same
-    /// spent outputs and then joins the verification.
+    /// spent outputs, validates `next` ahead when given
+    /// ([`Chainstate::prepare_ahead`]), and then joins the verification.
+    /// `prepared`: the checks started when this block was validated ahead.
     /// [`ScriptsOutcome::Failed`] is a script failure: the block is invalid.
     ///
     /// # Errors
@@ -99,17 +102,28 @@ impl Chainstate {
         &mut self,
         block: &Arc<Block>,
         entry: &IndexEntry,
-        spent: &Arc<[SpentOutput]>,
+        valid: &ValidBlock,
+        prepared: Option<StartedChecks>,
+        next: Option<&Arc<Block>>,
     ) -> Result<ScriptsOutcome, PipelineError> {
         let verify = matches!(self.script_check(entry), ScriptCheck::Verify(_));
         let started = Instant::now();
-        let pending = verify.then(|| self.start_checks(block, entry, spent));
+        let spent = &valid.spent;
+        // Checks started ahead are kept when they are to run (dropped,
+        // that is cancelled, when assumevalid now skips them).
+        let pending = match prepared.flatten() {
+            Some(checks) if verify => Some(checks),
+            _ => verify.then(|| self.start_checks(block, entry.height, entry.hash, spent)),
+        };
         // The parent's table write, kept from its connect, while the
         // scripts run.
         self.write_unwritten()?;
         let scripts = spent.iter().map(|s| s.coin.script_pubkey.as_slice());
         let filter = filters::basic_filter(block, scripts);
         let delta = self.timed_delta(block, entry.height, spent);
+        if let Some(next) = next {
+            self.prepare_ahead(next, entry, valid);
+        }
         let verdict = match pending {
             None => {
                 self.stats.blocks_assumed_valid += 1;
@@ -145,18 +159,20 @@ impl Chainstate {
         })
     }
 
-    /// Hands the checks of `block`'s inputs to the script threads, under
-    /// the flags of its height (Core's `GetBlockScriptFlags`).
+    /// Hands the checks of `block`'s inputs (at `height`, hashed `hash`)
+    /// to the script threads, under the flags of its height (Core's
+    /// `GetBlockScriptFlags`).
     ///
     /// # Errors
     /// [`BlockScriptError::SpentMismatch`] when `spent` is not the block's.
-    fn start_checks(
+    pub(super) fn start_checks(
         &mut self,
         block: &Arc<Block>,
-        entry: &IndexEntry,
+        height: u32,
+        hash: BlockHash,
         spent: &Arc<[SpentOutput]>,
     ) -> Result<PendingChecks, BlockScriptError> {
-        let flags = block_script_flags(self.index.params(), entry.height, &entry.hash);
+        let flags = block_script_flags(self.index.params(), height, &hash);
         let checks = OwnedBlockChecks::new(Arc::clone(block), Arc::clone(spent), flags)?;
         Ok(self.script_pool().start(Arc::new(checks)))
     }
@@ -175,6 +191,10 @@ impl Chainstate {
             })
     }
 }
+
+/// A block's script checks as handed to the script threads; `None` when
+/// assumevalid skips them.
+pub(super) type StartedChecks = Option<Result<PendingChecks, BlockScriptError>>;
 
 /// What [`Chainstate::scripts_filter_delta`] found, when the engine could
 /// decide.

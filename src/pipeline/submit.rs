@@ -10,8 +10,9 @@ use crate::chain::index::BlockStatus;
 use crate::primitives::BlockId;
 use crate::sozu::PURGE_DEPTH;
 use crate::store::{WriteBatch, META_FLAT_BLOCKS, META_TIP};
-use crate::validation::{self, BlockContext, BlockError};
+use crate::validation::{self, BlockError};
 
+use super::connect::Lookahead;
 use super::open::flat_pos_bytes;
 use super::{now_secs, Chainstate, PipelineError, SubmitOutcome, DUPLICATE_INVALID};
 
@@ -22,8 +23,25 @@ impl Chainstate {
     /// # Errors
     /// Storage failure only; invalid blocks are [`SubmitOutcome::Rejected`].
     pub fn submit_block(&mut self, block: &Block) -> Result<SubmitOutcome, PipelineError> {
+        self.submit_block_with_next(Arc::new(block.clone()), None)
+    }
+
+    /// [`Chainstate::submit_block`] for a shared block, with the block the
+    /// caller will submit next when it has it (an import: the next record
+    /// of its file): while `block`'s scripts are verified, `next` is
+    /// validated ahead (`pipeline/ahead.rs`), and its submission, when it
+    /// comes next with the same `Arc`, starts from there. Outcomes are the
+    /// same as without `next`.
+    ///
+    /// # Errors
+    /// Storage failure only; invalid blocks are [`SubmitOutcome::Rejected`].
+    pub fn submit_block_with_next(
+        &mut self,
+        block: Arc<Block>,
+        next: Option<Arc<Block>>,
+    ) -> Result<SubmitOutcome, PipelineError> {
         let started = std::time::Instant::now();
-        let outcome = self.submit_block_timed(block);
+        let outcome = self.submit_block_timed(&block, next);
         let outcome = self.guard_writes(outcome);
         self.stats.submit_micros = self
             .stats
@@ -37,8 +55,11 @@ impl Chainstate {
 
     pub(super) fn submit_block_timed(
         &mut self,
-        block: &Block,
+        block: &Arc<Block>,
+        next: Option<Arc<Block>>,
     ) -> Result<SubmitOutcome, PipelineError> {
+        // This block's validation ahead, if made; any other is dropped.
+        let prepared = self.ahead.take().filter(|a| a.is_for(block));
         self.check_not_failed()?;
         let hash = block.block_hash();
         if let Some(outcome) = self.known_block(&hash) {
@@ -57,19 +78,16 @@ impl Chainstate {
                 reason: "accepted header vanished".into(),
             })?;
         let parent = entry.prev.unwrap_or(BlockId(0));
-        let ctx = BlockContext {
-            params: self.index.params(),
-            height: entry.height,
-            block_hash: hash,
-            prev_median_time_past: self.index.median_time_past(parent),
-            median_time_past_at: &|h| {
-                self.index
-                    .ancestor(parent, h)
-                    .map(|a| self.index.median_time_past(a.id))
-            },
-        };
-        if let Err(e) = validation::check_block(block, &ctx) {
-            return self.refuse_checked(id, entry.height, &hash, &e);
+        let prepared = prepared.filter(|a| a.parent() == parent);
+        // Validated ahead on the same parent: `check_block` passed there,
+        // under the same context.
+        if prepared.is_none() {
+            let checked = self.with_context(entry.height, hash, parent, |ctx| {
+                validation::check_block(block, ctx)
+            });
+            if let Err(e) = checked {
+                return self.refuse_checked(id, entry.height, &hash, &e);
+            }
         }
         let batch = self.store_block_data(id, block)?;
         let tip = self.index.tip().id;
@@ -81,7 +99,8 @@ impl Chainstate {
             // (the common case: import, sync): storing and connecting it is
             // one block boundary, one commit (or one block of a group
             // while catching up).
-            self.connect(id, Some(block), batch)?;
+            let ahead = Lookahead { prepared, next };
+            self.connect(id, Some(block), batch, ahead)?;
         } else {
             self.commit_boundary(batch)?;
         }
@@ -248,7 +267,7 @@ impl Chainstate {
                     }
                     Some(BlockStatus::HaveData) => {
                         let batch = self.take_batch();
-                        self.connect(id, None, batch)?
+                        self.connect(id, None, batch, Lookahead::default())?
                     }
                     _ => false,
                 };

@@ -251,6 +251,61 @@ pub fn signed_spend(
     tx
 }
 
+/// A version-2 transaction spending output 0 of `funding` (a P2WPKH output
+/// of `wallet`) to the wallet's P2WPKH for a fee of `fee` sats, signed; its
+/// signature's byte 10 flipped when `corrupt` (a script failure).
+pub fn spend_p2wpkh(
+    wallet: &Wallet,
+    funding: &Transaction,
+    fee: u64,
+    corrupt: bool,
+) -> Transaction {
+    let coin = funding.output[0].clone();
+    let mut tx = Transaction {
+        version: transaction::Version::TWO,
+        lock_time: absolute::LockTime::ZERO,
+        input: vec![TxIn {
+            previous_output: OutPoint {
+                txid: funding.compute_txid(),
+                vout: 0,
+            },
+            sequence: Sequence::MAX,
+            ..TxIn::default()
+        }],
+        output: vec![TxOut {
+            value: coin.value - Amount::from_sat(fee),
+            script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
+        }],
+    };
+    wallet.sign(&mut tx, &[(Kind::P2wpkh, coin)]);
+    if corrupt {
+        let mut items: Vec<Vec<u8>> = tx.input[0].witness.iter().map(<[u8]>::to_vec).collect();
+        items[0][10] ^= 0x01;
+        tx.input[0].witness = Witness::from_slice(&items);
+    }
+    tx
+}
+
+/// A block on `prev` at `height` paying its subsidy to the wallet's P2WPKH,
+/// with `txs`; `tag` tells apart blocks at the same height.
+pub fn block_on(
+    wallet: &Wallet,
+    prev: &Block,
+    height: u32,
+    tag: u32,
+    txs: Vec<Transaction>,
+) -> Block {
+    let pay = TxOut {
+        value: Amount::from_sat(subsidy(height)),
+        script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
+    };
+    mine(
+        (prev.block_hash(), prev.header.time),
+        coinbase(height, tag, vec![pay]),
+        txs,
+    )
+}
+
 /// A coinbase for `height`: scriptSig = BIP34 height push then `tag` (so
 /// that blocks at the same height differ), paying `outputs`.
 pub fn coinbase(height: u32, tag: u32, outputs: Vec<TxOut>) -> Transaction {
