@@ -3,8 +3,10 @@
 //! the same pipeline as blocks from peers.
 //!
 //! A file is scanned whole before anything is imported (each block decoded
-//! to check it, then decoded again when submitted, so that the import holds
-//! the file's bytes and one decoded block, not the whole file decoded): a truncated record,
+//! to check it, then decoded again one block before its submission, so
+//! that the import holds the file's bytes and two decoded blocks, the one
+//! submitted and the next, which the chain state validates ahead, not the
+//! whole file decoded): a truncated record,
 //! garbage between records, the wrong network's magic or a block that does
 //! not decode is a typed [`ImportError`] naming the file and offset, and
 //! leaves the database unchanged. Zero bytes after the last record (Core
