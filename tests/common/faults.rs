@@ -10,7 +10,9 @@ use bitcoin::Network;
 use kakehi::chain::ChainParams;
 use kakehi::import::import_files;
 use kakehi::muhash::{coin_bytes, MuHash3072};
-use kakehi::node::{open_chainstate, DataDir};
+use kakehi::node::{open_chainstate_with, DataDir};
+use kakehi::store::runs::RowOptions;
+use kakehi::store::Budgets;
 use kakehi::pipeline::{Chainstate, GroupLimits};
 use kakehi::store::fault::{self, FaultPlan, FaultReport, IoOp};
 use parking_lot::Mutex;
@@ -24,9 +26,24 @@ pub const LIMITS: GroupLimits = GroupLimits {
     max_age: std::time::Duration::from_secs(3600),
 };
 
+/// The index rows' memory bound (`index.rows_memory_mib`): 1 MiB, not the
+/// default 16, so the 400-block import both appends to the row log (3
+/// records) and writes run files and the row manifest (2 flushes): faults
+/// and power cuts land in each. With the default every commit goes to the
+/// log and no run file is ever written.
+pub const ROWS_MEMORY: usize = 1 << 20;
+
 pub fn open(dir: &Path) -> (DataDir, Chainstate) {
     let datadir = DataDir::open(dir).unwrap();
-    let mut cs = open_chainstate(ChainParams::new(Network::Regtest), &datadir).unwrap();
+    let budgets = Budgets {
+        rows: RowOptions {
+            memory_bound: ROWS_MEMORY,
+            ..RowOptions::default()
+        },
+        ..Budgets::default()
+    };
+    let mut cs =
+        open_chainstate_with(ChainParams::new(Network::Regtest), &datadir, &budgets).unwrap();
     cs.set_group_limits(LIMITS);
     (datadir, cs)
 }
