@@ -11,8 +11,10 @@
 //! never exceeds its budget (`quick_cache` keeps `hot + cold ≤ capacity`
 //! per shard).
 
-use std::hash::Hash;
+use std::hash::{BuildHasherDefault, Hash};
 use std::sync::Arc;
+
+use rustc_hash::FxHasher;
 
 /// Bytes counted per entry beside its value's own: the key, the `Arc`'s
 /// counters and the cache's slot (an estimate; a few words each).
@@ -34,9 +36,21 @@ impl<K, V: Weighed> quick_cache::Weighter<K, Arc<V>> for ByBytes {
     }
 }
 
+/// The cache's table: `quick_cache`'s, hashed with FxHash rather than
+/// SipHash (the keys are small integers the node makes, never input; a
+/// probe of every run's filter for every transaction is the writer's hot
+/// path).
+type Inner<K, V> = quick_cache::sync::Cache<
+    K,
+    Arc<V>,
+    ByBytes,
+    BuildHasherDefault<FxHasher>,
+    quick_cache::sync::DefaultLifecycle<K, Arc<V>>,
+>;
+
 /// A byte-budgeted cache of `Arc<V>` by `K`, shared by threads.
 pub struct ByteCache<K, V> {
-    inner: quick_cache::sync::Cache<K, Arc<V>, ByBytes>,
+    inner: Inner<K, V>,
 }
 
 impl<K: Eq + Hash + Clone, V: Weighed> std::fmt::Debug for ByteCache<K, V> {
@@ -62,14 +76,15 @@ impl<K: Eq + Hash + Clone, V: Weighed> ByteCache<K, V> {
             .shards(shards)
             .build();
         let inner = match options {
-            Ok(o) => quick_cache::sync::Cache::with_options(
-                o,
+            Ok(o) => Inner::with_options(o, ByBytes, Default::default(), Default::default()),
+            // Not reached: both required options are set above.
+            Err(_) => Inner::with(
+                items,
+                budget as u64,
                 ByBytes,
                 Default::default(),
                 Default::default(),
             ),
-            // Not reached: both required options are set above.
-            Err(_) => quick_cache::sync::Cache::with_weighter(items, budget as u64, ByBytes),
         };
         ByteCache { inner }
     }
