@@ -11,10 +11,10 @@ use kakehi::chain::ChainParams;
 use kakehi::import::import_files;
 use kakehi::muhash::{coin_bytes, MuHash3072};
 use kakehi::node::{open_chainstate_with, DataDir};
-use kakehi::store::runs::RowOptions;
-use kakehi::store::Budgets;
 use kakehi::pipeline::{Chainstate, GroupLimits};
 use kakehi::store::fault::{self, FaultPlan, FaultReport, IoOp};
+use kakehi::store::runs::RowOptions;
+use kakehi::store::Budgets;
 use parking_lot::Mutex;
 use tempfile::TempDir;
 
