@@ -67,6 +67,8 @@ struct Batch<'a, 'f> {
     found: &'a mut Found<'f>,
     paths: Option<&'a mut [Vec<u64>]>,
     may: Vec<bool>,
+    /// Per visit: which of its keys the page held (kept between visits).
+    hit: Vec<bool>,
 }
 
 /// Looks every query up; `paths`, when given, receives for each query the
@@ -93,6 +95,7 @@ pub(super) fn descend(
         found,
         paths,
         may: Vec::new(),
+        hit: Vec::new(),
     };
     let mut pending: Vec<(u64, usize)> = queries
         .iter()
@@ -185,11 +188,19 @@ impl Batch<'_, '_> {
         }
         let p = view.read(addr)?;
         self.counts.pages_read += 1;
-        let mut hit = vec![false; group.len()];
+        let mut hit = std::mem::take(&mut self.hit);
+        hit.clear();
+        hit.resize(group.len(), false);
+        // The walk stops once every key of the visit is found.
+        let mut left = group.len();
         for (slot, (_, e)) in page::entries(&p).enumerate() {
+            if left == 0 {
+                break;
+            }
             for (k, &(_, qi)) in group.iter().enumerate() {
                 if !hit[k] && page::key_eq(&self.queries[qi].key, e.key()) {
                     hit[k] = true;
+                    left -= 1;
                     (self.found)(qi, addr, slot as u16, e)?;
                 }
             }
@@ -200,6 +211,7 @@ impl Batch<'_, '_> {
                 self.go_down(d, addr, qi, next);
             }
         }
+        self.hit = hit;
         Ok(())
     }
 }

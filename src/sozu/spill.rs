@@ -49,9 +49,14 @@ pub(super) struct SpillInput<'a> {
 pub(super) fn choose(input: &SpillInput<'_>) -> Vec<usize> {
     let e = input.entries;
     let mut order: Vec<usize> = (0..e.len()).collect();
+    // The seed's order, field by field: the key (36 bytes) is compared
+    // only on ties of the first two, and never copied.
     order.sort_unstable_by(|&a, &b| {
-        let k = |x: &SpillEntry| (!x.consumed_on_best, x.max_height, x.key);
-        k(&e[a]).cmp(&k(&e[b]))
+        let (x, y) = (&e[a], &e[b]);
+        y.consumed_on_best
+            .cmp(&x.consumed_on_best)
+            .then(x.max_height.cmp(&y.max_height))
+            .then_with(|| x.key.cmp(&y.key))
     });
     let total: usize = e.iter().map(|x| x.len).sum();
     let chosen = choose_children(input, &order, total);

@@ -2,7 +2,7 @@
 //! [`UtxoTable`] operations. The module docs of [`crate::sozu`] give the
 //! design; `docs/sozu-format.md` the bytes.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -308,18 +308,11 @@ impl SozuTable {
     /// The block's changes grouped by key (a key created twice must carry
     /// the same coin), then by shard.
     fn key_ops(&self, write: &BlockWrite) -> Result<Vec<Vec<KeyOp>>, SozuError> {
-        let mut ops: BTreeMap<OutPointKey, KeyOp> = BTreeMap::new();
-        let geo = &self.geo;
-        let op_for = |ops: &mut BTreeMap<OutPointKey, KeyOp>, outpoint: &OutPoint| {
-            let key = outpoint_key(outpoint);
-            ops.entry(key).or_insert_with(|| KeyOp {
-                key,
-                outpoint: *outpoint,
-                h: geo.hash(&key),
-                create: None,
-                consumed: Vec::new(),
-            });
-            key
+        let n = write.created.len() + write.spent.len();
+        let mut keyed = KeyedOps {
+            index: HashMap::with_capacity(n),
+            ops: Vec::with_capacity(n),
+            geo: &self.geo,
         };
         for new in &write.created {
             if new.coin.script_pubkey.len() > MAX_SCRIPT_LEN {
@@ -328,8 +321,7 @@ impl SozuTable {
                     len: new.coin.script_pubkey.len(),
                 });
             }
-            let key = op_for(&mut ops, &new.outpoint);
-            let op = ops.get_mut(&key).ok_or(SozuError::Poisoned)?;
+            let op = keyed.op_for(&new.outpoint);
             match &mut op.create {
                 Some((coin, absent)) => {
                     if coin.value != new.coin.value || coin.script_pubkey != new.coin.script_pubkey
@@ -344,17 +336,48 @@ impl SozuTable {
             }
         }
         for (outpoint, c) in &write.spent {
-            let key = op_for(&mut ops, outpoint);
-            ops.get_mut(&key)
-                .ok_or(SozuError::Poisoned)?
-                .consumed
-                .push(*c);
+            keyed.op_for(outpoint).consumed.push(*c);
         }
-        let mut by_shard: Vec<Vec<KeyOp>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
-        for (_, op) in ops {
+        // Key order, as the writer has always seen them (a page's inserts
+        // are appended in this order).
+        let mut ops = keyed.ops;
+        ops.sort_unstable_by_key(|a| a.key);
+        let room = ops.len() / self.shards.len().max(1) + 64;
+        let mut by_shard: Vec<Vec<KeyOp>> = (0..self.shards.len())
+            .map(|_| Vec::with_capacity(room))
+            .collect();
+        for op in ops {
             by_shard[self.geo.shard_of(op.h) as usize].push(op);
         }
         Ok(by_shard)
+    }
+}
+
+/// A block's changes, one [`KeyOp`] per outpoint, gathered in input order
+/// (a hash index instead of an ordered map: the ops are sorted once at the
+/// end). The index uses std's keyed hasher: outpoints come from blocks,
+/// whose authors could grind txids against an unkeyed one.
+struct KeyedOps<'g> {
+    index: HashMap<OutPointKey, usize>,
+    ops: Vec<KeyOp>,
+    geo: &'g Geo,
+}
+
+impl KeyedOps<'_> {
+    /// The op of `outpoint`, made empty on its first mention.
+    fn op_for(&mut self, outpoint: &OutPoint) -> &mut KeyOp {
+        let key = outpoint_key(outpoint);
+        let i = *self.index.entry(key).or_insert_with(|| {
+            self.ops.push(KeyOp {
+                key,
+                outpoint: *outpoint,
+                h: self.geo.hash(&key),
+                create: None,
+                consumed: Vec::new(),
+            });
+            self.ops.len() - 1
+        });
+        &mut self.ops[i]
     }
 }
 

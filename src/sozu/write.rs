@@ -319,14 +319,25 @@ impl Shard {
         addr: Addr,
         w: &PageWork,
     ) -> Result<(Vec<EntryEdit>, Vec<usize>), SozuError> {
-        let p = self.store.page(addr)?;
         let mut merges = Vec::new();
+        if w.merges.is_empty() && w.inserts.is_empty() {
+            // Only spilled into: nothing to find in the page.
+            return Ok((merges, Vec::new()));
+        }
+        let p = self.store.page(addr)?;
         let mut present = vec![false; w.inserts.len()];
         let mut seen = vec![false; w.merges.len()];
+        // Without inserts (whose absence needs the whole page) the walk
+        // stops once every merge has found its entry.
+        let mut unseen = w.merges.len();
         for (slot, (at, e)) in page::entries(&p).enumerate() {
+            if unseen == 0 && w.inserts.is_empty() {
+                break;
+            }
             for (m, seen) in w.merges.iter().zip(seen.iter_mut()) {
                 if !*seen && page::key_eq(&m.key, e.key()) {
                     *seen = true;
+                    unseen -= 1;
                     if let Some(coin) = &m.coin {
                         self.check_coin(e, coin)?;
                     }
@@ -480,8 +491,10 @@ impl Shard {
         let p = self.store.page(addr)?;
         let head = page::head(&p);
         let cfg = geo.layer_cfg(layer);
-        let entries: Vec<SpillEntry> = page::entries(&p)
-            .map(|(_, e)| {
+        let all: Vec<page::EntryRef<'_>> = page::entries(&p).map(|(_, e)| e).collect();
+        let entries: Vec<SpillEntry> = all
+            .iter()
+            .map(|e| {
                 let mut key = [0u8; 36];
                 key.copy_from_slice(e.key());
                 SpillEntry {
@@ -504,7 +517,6 @@ impl Shard {
         });
         // Per child: (slots, lowest purge hint, highest production height).
         let mut by_child: BTreeMap<usize, (Vec<u16>, u32, u32)> = BTreeMap::new();
-        let all: Vec<page::EntryRef<'_>> = page::entries(&p).map(|(_, e)| e).collect();
         for &i in &moved {
             let c = by_child
                 .entry(entries[i].child)
