@@ -11,12 +11,14 @@
 //! after each start). After every kill B's datadir is opened as its next
 //! start would open it (recovery included): the tip it recovered to must
 //! have bcoin's filter header for that block (`filters.json`,
-//! `stale_filters.json`), and the MuHash B keeps must equal a walk of its
-//! UTXO table. Then B runs to A's tip and is stopped with SIGTERM,
-//! and its datadir must hold exactly A's state (and know A's old tip as a
-//! stale block): the
-//! `kakehi dump-utxos` bytes (= bcoin's `utxos.txt`), the UTXO summary, and
-//! the filter and filter header of every height (= bcoin's `filters.json`).
+//! `stale_filters.json`), the MuHash B keeps must equal a walk of its
+//! UTXO table, and B's sealed archive epochs must be a prefix of A's (the
+//! same headers, hence the same commitment). Then B runs to A's tip and is
+//! stopped with SIGTERM, and its datadir must hold exactly A's state (and
+//! know A's old tip as a stale block): the
+//! `kakehi dump-utxos` bytes (= bcoin's `utxos.txt`), the UTXO summary, the
+//! filter and filter header of every height (= bcoin's `filters.json`), and
+//! the archive commitment.
 //!
 //! The kill moments come from a seed printed by the test; set
 //! `KAKEHI_KILL_SEED=<n>` to replay a run. Every wait is bounded.
@@ -31,6 +33,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bitcoin::hex::DisplayHex;
 use bitcoin::{BlockHash, Network};
 use common::{data, json, muhash_of_table, regtest_a_filter_headers};
 use kakehi::chain::ChainParams;
@@ -138,6 +141,8 @@ struct State {
     stats: String,
     utxos: Vec<u8>,
     filters: Vec<(Vec<u8>, String)>,
+    /// The archive commitment (the last sealed epoch's header hash).
+    commitment: String,
 }
 
 fn state(chain: &Mutex<Chainstate>) -> State {
@@ -158,11 +163,13 @@ fn state(chain: &Mutex<Chainstate>) -> State {
             (f, hd.to_string())
         })
         .collect();
+    let commitment = cs.snapshot().archive().commitment().to_lower_hex_string();
     State {
         tip,
         stats,
         utxos,
         filters,
+        commitment,
     }
 }
 
@@ -179,6 +186,8 @@ struct Kills<'a> {
     datadir: &'a Path,
     /// bcoin's filter header of every block of regtest-a, by hash.
     filter_headers: HashMap<String, String>,
+    /// Node A, whose sealed epochs B's must begin with.
+    a: &'a Mutex<Chainstate>,
 }
 
 impl Kills<'_> {
@@ -243,6 +252,20 @@ impl Kills<'_> {
             want,
             "kill {kill}: filter header of B's tip at height {}",
             tip.height
+        );
+        let epochs = snap.archive().epochs().to_vec();
+        let a_epochs = self.a.lock().snapshot().archive().epochs().to_vec();
+        assert!(
+            a_epochs.starts_with(&epochs),
+            "kill {kill}: B's {} sealed epochs are not the first of A's {}",
+            epochs.len(),
+            a_epochs.len()
+        );
+        eprintln!(
+            "kill {kill}: B reopened at height {} with {} of A's {} sealed epochs",
+            tip.height,
+            epochs.len(),
+            a_epochs.len()
         );
         let kept = snap.utxo_stats().muhash;
         drop(snap);
@@ -341,6 +364,7 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
         log: &log,
         datadir: &datadir_b,
         filter_headers: regtest_a_filter_headers(),
+        a: &a,
     };
     k.cycles(kills / 2, first_tip.0);
     let mut b = spawn();
@@ -453,6 +477,7 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
     }
     assert_eq!(got.tip, want.tip);
     assert_eq!(got.stats, want.stats);
+    assert_eq!(got.commitment, want.commitment, "archive commitment");
     let reference = json("regtest-a/filters.json");
     let reference = reference.as_array().expect("filters.json array");
     assert_eq!(got.filters.len(), reference.len());

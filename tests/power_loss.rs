@@ -228,8 +228,8 @@ fn power_cut_under_sled_and_the_utxo_table_keeps_every_published_block() {
 /// A failed fsync inside sled's own flusher thread (the lazy file system
 /// fails it by the thread's name, as a disk would: the pages it covered
 /// never reach the disk, and every other open file of `index/db` is told
-/// at its next fsync, as Linux does): the import stops at its next index
-/// commit naming `index/db`, nothing published is lost after a power cut,
+/// at its next fsync, as Linux does), between two imports: the second
+/// stops at its first index commit naming `index/db`, nothing published is lost after a power cut,
 /// and the import resumes to the reference. Without the commit's own fsync
 /// of sled's file the commits would go on over the lost pages.
 #[test]
@@ -249,14 +249,24 @@ fn a_failed_fsync_in_sleds_flusher_stops_the_writes_and_loses_nothing_published(
     let root = dir.path().canonicalize().unwrap();
     let (datadir, cs) = faults::open(&root);
     let chain = parking_lot::Mutex::new(cs);
-    // Armed once the datadir is open: sled's flusher fsyncs as it starts.
+    // Half the chain first; then sled's flusher fails (it fsyncs every
+    // 500 ms, busy or not) while the node is idle, and the rest is
+    // imported: its first commit must notice. Waiting for the failure makes
+    // the order certain on a fast machine too.
+    let scratch = common::tempdir();
+    let half = common::regtest_a_prefix(scratch.path(), faults::BLOCKS / 2);
+    faults::import(&chain, &half).expect("the first half");
     mounted.fs.fail_fsyncs("log flusher", "db", 0);
+    let waited = std::time::Instant::now();
+    while mounted.fs.fsyncs_failed() == 0 {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(10),
+            "sled's flusher did not fsync within 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let result = faults::import(&chain, &suite.blocks);
     let failed = mounted.fs.stop_failing();
-    assert!(
-        failed >= 1,
-        "sled's flusher never fsynced during the import"
-    );
     let err = result.expect_err("the import went on over a failed fsync");
     let db = root.join("index").join("db");
     assert!(

@@ -261,6 +261,14 @@ impl LazyFs {
         });
     }
 
+    /// Fsyncs failed so far by [`LazyFs::fail_fsyncs`].
+    pub fn fsyncs_failed(&self) -> usize {
+        let s = self.0.lock();
+        s.fault
+            .as_ref()
+            .map_or(0, |f| f.failed.saturating_sub(f.skip))
+    }
+
     /// Fsyncs failed so far by [`LazyFs::fail_fsyncs`]; stops failing them.
     pub fn stop_failing(&self) -> usize {
         let f = self.0.lock().fault.take();
