@@ -193,6 +193,19 @@ fn lazy_cut(
     format!("{case}: published {published}, {unsynced} pages unsynced, reopened {reopened}")
 }
 
+/// A lazy file system mounted on a fresh directory (kept as long as the
+/// returned one), or `None`, saying why, where FUSE cannot be mounted.
+fn mount_lazy() -> Option<(tempfile::TempDir, lazyfs::Mounted)> {
+    let at = common::tempdir();
+    match lazyfs::LazyFs::mount(&at.path().canonicalize().unwrap()) {
+        Ok(m) => Some((at, m)),
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
 /// Power cuts under everything the node writes, not only what passes the
 /// storage seam: the datadir lives on [`lazyfs::LazyFs`], so sled's log and
 /// the UTXO table's pages lose what their last fsync did not cover. The
@@ -203,15 +216,10 @@ fn lazy_cut(
 #[test]
 fn power_cut_under_sled_and_the_utxo_table_keeps_every_published_block() {
     let _seam = SEAM.lock();
-    let at = common::tempdir();
-    let mount = at.path().canonicalize().unwrap();
-    let mounted = match lazyfs::LazyFs::mount(&mount) {
-        Ok(m) => m,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
+    let Some((at, mounted)) = mount_lazy() else {
+        return;
     };
+    let mount = at.path().canonicalize().unwrap();
     let cuts = cut_count(3, 20);
     let mut suite = Suite::new("lazy power loss");
     for i in 0..cuts {
@@ -229,21 +237,16 @@ fn power_cut_under_sled_and_the_utxo_table_keeps_every_published_block() {
 /// fails it by the thread's name, as a disk would: the pages it covered
 /// never reach the disk, and every other open file of `index/db` is told
 /// at its next fsync, as Linux does), between two imports: the second
-/// stops at its first index commit naming `index/db`, nothing published is lost after a power cut,
-/// and the import resumes to the reference. Without the commit's own fsync
+/// stops at its first index commit naming `index/db`, nothing published is
+/// lost after a power cut, and the import resumes to the reference. Without the commit's own fsync
 /// of sled's file the commits would go on over the lost pages.
 #[test]
 fn a_failed_fsync_in_sleds_flusher_stops_the_writes_and_loses_nothing_published() {
     let _seam = SEAM.lock();
-    let at = common::tempdir();
-    let mount = at.path().canonicalize().unwrap();
-    let mounted = match lazyfs::LazyFs::mount(&mount) {
-        Ok(m) => m,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
+    let Some((at, mounted)) = mount_lazy() else {
+        return;
     };
+    let mount = at.path().canonicalize().unwrap();
     let suite = Suite::new("sled flusher fault");
     let dir = tempfile::tempdir_in(&mount).unwrap();
     let root = dir.path().canonicalize().unwrap();
