@@ -86,15 +86,20 @@ fn copy_rows(from: &Path, to: &Path, synced: &std::collections::BTreeMap<std::pa
     panic!("the row manifest kept changing while copied");
 }
 
-fn one_cut(blocks: &Path, op: IoOp, after: u64, reference: &EndState) -> String {
-    let run = FaultedImport::run(blocks, |under| FaultPlan {
+/// An `EIO` at the `after`-th operation `op` anywhere in the datadir.
+fn eio_at(op: IoOp, after: u64) -> impl FnOnce(std::path::PathBuf) -> FaultPlan {
+    move |under| FaultPlan {
         under,
         path_contains: String::new(),
         path_excludes: None,
         op,
         after,
         errno: 5,
-    });
+    }
+}
+
+fn one_cut(blocks: &Path, op: IoOp, after: u64, reference: &EndState) -> String {
+    let run = FaultedImport::run(blocks, eio_at(op, after));
     let published = run.chain.lock().snapshot().index().tip_height();
     // The image is taken before the node is dropped (a drop flushes sled).
     let image = common::tempdir();
@@ -162,14 +167,7 @@ fn lazy_cut(
 ) -> String {
     let dir = tempfile::tempdir_in(mount).unwrap();
     let (op, after) = cut.unwrap_or((IoOp::Write, u64::MAX));
-    let run = FaultedImport::run_in(dir, blocks, |under| FaultPlan {
-        under,
-        path_contains: String::new(),
-        path_excludes: None,
-        op,
-        after,
-        errno: 5,
-    });
+    let run = FaultedImport::run_in(dir, blocks, eio_at(op, after));
     let published = run.chain.lock().snapshot().index().tip_height();
     let image = common::tempdir();
     let rel = run.root.strip_prefix(mount).unwrap().to_path_buf();
