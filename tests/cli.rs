@@ -342,14 +342,6 @@ fn wait_for(r: &mut BufReader<std::process::ChildStderr>, needle: &str) -> Strin
     }
 }
 
-fn sigterm(child: &std::process::Child) {
-    let ok = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(ok.success());
-}
-
 #[test]
 fn second_process_on_a_locked_datadir_is_refused() {
     let home = common::tempdir();
@@ -364,7 +356,7 @@ fn second_process_on_a_locked_datadir_is_refused() {
     let msg = text(&out.stderr);
     assert!(msg.contains("is in use by another kakehi process"), "{msg}");
     assert!(msg.contains(".lock"), "{msg}");
-    sigterm(&node);
+    common::child::sigterm(&node);
     wait_for(&mut stderr, "stopped");
     assert!(node.wait().expect("wait").success());
     // Released on exit: the datadir opens again.
@@ -400,7 +392,7 @@ fn sigterm_during_import_stops_at_a_boundary_and_resumes() {
     wait_for(&mut stderr, "\"importing\"");
     // Let some blocks connect, then ask to stop.
     wait_for(&mut stderr, "\"height\":50,");
-    sigterm(&child);
+    common::child::sigterm(&child);
     let line = wait_for(&mut stderr, "stopped at a block boundary");
     let v: serde_json::Value = serde_json::from_str(&line).expect("json");
     let stopped_at = v["fields"]["height"].as_u64().expect("height");
@@ -481,7 +473,7 @@ fn main_job_imports_serves_and_restarts_on_the_same_datadir() {
             "round {round}"
         );
         assert_eq!(http_get(port, "/blocks/tip/hash").trim(), tip);
-        sigterm(&node);
+        common::child::sigterm(&node);
         wait_for(&mut stderr, "stopped");
         let out = node.wait_with_output().expect("wait");
         assert!(out.status.success());

@@ -26,8 +26,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -35,7 +34,8 @@ use std::time::{Duration, Instant};
 
 use bitcoin::hex::DisplayHex;
 use bitcoin::{BlockHash, Network};
-use common::{data, json, muhash_of_table, regtest_a_filter_headers};
+use common::child::{free_port, http_tip};
+use common::{data, json, muhash_of_table, regtest_a_filter_headers, Rng};
 use kakehi::chain::ChainParams;
 use kakehi::import::read_file;
 use kakehi::node::{open_chainstate, DataDir};
@@ -44,23 +44,6 @@ use parking_lot::Mutex;
 
 /// Upper bound of the final sync after the last kill.
 const FINAL_SYNC_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// xorshift64*: the kill moments, reproducible from the printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in `lo..hi` milliseconds.
-    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.next() % (hi - lo))
-    }
-}
 
 /// The binary with a clean environment (HOME in a temp dir so no default
 /// datadir is touched) and JSON logs.
@@ -71,44 +54,6 @@ fn kakehi(home: &Path) -> Command {
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .args(["--log-format", "json", "--network", "regtest"]);
     c
-}
-
-/// A loopback port that was free a moment ago (for B's HTTP API).
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-/// `GET path` on B's HTTP API: the JSON body, or `None` while B is not up.
-fn http_json(port: u16, path: &str) -> Option<serde_json::Value> {
-    let mut s = TcpStream::connect_timeout(
-        &SocketAddr::from(([127, 0, 0, 1], port)),
-        Duration::from_secs(1),
-    )
-    .ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return None;
-    }
-    serde_json::from_str(body).ok()
-}
-
-/// B's (height, tip hash) from `/rest/chaininfo.json`.
-fn b_tip(port: u16) -> Option<(u64, String)> {
-    let v = http_json(port, "/rest/chaininfo.json")?;
-    Some((
-        v["blocks"].as_u64()?,
-        v["bestblockhash"].as_str()?.to_owned(),
-    ))
 }
 
 fn spawn_b(home: &Path, datadir: &Path, a: SocketAddr, http: u16, log: &Path) -> Child {
@@ -205,7 +150,7 @@ impl Kills<'_> {
                 self.rng.millis(300, 2_500)
             };
             std::thread::sleep(at);
-            let h = b_tip(self.http).map(|(h, _)| h);
+            let h = http_tip(self.http).map(|(h, _)| h);
             b.kill().expect("kill -9");
             let status = b.wait().expect("wait");
             assert!(
@@ -282,14 +227,14 @@ impl Kills<'_> {
 fn wait_for(b: &mut Child, http: u16, tip: &(u64, String), log: &Path) {
     let started = Instant::now();
     loop {
-        if b_tip(http).as_ref() == Some(tip) {
+        if http_tip(http).as_ref() == Some(tip) {
             return;
         }
         if started.elapsed() > FINAL_SYNC_TIMEOUT || b.try_wait().ok().flatten().is_some() {
             let _ = b.kill();
             panic!(
                 "B did not reach {tip:?} within {FINAL_SYNC_TIMEOUT:?} (at {:?})\n{}",
-                b_tip(http),
+                http_tip(http),
                 tail(log)
             );
         }
@@ -383,7 +328,7 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
     // Kill it 0–200 ms after its tip first moves off A's old tip: just after
     // B switched branches, while it downloads the rest.
     let moved = Instant::now();
-    while b_tip(http).is_some_and(|t| t == first_tip) {
+    while http_tip(http).is_some_and(|t| t == first_tip) {
         assert!(
             moved.elapsed() < FINAL_SYNC_TIMEOUT,
             "B does not follow A's reorg\n{}",
@@ -393,7 +338,7 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
     }
     let after = k.rng.millis(1, 200);
     std::thread::sleep(after);
-    let h = b_tip(http);
+    let h = http_tip(http);
     b.kill().expect("kill -9");
     b.wait().expect("wait");
     k.heights.push(h.as_ref().map(|t| t.0));
@@ -426,22 +371,8 @@ fn kill_9_during_sync_resumes_to_the_same_state() {
         sync_started.elapsed().as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
-    let term = Command::new("kill")
-        .args(["-TERM", &b.id().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(term.success());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = b.try_wait().expect("wait") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = b.kill();
-            panic!("B did not stop within 30 s of SIGTERM\n{}", tail(&log));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = common::child::stop(&mut b, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("B did not stop within 30 s of SIGTERM\n{}", tail(&log)));
     assert!(status.success(), "B's exit: {status}\n{}", tail(&log));
     let _ = p2p.stop();
 

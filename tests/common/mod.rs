@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod blockgen;
+pub mod child;
 pub mod core_asm;
 pub mod core_versions;
 pub mod faults;
@@ -255,6 +256,11 @@ impl Rng {
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `lo..hi` milliseconds (`hi > lo`).
+    pub fn millis(&mut self, lo: u64, hi: u64) -> std::time::Duration {
+        std::time::Duration::from_millis(lo + self.next() % (hi - lo))
     }
 }
 
