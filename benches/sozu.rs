@@ -694,12 +694,13 @@ fn print_block_figures(
         (stats.spills - m.spills) as f64 / nb,
     );
     println!(
-        "  per measured block: {:.0} page reads from files, {:.0} lookups below the RAM layers, {:.0} page images checkpointed ({:.0} of the pinned layers); checkpoints in the measured blocks: {}",
+        "  per measured block: {:.0} page reads from files, {:.0} lookups below the RAM layers, {:.0} page images checkpointed ({:.0} of the pinned layers); checkpoints in the measured blocks: {} (of the disk layers only: {})",
         (stats.disk_page_reads - m.disk_page_reads) as f64 / nb,
         (stats.deep_lookups - m.deep_lookups) as f64 / nb,
         (stats.checkpoint_pages - m.checkpoint_pages) as f64 / nb,
         (stats.checkpoint_pinned_pages - m.checkpoint_pinned_pages) as f64 / nb,
         stats.checkpoints - m.checkpoints,
+        stats.disk_only_checkpoints - m.disk_only_checkpoints,
     );
     let reads = (stats.disk_page_reads - m.disk_page_reads).max(1) as f64;
     println!(

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use bitcoin::hashes::Hash;
 use bitcoin::{Amount, OutPoint, Txid};
+use kakehi::sozu::journal;
 use kakehi::sozu::model::ModelTable;
 use kakehi::sozu::*;
 use sozu_common::{gen_block, small_config, unspent_summary, Chain, Rng};
@@ -107,10 +108,15 @@ fn countdown_failures() {
         outcomes,
         in_checkpoint,
         overlapping,
+        disk_only,
     } = tally;
     eprintln!(
-        "countdown: {} reopened at the last commit, {} at the failing commit, {in_checkpoint} with a checkpoint file left, {overlapping} during a background checkpoint that commits overlapped",
+        "countdown: {} reopened at the last commit, {} at the failing commit, {in_checkpoint} with a checkpoint file left, {overlapping} during a background checkpoint that commits overlapped, {disk_only} during a checkpoint of the disk layers only that commits overlapped",
         outcomes[0], outcomes[1]
+    );
+    assert!(
+        disk_only > 0,
+        "no failure hit a checkpoint of the disk layers only with commits going on"
     );
     assert!(outcomes[0] > 0);
     assert!(
@@ -133,6 +139,9 @@ struct Tally {
     in_checkpoint: u32,
     /// Crashes during a background checkpoint while commits went on.
     overlapping: u32,
+    /// Crashes during a checkpoint of the disk layers only while commits
+    /// went on.
+    disk_only: u32,
 }
 
 /// One seed of [`countdown_failures`]: two I/O-countdown crashes, each
@@ -142,8 +151,17 @@ fn countdown_seed(seed: u64, tally: &mut Tally) {
     // Odd seeds checkpoint at almost every commit, so failures land
     // inside checkpoints too; one seed in four runs its checkpoints
     // inside the commits (deterministic), the others in the background.
+    // Seeds ≡ 2 mod 3 start a checkpoint of the disk layers only past
+    // 2 KiB of unflushed disk pages, between journal-bound checkpoints
+    // every 48 KiB.
+    let disk_only = seed % 3 == 2;
     let cfg = SozuConfig {
-        checkpoint_bytes: if seed % 2 == 1 { 4 << 10 } else { 256 << 10 },
+        checkpoint_bytes: match (disk_only, seed % 2) {
+            (true, _) => 48 << 10,
+            (false, 1) => 4 << 10,
+            (false, _) => 256 << 10,
+        },
+        unflushed_bytes: disk_only.then_some(2 << 10),
         background_checkpoints: seed % 4 != 3,
         ..small_config()
     };
@@ -167,6 +185,7 @@ fn countdown_seed(seed: u64, tally: &mut Tally) {
             tally.in_checkpoint += 1;
         }
         tally.overlapping += u32::from(overlapped(&storage));
+        tally.disk_only += u32::from(in_disk_only(&storage));
         table = open();
         let got = table.committed();
         model = if got == last.committed() {
@@ -240,6 +259,37 @@ fn overlapped(files: &dyn Files) -> bool {
     next_commits || mid_home
 }
 
+/// Whether the files show a crash during a checkpoint of the disk layers
+/// only while commits went on (`docs/sozu-format.md`, "Checkpoints of the
+/// disk layers"): the base's checkpoint file starts with a record of the
+/// base generation b tagged with a commit S past the header's last one (a
+/// checkpoint that starts a generation tags its records with the header's
+/// own), and b's journal holds a commit after S.
+fn in_disk_only(files: &dyn Files) -> bool {
+    let h = files.file("sozu.header");
+    let le = |r: std::ops::Range<usize>| {
+        h.get(r)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+    };
+    let (Some(b), Some(c)) = (le(40..48), le(48..56)) else {
+        return false;
+    };
+    let Some((g, s)) = journal::record_tag(&files.file(&format!("sozu.ckpt.{}", b % 2))) else {
+        return false;
+    };
+    let j = files.file(&format!("sozu.journal.{}", b % 2));
+    let mut pos = 0;
+    let mut last = 0;
+    while let journal::Parsed::Ok(r, n) = journal::parse(&j[pos..], 4096) {
+        if r.generation != b {
+            break;
+        }
+        last = r.seq;
+        pos += n;
+    }
+    g == b && s > c && last > s
+}
+
 /// The generation in a table's header file and the name of its
 /// checkpoint file (`docs/sozu-format.md`).
 fn header_ckpt(storage: &MemStorage) -> Option<String> {
@@ -259,6 +309,30 @@ fn second_crash_after_an_interrupted_checkpoint() {
         checkpoint_bytes: 4 << 10,
         ..small_config()
     };
+    second_crashes(&cfg, false);
+}
+
+/// [`second_crash_after_an_interrupted_checkpoint`] for a checkpoint of the
+/// disk layers only interrupted after its header switch: its file is in the
+/// same generation as the next checkpoint of the disk layers would rewrite,
+/// so the recovered table must start a new generation at its next
+/// checkpoint instead (`docs/sozu-format.md`, "Checkpoints of the disk
+/// layers").
+#[test]
+fn second_crash_after_an_interrupted_disk_only_checkpoint() {
+    let cfg = SozuConfig {
+        checkpoint_bytes: 48 << 10,
+        unflushed_bytes: Some(2 << 10),
+        ..small_config()
+    };
+    second_crashes(&cfg, true);
+}
+
+/// Crashes a run at each I/O count in turn until 4 crashes leave a
+/// checkpoint file that recovery must apply (with `disk_only`: one of a
+/// checkpoint of the disk layers only, its commit named in the header),
+/// then crashes each recovered table again at 120 I/O counts.
+fn second_crashes(cfg: &SozuConfig, disk_only: bool) {
     let open = |s: &MemStorage| {
         SozuTable::open_with_storage(Box::new(s.clone()), cfg.clone()).expect("open")
     };
@@ -281,7 +355,10 @@ fn second_crash_after_an_interrupted_checkpoint() {
         let needs_ckpt = header_ckpt(&storage)
             .and_then(|f| storage.read_file(&f))
             .is_some_and(|f| !f.is_empty());
-        if !needs_ckpt {
+        let names_disk_only = storage
+            .read_file("sozu.header")
+            .is_some_and(|h| h.get(100..108).is_some_and(|s| s != [0; 8]));
+        if !needs_ckpt || names_disk_only != disk_only {
             continue;
         }
         recovered_cases += 1;
@@ -427,8 +504,10 @@ impl ChainView for All {
 fn kill_config() -> SozuConfig {
     SozuConfig {
         // Small: checkpoints start every ~10 commits, and a kill often
-        // lands in one while the next commits go on.
+        // lands in one while the next commits go on; in between, 8 KiB of
+        // unflushed disk pages start checkpoints of the disk layers only.
         checkpoint_bytes: 96 << 10,
+        unflushed_bytes: Some(8 << 10),
         layer0_bits: 4,
         ..small_config()
     }
@@ -470,6 +549,7 @@ fn kill_minus_9() {
     let start = Instant::now();
     let mut last_reported = 0u32;
     let mut overlaps = 0u32;
+    let mut disk_only = 0u32;
     for round in 0..kills {
         let mut child = Command::new(&exe)
             .args(["--exact", "kill_child", "--nocapture", "--test-threads=1"])
@@ -496,6 +576,7 @@ fn kill_minus_9() {
             }
         }
         overlaps += u32::from(overlapped(&dir.path().to_path_buf()));
+        disk_only += u32::from(in_disk_only(&dir.path().to_path_buf()));
         let mut t = SozuTable::open(dir.path(), kill_config())
             .unwrap_or_else(|e| panic!("round {round}: reopen after kill failed: {e}"));
         let k = t.committed().map_or(0, |c| c.height);
@@ -521,13 +602,17 @@ fn kill_minus_9() {
         );
     }
     eprintln!(
-        "{kills} kills in {:?}, final committed block {model_h}, {overlaps} during a background checkpoint that commits overlapped",
+        "{kills} kills in {:?}, final committed block {model_h}, {overlaps} during a background checkpoint that commits overlapped, {disk_only} during one of the disk layers only",
         start.elapsed()
     );
     assert!(model_h > 0, "the child never committed");
     assert!(
         overlaps > 0,
         "no kill hit a background checkpoint with commits going on"
+    );
+    assert!(
+        disk_only > 0,
+        "no kill hit a checkpoint of the disk layers only with commits going on"
     );
 }
 
@@ -787,9 +872,9 @@ fn wrong_magic_and_version() {
         open_err(&s),
         SozuError::UnsupportedVersion { major: 9, .. }
     ));
-    // Tables of formats 1 to 3 are refused (3: journal page deltas,
-    // checkpoints inside commits).
-    for old in [1, 2, 3] {
+    // Tables of formats 1 to 4 are refused (4: no checkpoints of the disk
+    // layers only; 3: journal page deltas, checkpoints inside commits).
+    for old in [1, 2, 3, 4] {
         h[12] = old;
         s.write_file("sozu.header", h.clone());
         assert!(matches!(

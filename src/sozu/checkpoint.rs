@@ -7,15 +7,20 @@
 //!    file of the new base generation, synced;
 //! 2. the header naming the new base, through the tmp-file rename;
 //! 3. every image and extent into its home file, synced;
-//! 4. the checkpoint file truncated (a lost truncation only makes a later
-//!    open apply the same images again), compacted records segments
-//!    deleted.
+//! 4. the checkpoint file truncated and synced (the next checkpoint of
+//!    the disk layers, in the same generation, rewrites this file while the
+//!    header still names this one), compacted records segments deleted.
+//!
+//! A checkpoint of the disk layers only (`docs/sozu-format.md`,
+//! "Checkpoints of the disk layers") runs the same steps within the base
+//! generation: its header names the base and the commit S its images hold.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::files::{ckpt_file, write_header_file};
 use super::geo::Addr;
+use super::header::Header;
 use super::journal::{self, Body, Extent, PageImage, Record};
 use super::page;
 use super::records::{segment_file, split};
@@ -31,13 +36,19 @@ const MAX_RUN_BYTES: usize = 1 << 20;
 
 /// What one checkpoint writes.
 pub(super) struct Job {
-    /// The generation it makes the base.
+    /// The generation it makes the base (a checkpoint of the disk layers:
+    /// the base, unchanged).
     pub(super) generation: u64,
-    /// The header image: the state at the end of the previous generation,
-    /// with `generation` as its generation.
-    pub(super) header: Vec<u8>,
-    /// Per shard, the pages the previous generation changed, with their
-    /// committed images at its end, in address order.
+    /// The header file it writes: the state at the end of the previous
+    /// generation, with `generation` as its generation; for a checkpoint of
+    /// the disk layers, the base's header naming S and the first disk layer.
+    pub(super) header: Header,
+    /// Whether it writes the disk layers only, within the base generation.
+    pub(super) disk_only: bool,
+    /// Per shard, the pages the previous generation changed (a checkpoint
+    /// of the disk layers: the disk pages changed since the last
+    /// checkpoint), with their committed images at its end (at S), in
+    /// address order.
     pub(super) pages: Vec<Vec<(Addr, Arc<Vec<u8>>)>>,
     /// Per shard, the committed records bytes not known to be in their
     /// files, by location.
@@ -54,10 +65,12 @@ pub(super) struct Job {
 /// reopened (which finishes or redoes it).
 pub(super) fn run(st: &mut dyn Storage, job: &Job) -> Result<(), SozuError> {
     let ckpt = ckpt_file(job.generation);
-    double_write(st, job, ckpt)?;
-    write_header_file(st, &job.header)?;
+    let header = job.header.encode();
+    double_write(st, job, &header, ckpt)?;
+    write_header_file(st, &header)?;
     write_home(st, job)?;
     st.set_len(ckpt, 0).map_err(|e| io_err(st, ckpt, e))?;
+    st.sync(ckpt).map_err(|e| io_err(st, ckpt, e))?;
     for name in &job.delete {
         st.remove(name).map_err(|e| io_err(st, name, e))?;
     }
@@ -65,7 +78,12 @@ pub(super) fn run(st: &mut dyn Storage, job: &Job) -> Result<(), SozuError> {
 }
 
 /// Step 1.
-fn double_write(st: &mut dyn Storage, job: &Job, ckpt: &str) -> Result<(), SozuError> {
+fn double_write(
+    st: &mut dyn Storage,
+    job: &Job,
+    header: &[u8],
+    ckpt: &str,
+) -> Result<(), SozuError> {
     st.set_len(ckpt, 0).map_err(|e| io_err(st, ckpt, e))?;
     let images: Vec<PageImage> = job
         .pages
@@ -100,14 +118,14 @@ fn double_write(st: &mut dyn Storage, job: &Job, ckpt: &str) -> Result<(), SozuE
     for (i, part) in chunks.into_iter().enumerate() {
         let rec = Record {
             generation: job.generation,
-            seq: i as u64 + 1,
+            seq: job.header.checkpoint_seq(),
             body: Body::Images(part.to_vec()),
             extents: if i == last {
                 extents.clone()
             } else {
                 Vec::new()
             },
-            header: job.header.clone(),
+            header: header.to_vec(),
         };
         journal::encode(&rec, &mut buf);
         st.write_at(ckpt, at, &buf)

@@ -6,11 +6,15 @@
 //! appended, the new header — and fsyncs it: the only fsync of a commit.
 //! Then each shard publishes its changed pages to readers at once.
 //!
-//! When the current generation's journal (or the memory its pages hold)
-//! has grown past its bound and no checkpoint is running, the commit first
-//! starts a new generation in the other journal file and hands the
-//! pages the old one changed to the checkpointer; a later commit that
-//! finds the checkpoint finished lets those pages leave memory.
+//! When the current generation's journal has grown past its bound and no
+//! checkpoint is running, the commit first starts a new generation in the
+//! other journal file and hands the pages the old one changed to the
+//! checkpointer; when instead the disk pages committed and not yet in
+//! their files pass their memory bound, it hands over only those, as of
+//! the last commit, and the generation goes on (a checkpoint of the disk
+//! layers: the pinned pages, rewritten by nearly every block, are not
+//! written again). A later commit that finds the checkpoint finished lets
+//! the disk pages it wrote leave memory.
 
 use std::sync::Arc;
 
@@ -19,6 +23,7 @@ use super::files::journal_file;
 use super::journal::{self, Body, Extent, Record};
 use super::records::segment_file;
 use super::recovery::PendingCheckpoint;
+use super::shard::Shard;
 use super::store::io_err;
 use super::table::SozuTable;
 use super::types::CommitTag;
@@ -37,10 +42,14 @@ impl SozuTable {
         if self.checkpointer.is_idle() {
             if let Some(p) = self.pending.take() {
                 self.start_pending(p)?;
-            } else if self.journal.bytes >= self.options.checkpoint_bytes
-                || self.unflushed() > self.plan.unflushed_bytes
-            {
+            } else if self.journal.bytes >= self.options.checkpoint_bytes {
                 self.rotate()?;
+            } else if self.unflushed() > self.plan.unflushed_bytes {
+                if self.disk_only_allowed() {
+                    self.checkpoint_disk_layers()?;
+                } else {
+                    self.rotate()?;
+                }
             }
         }
         let mut header = self.committed.clone();
@@ -118,20 +127,13 @@ impl SozuTable {
         let generation = self.journal.generation + 1;
         let mut header = self.committed.clone();
         header.generation = generation;
+        header.disk_checkpoint = None;
         let mut delete = Vec::new();
         let mut pages = Vec::new();
         let mut records = Vec::new();
         for s in &mut self.shards {
             pages.push(s.store.take_generation());
-            records.push(
-                s.store
-                    .published
-                    .records
-                    .read()
-                    .iter()
-                    .map(|(l, d)| (*l, d.clone()))
-                    .collect(),
-            );
+            records.push(unwritten_records(s));
             if let Some(seg) = s.state.records.delete.take() {
                 delete.push(segment_file(s.id, seg));
             }
@@ -142,10 +144,44 @@ impl SozuTable {
         self.journal.bytes = 0;
         self.start(Job {
             generation,
-            header: header.encode(),
+            header,
+            disk_only: false,
             pages,
             records,
             delete,
+            page_size: self.geo.page_size,
+        })
+    }
+
+    /// Whether the next checkpoint may write the disk layers only: no
+    /// checkpoint file recovery applied may be rewritten, the pinned layers
+    /// are those of the header's last one, and a commit since it gives it a
+    /// sequence number of its own.
+    fn disk_only_allowed(&self) -> bool {
+        !self.full_next
+            && self.base == self.journal.generation
+            && self.committed.commit_seq > self.file_header.checkpoint_seq()
+    }
+
+    /// Checkpoints the disk pages committed since the last checkpoint, as
+    /// of the last commit S, within the base generation
+    /// (`docs/sozu-format.md`, "Checkpoints of the disk layers").
+    fn checkpoint_disk_layers(&mut self) -> Result<(), SozuError> {
+        let mut header = self.file_header.clone();
+        header.disk_checkpoint = Some((self.committed.commit_seq, self.geo.ram_layers));
+        let mut pages = Vec::new();
+        let mut records = Vec::new();
+        for s in &mut self.shards {
+            pages.push(s.store.take_disk_pages());
+            records.push(unwritten_records(s));
+        }
+        self.start(Job {
+            generation: self.base,
+            header,
+            disk_only: true,
+            pages,
+            records,
+            delete: Vec::new(),
             page_size: self.geo.page_size,
         })
     }
@@ -154,7 +190,8 @@ impl SozuTable {
     fn start_pending(&mut self, p: PendingCheckpoint) -> Result<(), SozuError> {
         let job = Job {
             generation: p.header.generation,
-            header: p.header.encode(),
+            header: p.header,
+            disk_only: false,
             pages: p.pages,
             records: p.records,
             delete: Vec::new(),
@@ -191,7 +228,13 @@ impl SozuTable {
             return Ok(());
         };
         result?;
-        self.base = job.generation;
+        if job.disk_only {
+            self.counters.disk_only_checkpoints += 1;
+        } else {
+            self.base = job.generation;
+            self.full_next = false;
+        }
+        self.file_header = job.header.clone();
         for (s, (pages, records)) in self
             .shards
             .iter_mut()
@@ -236,4 +279,15 @@ impl SozuTable {
         self.rotate()?;
         self.finish_checkpoint(true)
     }
+}
+
+/// A shard's committed records bytes not known to be in their files.
+fn unwritten_records(s: &Shard) -> Vec<(u64, Arc<Vec<u8>>)> {
+    s.store
+        .published
+        .records
+        .read()
+        .iter()
+        .map(|(l, d)| (*l, d.clone()))
+        .collect()
 }

@@ -53,6 +53,12 @@ pub struct SozuConfig {
     /// Overrides the number of pinned top layers that `ram_mib` gives
     /// (tests: 0 sends every lookup through the page cache and summaries).
     pub ram_layers: Option<u8>,
+    /// Overrides the bytes of committed disk-layer pages not yet in their
+    /// files past which a commit starts a checkpoint of the disk layers
+    /// only (`docs/sozu-format.md`, "Checkpoints of the disk layers"),
+    /// which `ram_mib` gives (tests: a few KiB make such checkpoints
+    /// frequent).
+    pub unflushed_bytes: Option<u64>,
     /// Scripts longer than this many bytes are stored out of line in the
     /// records files (default 100; at most 1,000).
     pub inline_script_max: usize,
@@ -99,6 +105,7 @@ impl Default for SozuConfig {
             ],
             ram_mib: DEFAULT_RAM_MIB,
             ram_layers: None,
+            unflushed_bytes: None,
             inline_script_max: 100,
             checkpoint_bytes: 64 << 20,
             background_checkpoints: true,
@@ -215,7 +222,9 @@ impl MemoryPlan {
         Self {
             ram_layers,
             cache_bytes: (budget / 8).max(64 * page_size as u64),
-            unflushed_bytes: in_flight.saturating_sub(budget / 8).max(floor),
+            unflushed_bytes: cfg
+                .unflushed_bytes
+                .unwrap_or_else(|| in_flight.saturating_sub(budget / 8).max(floor)),
             in_flight_bytes: in_flight,
         }
     }

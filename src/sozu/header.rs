@@ -8,13 +8,16 @@ use super::types::{BlockId, CommitTag};
 
 /// Magic at byte 4 of the header.
 pub const HEADER_MAGIC: [u8; 8] = *b"SOZUTBL\0";
-/// Major format version: a mismatch refuses to open. 4: pages edited in
+/// Major format version: a mismatch refuses to open. 5: checkpoints of the
+/// disk layers only within a generation (the header names the last one's
+/// commit and first disk layer; checkpoint records are tagged with the
+/// commit they hold the state of); 4: pages edited in
 /// place and journaled as edits (spills by reference), checkpoints in the
 /// background over two journal files, records files in compacted
 /// segments; 3: journal page deltas on the page files' images, checkpoints
 /// double-written inside a commit; 2: every page's first journal item in a
 /// generation was a whole image; 1: no written-children mask.
-pub const FORMAT_MAJOR: u16 = 4;
+pub const FORMAT_MAJOR: u16 = 5;
 /// Minor format version.
 pub const FORMAT_MINOR: u16 = 0;
 /// Size of the header image in bytes.
@@ -86,6 +89,12 @@ pub struct Header {
     pub tag: Option<CommitTag>,
     /// Per-shard state (`shards` items).
     pub shard_state: Vec<ShardState>,
+    /// In `sozu.header` only: the last checkpoint of the disk layers only
+    /// in the base generation (`docs/sozu-format.md`, "Checkpoints of the
+    /// disk layers"), as (S, L): the page files of layers ≥ L hold the
+    /// state at commit S, those above L the state at the base's start.
+    /// `None` in journal records and in a header that starts a generation.
+    pub disk_checkpoint: Option<(u64, u8)>,
 }
 
 /// Why a header image is invalid.
@@ -175,6 +184,10 @@ impl Header {
             b[64..68].copy_from_slice(&t.height.to_le_bytes());
             b[68..100].copy_from_slice(&t.block_hash);
         }
+        if let Some((seq, layer)) = self.disk_checkpoint {
+            b[100..108].copy_from_slice(&seq.to_le_bytes());
+            b[108] = layer;
+        }
         for (s, st) in self.shard_state.iter().enumerate() {
             let base = 128 + s * SHARD_STATE_LEN;
             encode_shard(&mut b[base..base + SHARD_STATE_LEN], st);
@@ -240,6 +253,12 @@ impl Header {
             }
             _ => return Err(HeaderError::Field("tag flag")),
         };
+        let commit_seq = u64_at(48);
+        let disk_checkpoint = match (u64_at(100), b[108]) {
+            (0, 0) => None,
+            (seq, layer) if seq > commit_seq && (layer as usize) < MAX_LAYERS => Some((seq, layer)),
+            _ => return Err(HeaderError::Field("disk-layer checkpoint")),
+        };
         let shard_state = (0..shards as usize)
             .map(|s| {
                 let base = 128 + s * SHARD_STATE_LEN;
@@ -253,10 +272,19 @@ impl Header {
             shards,
             key,
             generation: u64_at(40),
-            commit_seq: u64_at(48),
+            commit_seq,
             tag,
             shard_state,
+            disk_checkpoint,
         })
+    }
+
+    /// The sequence number of the checkpoint records this header file
+    /// names (`docs/sozu-format.md`, "Journal"): the commit whose state
+    /// they hold, S of the disk layers' checkpoint if there is one, else
+    /// the last commit before the base generation.
+    pub fn checkpoint_seq(&self) -> u64 {
+        self.disk_checkpoint.map_or(self.commit_seq, |(s, _)| s)
     }
 
     /// Whether `other` has this header's geometry and key (a journal
@@ -299,10 +327,12 @@ mod tests {
                 block_hash: [7; 32],
             }),
             shard_state: vec![ShardState::default(), st],
+            disk_checkpoint: Some((50, 3)),
         };
         let b = h.encode();
         assert_eq!(&b[4..12], b"SOZUTBL\0");
-        assert_eq!(&b[12..14], &[4, 0]);
+        assert_eq!(&b[12..14], &[5, 0]);
+        assert_eq!(&b[100..109], &[50, 0, 0, 0, 0, 0, 0, 0, 3]);
         let s1 = 128 + 320;
         assert_eq!(&b[s1 + 24..s1 + 32], &7u64.to_le_bytes());
         assert_eq!(

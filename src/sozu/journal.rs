@@ -54,7 +54,9 @@ pub enum Body {
 pub struct Record {
     /// Generation it belongs to.
     pub generation: u64,
-    /// Sequence number (commits: the commit's; checkpoint records: 1, 2, …).
+    /// Sequence number (commits: the commit's; checkpoint records: the
+    /// commit whose state their images hold, the same in every record of
+    /// one checkpoint).
     pub seq: u64,
     /// Edits or images.
     pub body: Body,
@@ -126,13 +128,23 @@ pub enum Parsed {
 /// The generation in the fixed head of a record at the start of `b`, if
 /// that head (48 bytes) is intact, whatever its body.
 pub fn record_generation(b: &[u8]) -> Option<u64> {
+    record_tag(b).map(|(g, _)| g)
+}
+
+/// The generation and sequence number in the fixed head of a record at the
+/// start of `b`, if that head (48 bytes) is intact, whatever its body. A
+/// checkpoint record's sequence number is the commit whose state its
+/// images hold (`docs/sozu-format.md`, "Journal").
+pub fn record_tag(b: &[u8]) -> Option<(u64, u64)> {
     let head = b.get(..RECORD_HEADER_LEN)?;
     let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-    (head[..4] == RECORD_MAGIC && crc == crc32fast::hash(&head[8..])).then(|| {
-        let mut g = [0u8; 8];
-        g.copy_from_slice(&head[8..16]);
-        u64::from_le_bytes(g)
-    })
+    let u64_at = |i: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&head[i..i + 8]);
+        u64::from_le_bytes(a)
+    };
+    (head[..4] == RECORD_MAGIC && crc == crc32fast::hash(&head[8..]))
+        .then(|| (u64_at(8), u64_at(16)))
 }
 
 struct Cursor<'a> {

@@ -55,7 +55,10 @@
 //!   torn tail. The journal is checkpointed lazily into the page files with
 //!   a double write (images to a checkpoint file, synced, then the header
 //!   switch by atomic rename, then the page files), so the page files are a
-//!   consistent base for the next generation's deltas. A crash at any
+//!   consistent base for the next generation's deltas. Between those, the
+//!   memory bound on disk pages not yet in their files starts checkpoints
+//!   of the disk layers only (the pinned layers' pages, rewritten by nearly
+//!   every block, wait in the journal for the generation's end). A crash at any
 //!   instant leaves exactly the last committed state; checksums are
 //!   verified on every page read and, by default, on every page at open.
 //! - **Sharding** by hash prefix (seed 000): each shard is an independent

@@ -413,16 +413,35 @@ impl OpLog {
     }
 }
 
-/// Applies a whole encoded op stream to `pages`.
+/// Applies a whole encoded op stream to `pages`; with `disk_from` =
+/// `Some(L)`, only its edits of the layers above L (`docs/sozu-format.md`,
+/// "Checkpoints of the disk layers": the page files of layers ≥ L already
+/// hold the state these ops lead to). Entries only move down, so the
+/// pages above L never depend on those below: a `Spill` from layer L − 1
+/// only removes its slots from the parent.
 ///
 /// # Errors
 /// [`OpError`] with the byte offset of a bad op.
-pub(super) fn replay(pages: &mut dyn Pages, b: &[u8]) -> Result<(), OpError> {
+pub(super) fn replay(
+    pages: &mut dyn Pages,
+    b: &[u8],
+    disk_from: Option<u8>,
+) -> Result<(), OpError> {
     let mut cur = None;
     let mut at = 0;
     while at < b.len() {
         let (op, next) = decode(b, at)?;
-        apply(pages, &mut cur, &op, None).map_err(|e| match e {
+        let below = |a: Addr, by: u8| disk_from.is_some_and(|l| a.0.saturating_add(by) >= l);
+        let r = match (cur, &op) {
+            (_, Op::Page(_)) | (None, _) => apply(pages, &mut cur, &op, None),
+            (Some(a), _) if below(a, 0) => Ok(()),
+            (Some(a), Op::Spill { slots, .. }) if below(a, 1) => pages
+                .edit(a)
+                .map_err(|e| OpError::Load(Box::new(e)))
+                .and_then(|p| page::remove(p, slots).map(drop).map_err(edit_err(a))),
+            _ => apply(pages, &mut cur, &op, None),
+        };
+        r.map_err(|e| match e {
             OpError::Decode { what, .. } => OpError::Decode { at, what },
             other => other,
         })?;
@@ -533,7 +552,7 @@ mod tests {
         log.apply(&mut writer, Op::Delete(Cow::Borrowed(&[1])))
             .unwrap();
         let mut replayed = Map(start);
-        replay(&mut replayed, log.bytes()).unwrap();
+        replay(&mut replayed, log.bytes(), None).unwrap();
         assert_eq!(replayed.0, writer.0);
         let parent = &writer.0[&(0, 3)];
         assert_eq!(page::head(parent).count, 1);
@@ -543,27 +562,41 @@ mod tests {
         assert_eq!(page::head(child).count, 1);
         page::validate(parent).unwrap();
         page::validate(child).unwrap();
+        // Replayed for the layers above 1 only: the parent as the writer
+        // left it (its spilled slots gone), the child not touched, not even
+        // loaded (a disk page's file already holds its state).
+        let mut above = Map::default();
+        above.0.insert((0, 3), page::new_page());
+        replay(&mut above, log.bytes(), Some(1)).unwrap();
+        assert_eq!(above.0.len(), 1);
+        assert_eq!(above.0[&(0, 3)], writer.0[&(0, 3)]);
     }
 
     #[test]
     fn bad_ops_are_errors_not_panics() {
         let mut m = Map::default();
         assert!(matches!(
-            replay(&mut m, &[INSERT, 1, 2]),
+            replay(&mut m, &[INSERT, 1, 2], None),
             Err(OpError::Decode { .. })
         ));
-        assert!(matches!(replay(&mut m, &[INIT]), Err(OpError::NoPage)));
         assert!(matches!(
-            replay(&mut m, &[0xee]),
+            replay(&mut m, &[INIT], None),
+            Err(OpError::NoPage)
+        ));
+        assert!(matches!(
+            replay(&mut m, &[0xee], None),
             Err(OpError::Decode { .. })
         ));
         let mut b = Vec::new();
         encode(&Op::Page((0, 0)), &mut b);
         encode(&Op::Init, &mut b);
         encode(&Op::Delete(Cow::Borrowed(&[4])), &mut b);
-        assert!(matches!(replay(&mut m, &b), Err(OpError::Page { .. })));
+        assert!(matches!(
+            replay(&mut m, &b, None),
+            Err(OpError::Page { .. })
+        ));
         for cut in 0..b.len() {
-            let _ = replay(&mut Map::default(), &b[..cut]);
+            let _ = replay(&mut Map::default(), &b[..cut], None);
         }
     }
 }

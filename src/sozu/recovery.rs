@@ -5,10 +5,12 @@
 //! 2. [`scan_journal`]: the records of generation b in its journal file,
 //!    then those of b + 1 in the other (a checkpoint of b was running),
 //!    sequence numbers consecutive; a torn tail ends a journal;
-//! 3. [`Replay`]: the checkpoint file of b if it holds b's images (a
-//!    checkpoint interrupted after its header switch), then every record's
-//!    page edits applied to the images of the pages they name, as the
-//!    writer applied them;
+//! 3. [`Replay`]: the checkpoint file of b if it holds the images of the
+//!    checkpoint the header names (one interrupted after its header
+//!    switch), then every record's page edits applied to the images of the
+//!    pages they name, as the writer applied them — up to the commit S of a
+//!    checkpoint of the disk layers the header names, on the layers above
+//!    its first disk layer only ([`replay_base`]);
 //! 4. [`check_records`]: the records files are as long as the header says.
 //!
 //! Nothing is written; the first commit truncates a torn journal tail.
@@ -70,6 +72,12 @@ pub(super) struct JournalPos {
 pub(super) struct Recovered {
     /// The header as of the last commit (its generation is the current one).
     pub(super) header: Header,
+    /// The header file's content.
+    pub(super) file_header: Header,
+    /// Whether the base's checkpoint file was applied (then it is the only
+    /// copy of pages its checkpoint may have left torn: the next checkpoint
+    /// must start a new generation, which does not rewrite that file).
+    pub(super) ckpt_applied: bool,
     /// The base generation (the header file's).
     pub(super) base: u64,
     pub(super) journal: JournalPos,
@@ -98,35 +106,75 @@ pub(super) fn recover(st: &mut dyn Storage, config: &SozuConfig) -> Result<Recov
         second.position(base + 1)
     };
     let mut replay = Replay::new(&file_header);
-    let mut header = file_header.clone();
-    for rec in read_checkpoint_file(st, &file_header)? {
-        replay.record(st, &rec, (ckpt_file(base), 0))?;
+    let images = read_checkpoint_file(st, &file_header)?;
+    let ckpt_applied = !images.is_empty();
+    for rec in images {
+        replay.record(st, &rec, (ckpt_file(base), 0), None)?;
     }
-    for (rec, at) in first.records.iter().zip(&first.offsets) {
-        header = record_header(st, &file_header, rec, base, *at)?;
-        replay.record(st, rec, (journal_file(base), *at))?;
-    }
+    let mut header = replay_base(st, &mut replay, &file_header, &first)?;
     let mut pending = None;
     if !second.records.is_empty() {
         pending = Some(replay.end_generation(Header {
             generation: base + 1,
+            disk_checkpoint: None,
             ..header.clone()
         }));
         for (rec, at) in second.records.iter().zip(&second.offsets) {
             header = record_header(st, &file_header, rec, base + 1, *at)?;
-            replay.record(st, rec, (journal_file(base + 1), *at))?;
+            replay.record(st, rec, (journal_file(base + 1), *at), None)?;
         }
     }
     header.generation = journal.generation;
+    header.disk_checkpoint = None;
     let shards = replay.finish(st)?;
     check_records(st, &header.shard_state, &shards)?;
     Ok(Recovered {
         header,
+        file_header,
+        ckpt_applied,
         base,
         journal,
         shards,
         pending,
     })
+}
+
+/// Phase 3 for the base generation b's journal: its records up to the
+/// disk layers' checkpoint S the header file names replayed on the layers
+/// above its L only, the others on every page; returns the header of the
+/// last one (the header file's if none).
+///
+/// # Errors
+/// [`SozuError::Corrupt`]: the journal ends before S, or a record does not
+/// apply.
+fn replay_base(
+    st: &mut dyn Storage,
+    replay: &mut Replay,
+    file_header: &Header,
+    first: &Scan,
+) -> Result<Header, SozuError> {
+    let base = file_header.generation;
+    let last_seq = first
+        .records
+        .last()
+        .map_or(file_header.commit_seq, |r| r.seq);
+    if let Some((s, _)) = file_header.disk_checkpoint.filter(|(s, _)| *s > last_seq) {
+        return Err(corrupt(
+            st.path_of(journal_file(base)),
+            first.valid_end,
+            format!("journal ends at commit {last_seq}, before the disk layers' checkpoint of commit {s}"),
+        ));
+    }
+    let mut header = file_header.clone();
+    for (rec, at) in first.records.iter().zip(&first.offsets) {
+        header = record_header(st, file_header, rec, base, *at)?;
+        let disk_from = file_header
+            .disk_checkpoint
+            .filter(|(s, _)| rec.seq <= *s)
+            .map(|(_, l)| l);
+        replay.record(st, rec, (journal_file(base), *at), disk_from)?;
+    }
+    Ok(header)
 }
 
 /// Phase 1.
@@ -196,6 +244,7 @@ fn create(st: &mut dyn Storage, config: &SozuConfig) -> Result<(), SozuError> {
         commit_seq: 0,
         tag: None,
         shard_state: vec![ShardState::default(); s as usize],
+        disk_checkpoint: None,
     };
     let empty = page::seal(&page::new_page(), ps).map_err(|_| SozuError::Config {
         reason: "page too small",
@@ -335,14 +384,18 @@ fn record_header(
 }
 
 /// The records of the checkpoint file of the base generation, if it holds
-/// them (a checkpoint whose header switch happened: its images must be
-/// applied); else none (an older, spent one, or one torn before its header
-/// switch: the page files are consistent without it).
+/// those of the checkpoint the header file names — generation b and, as
+/// sequence number, the disk layers' checkpoint's commit S if the header
+/// names one, else the header's last commit (a checkpoint whose header
+/// switch happened: its images must be applied); else none (an older,
+/// spent one, or one torn before its header switch, even within the same
+/// generation: the page files are consistent without it).
 ///
 /// # Errors
-/// [`SozuError::Corrupt`] when a record of the base generation is damaged
-/// or followed by anything but another (it was synced before the switch).
+/// [`SozuError::Corrupt`] when a record of that checkpoint is damaged or
+/// followed by anything but another (it was synced before the switch).
 fn read_checkpoint_file(st: &mut dyn Storage, h: &Header) -> Result<Vec<Record>, SozuError> {
+    let want = (h.generation, h.checkpoint_seq());
     let file = ckpt_file(h.generation);
     let len = st.len(file).map_err(|e| io_err(st, file, e))?;
     let len = usize::try_from(len)
@@ -358,14 +411,12 @@ fn read_checkpoint_file(st: &mut dyn Storage, h: &Header) -> Result<Vec<Record>,
     while pos < buf.len() {
         match journal::parse(&buf[pos..], h.page_size as usize) {
             Parsed::Ok(rec, n)
-                if rec.generation == h.generation && matches!(rec.body, Body::Images(_)) =>
+                if (rec.generation, rec.seq) == want && matches!(rec.body, Body::Images(_)) =>
             {
                 out.push(rec);
                 pos += n;
             }
-            _ if pos == 0 && journal::record_generation(&buf) != Some(h.generation) => {
-                return Ok(Vec::new())
-            }
+            _ if pos == 0 && journal::record_tag(&buf) != Some(want) => return Ok(Vec::new()),
             _ => {
                 return Err(corrupt(
                     st.path_of(file),
@@ -417,11 +468,14 @@ impl Replay {
     }
 
     /// Applies one record (at byte `at` of file `name`).
+    /// With `disk_from` = `Some(L)`, only its edits of the layers above L
+    /// ([`ops::replay`]).
     fn record(
         &mut self,
         st: &mut dyn Storage,
         rec: &Record,
         (name, at): (&str, u64),
+        disk_from: Option<u8>,
     ) -> Result<(), SozuError> {
         let path = st.path_of(name);
         let bad = |reason: String| corrupt(path.clone(), at, reason);
@@ -438,7 +492,7 @@ impl Replay {
                         page_size: self.page_size,
                         rec: r,
                     };
-                    ops::replay(&mut pages, bytes).map_err(|e| match e {
+                    ops::replay(&mut pages, bytes, disk_from).map_err(|e| match e {
                         ops::OpError::Load(e) => *e,
                         e => corrupt(path.clone(), at, format!("shard {shard}: {e}")),
                     })?;

@@ -81,6 +81,10 @@ pub struct SozuStats {
     pub commits: u64,
     /// Checkpoints completed since open.
     pub checkpoints: u64,
+    /// Of [`SozuStats::checkpoints`], those of the disk layers only, within
+    /// a generation (`docs/sozu-format.md`, "Checkpoints of the disk
+    /// layers").
+    pub disk_only_checkpoints: u64,
     /// Bytes appended to the journals since open.
     pub journal_bytes: u64,
     /// Page images handed to checkpoints since open (each written twice:

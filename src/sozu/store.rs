@@ -355,11 +355,27 @@ impl PageStore {
     /// The pages committed in the current generation with their images,
     /// for a checkpoint; the next generation starts empty.
     pub(super) fn take_generation(&mut self) -> Vec<(Addr, Arc<Vec<u8>>)> {
-        let mut out: Vec<(Addr, Arc<Vec<u8>>)> = self
-            .generation
-            .drain()
-            .filter_map(|a| self.committed.get(&a).map(|p| (a, p.clone())))
-            .collect();
+        self.take_from(0)
+    }
+
+    /// The disk-layer pages committed since the last checkpoint with their
+    /// images, for a checkpoint of the disk layers only; the pinned pages
+    /// stay in the generation (the next checkpoint of a generation's end
+    /// writes them).
+    pub(super) fn take_disk_pages(&mut self) -> Vec<(Addr, Arc<Vec<u8>>)> {
+        self.take_from(self.ram_layers)
+    }
+
+    /// The generation's pages of layers ≥ `layer`, taken out of it.
+    fn take_from(&mut self, layer: u8) -> Vec<(Addr, Arc<Vec<u8>>)> {
+        let mut out = Vec::new();
+        self.generation.retain(|a| {
+            if a.0 < layer {
+                return true;
+            }
+            out.extend(self.committed.get(a).map(|p| (*a, p.clone())));
+            false
+        });
         out.sort_unstable_by_key(|(a, _)| *a);
         out
     }

@@ -45,6 +45,8 @@ pub(super) struct Options {
 pub(super) struct TableCounters {
     pub(super) commits: u64,
     pub(super) checkpoints: u64,
+    /// Of them, of the disk layers only.
+    pub(super) disk_only_checkpoints: u64,
     pub(super) journal_bytes: u64,
     /// Page images handed to checkpoints: (all, of the pinned layers).
     pub(super) checkpoint_pages: (u64, u64),
@@ -68,6 +70,13 @@ pub struct SozuTable {
     pub(super) journal: JournalPos,
     /// The generation the page files hold (the header file's).
     pub(super) base: u64,
+    /// The header file's content.
+    pub(super) file_header: Header,
+    /// Whether the next checkpoint must start a new generation (not write
+    /// the disk layers only): recovery applied the base's checkpoint file,
+    /// or the header file's disk-layer checkpoint has another first disk
+    /// layer than this open's pinned layers give.
+    pub(super) full_next: bool,
     pub(super) checkpointer: Checkpointer,
     /// A checkpoint recovery found unfinished, started by the next commit.
     pub(super) pending: Option<PendingCheckpoint>,
@@ -153,6 +162,11 @@ impl SozuTable {
                 config.verify_on_open,
             )?);
         }
+        let full_next = rec.ckpt_applied
+            || rec
+                .file_header
+                .disk_checkpoint
+                .is_some_and(|(_, l)| l != geo.ram_layers);
         let workers = Workers::new(shards.len())?;
         let reader = Arc::new(SozuReader::new(
             geo.clone(),
@@ -168,6 +182,8 @@ impl SozuTable {
             committed: rec.header,
             journal: rec.journal,
             base: rec.base,
+            full_next,
+            file_header: rec.file_header,
             checkpointer: Checkpointer::default(),
             pending: rec.pending,
             options: Options {
@@ -231,6 +247,7 @@ impl SozuTable {
             disk_page_prefetches: self.shards.iter().map(|s| s.store.prefetches).sum(),
             commits: t.commits,
             checkpoints: t.checkpoints,
+            disk_only_checkpoints: t.disk_only_checkpoints,
             journal_bytes: t.journal_bytes,
             checkpoint_pages: t.checkpoint_pages.0,
             checkpoint_pinned_pages: t.checkpoint_pages.1,

@@ -283,6 +283,7 @@ pub fn small_config() -> SozuConfig {
         ],
         ram_mib: 1,
         ram_layers: Some(2),
+        unflushed_bytes: None,
         inline_script_max: 100,
         checkpoint_bytes: 256 << 10,
         background_checkpoints: true,
