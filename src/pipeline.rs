@@ -65,6 +65,7 @@ use crate::validation::{BlockError, SpentOutput};
 mod address_index;
 mod ahead;
 mod connect;
+mod digests;
 mod group;
 mod headers;
 mod load;
@@ -312,14 +313,15 @@ pub struct PipelineStats {
     /// connection, commits), microseconds: against the elapsed time of a
     /// sync it tells how much of it the pipeline took.
     pub submit_micros: u64,
-    /// Wall time spent computing the UTXO set's MuHash deltas (blocks
-    /// connected and disconnected), microseconds.
+    /// Time spent computing the UTXO set's MuHash deltas (blocks
+    /// connected, on the script threads or the writer, and blocks
+    /// disconnected, on the writer), microseconds.
     pub muhash_micros: u64,
     /// Inputs whose scripts Core's interpreter verified (blocks rejected
     /// for a script included).
     pub inputs_verified: u64,
     /// Wall time of script verification, microseconds (it overlaps the
-    /// filter and MuHash work of the same block).
+    /// writer's other work on the block and the next one).
     pub script_micros: u64,
     /// Blocks connected without script verification (assumevalid).
     pub blocks_assumed_valid: u64,
@@ -384,7 +386,8 @@ pub struct Chainstate {
     /// Threads that verify a block's scripts (the caller's included).
     script_threads: std::num::NonZeroUsize,
     /// The script threads (`script_threads` - 1 of them), started at the
-    /// first block whose scripts are verified.
+    /// first valid block connected (they verify scripts and build filters
+    /// and MuHash deltas).
     script_pool: Option<crate::validation::script::ScriptPool>,
     /// The next block, validated ahead while the last connected block's
     /// scripts ran, for its submission (`ahead`).

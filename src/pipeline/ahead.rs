@@ -1,7 +1,7 @@
 //! The next block validated ahead, while the current block's scripts run.
 //!
 //! A caller that already holds the next block (the import: the next record
-//! of its file) hands it in with the current one
+//! of its file; P2P sync: a peer's next message, already read) hands it in with the current one
 //! ([`Chainstate::submit_block_with_next`]). While block N's scripts are
 //! verified on the script threads, the writer checks block N+1 as far as it
 //! can without N's verdict: its context checks (`check_block`) under the
@@ -9,7 +9,8 @@
 //! in the UTXO table under N's branch with N's own table write read from
 //! memory (`connect::unwritten_coins`), Core's `ConnectBlock` rules but
 //! scripts; then it hands N+1's script checks to the script threads,
-//! behind N's. When N+1 is submitted next, its connect takes these results
+//! behind N's, with the building of N+1's filter and MuHash delta, which
+//! they take when they have no checks left (`pipeline/digests.rs`). When N+1 is submitted next, its connect takes these results
 //! instead of doing the work again, so the script threads verify N+1 while
 //! the writer ends N's boundary and starts N+1's, where without the
 //! lookahead they would wait for the writer's lookups.
@@ -32,7 +33,7 @@ use crate::chain::index::IndexEntry;
 use crate::primitives::BlockId;
 use crate::validation;
 
-use super::scripts::StartedChecks;
+use super::scripts::StartedWork;
 use super::{Chainstate, CheckedUtxos, ValidBlock};
 
 /// A block validated ahead of its submission.
@@ -46,8 +47,8 @@ pub(super) struct Ahead {
     connects: u64,
     /// Its UTXO checks.
     checked: CheckedUtxos,
-    /// Its script checks, running.
-    checks: StartedChecks,
+    /// Its script checks, filter and MuHash delta, running.
+    work: StartedWork,
 }
 
 impl Ahead {
@@ -66,14 +67,14 @@ impl Ahead {
 pub(super) struct Prepared {
     /// Its UTXO checks.
     pub checked: CheckedUtxos,
-    /// Its script checks, running.
-    pub checks: StartedChecks,
+    /// Its script checks, filter and MuHash delta, running.
+    pub work: StartedWork,
 }
 
 impl Chainstate {
     /// Validates `next` ahead on `entry` (the block being connected, whose
-    /// checks are `valid`), and hands its script checks to the script
-    /// threads; keeps the results for its submission. Nothing when `next`
+    /// checks are `valid`), and hands its script checks, filter and MuHash
+    /// delta to the script threads; keeps the results for its submission. Nothing when `next`
     /// is not `entry`'s child, is already stored, or fails a check (its
     /// own submission finds that again and reports it).
     pub(super) fn prepare_ahead(
@@ -110,13 +111,13 @@ impl Chainstate {
                 ScriptCheck::Verify(_)
             )
         });
-        let checks = verify.then(|| self.start_checks(next, height, hash, &checked.spent));
+        let work = self.start_block_work(next, height, hash, &checked.spent, verify);
         self.ahead = Some(Ahead {
             block: Arc::clone(next),
             parent: entry.id,
             connects: self.stats.blocks_connected + 1,
             checked,
-            checks,
+            work,
         });
     }
 
@@ -128,7 +129,7 @@ impl Chainstate {
             && ahead.connects == self.stats.blocks_connected;
         exact.then_some(Prepared {
             checked: ahead.checked,
-            checks: ahead.checks,
+            work: ahead.work,
         })
     }
 }

@@ -229,10 +229,10 @@ impl Chainstate {
         };
         let started = Instant::now();
         let prepared = ahead.prepared.and_then(|a| self.take_prepared(a, parent));
-        let (valid, checks) = match prepared {
+        let (valid, work) = match prepared {
             Some(p) => {
                 self.stats.blocks_validated_ahead += 1;
-                (p.checked.into_valid(&entry), Some(p.checks))
+                (p.checked.into_valid(&entry), Some(p.work))
             }
             None => match self.validate(&block, &entry, parent)? {
                 Verdict::Valid(v) => (v, None),
@@ -241,11 +241,10 @@ impl Chainstate {
                 }
             },
         };
-        // Economic checks passed: now the scripts, while the filter and the
-        // MuHash delta are built. Nothing is written before their verdict.
+        // Economic checks passed: now the scripts, filter and MuHash
+        // delta. Nothing is written before the scripts' verdict.
         let next = ahead.next.as_ref();
-        let (filter, delta) = match self.scripts_filter_delta(&block, &entry, &valid, checks, next)
-        {
+        let (filter, delta) = match self.scripts_filter_delta(&block, &entry, &valid, work, next) {
             Ok(scripts::ScriptsOutcome::Passed { filter, delta }) => (filter, *delta),
             Ok(scripts::ScriptsOutcome::Failed(e)) => {
                 // The next block, validated ahead on this one, goes too.

@@ -1,10 +1,11 @@
 //! Script verification at the block boundary: every input's scripts
 //! through Core's interpreter ([`crate::validation::script`], Core 26.0's
 //! `libbitcoinconsensus`) after the economic checks, on script threads
-//! kept across blocks ([`ScriptPool`], Core's `CCheckQueue`) while the
-//! writer builds the block's BIP-158 filter and MuHash delta from the same
-//! spent outputs (and validates the next block ahead, `pipeline/ahead.rs`),
-//! then joins them; skipped for ancestors of the assumevalid block
+//! kept across blocks ([`ScriptPool`], Core's `CCheckQueue`), which also
+//! build the block's BIP-158 filter and MuHash delta from the same spent
+//! outputs when they have no checks left (`pipeline/digests.rs`), while the
+//! writer validates the next block ahead (`pipeline/ahead.rs`), then joins
+//! them; skipped for ancestors of the assumevalid block
 //! ([`crate::chain::assumevalid`], Core's `ConnectBlock` rule). A failure
 //! rejects the block with Core's reason
 //! (`block-script-verify-flag-failed (<error>)`) and writes nothing else of
@@ -18,15 +19,15 @@ use bitcoin::{Block, BlockHash};
 
 use crate::chain::assumevalid::ScriptCheck;
 use crate::chain::index::IndexEntry;
-use crate::filters;
 use crate::muhash::BlockDelta;
 use crate::primitives::BlockId;
 use crate::store::WriteBatch;
 use crate::validation::script::{
-    block_script_flags, BlockScriptError, OwnedBlockChecks, PendingChecks, ScriptPool,
+    block_script_flags, BlockScriptError, OwnedBlockChecks, PendingChecks, PendingTask, ScriptPool,
 };
 use crate::validation::SpentOutput;
 
+use super::digests::Digests;
 use super::{Chainstate, PipelineError, ValidBlock};
 
 /// Script verification in the block boundary.
@@ -88,11 +89,14 @@ impl Chainstate {
     }
 
     /// Verifies `block`'s scripts with Core's interpreter (unless
-    /// assumevalid skips them) on the script threads, while this thread
-    /// builds the block's BIP-158 filter and MuHash delta from the same
-    /// spent outputs, validates `next` ahead when given
-    /// ([`Chainstate::prepare_ahead`]), and then joins the verification.
-    /// `prepared`: the checks started when this block was validated ahead.
+    /// assumevalid skips them) on the script threads, which also build the
+    /// block's BIP-158 filter and MuHash delta in their idle time
+    /// (`pipeline/digests.rs`), while this thread applies the parent's kept
+    /// table write and validates `next` ahead when given
+    /// ([`Chainstate::prepare_ahead`]); then it takes the filter and delta
+    /// (building them itself if no worker has taken them), and joins the
+    /// verification.
+    /// `prepared`: the work started when this block was validated ahead.
     /// [`ScriptsOutcome::Failed`] is a script failure: the block is invalid.
     ///
     /// # Errors
@@ -103,7 +107,7 @@ impl Chainstate {
         block: &Arc<Block>,
         entry: &IndexEntry,
         valid: &ValidBlock,
-        prepared: Option<StartedChecks>,
+        prepared: Option<StartedWork>,
         next: Option<&Arc<Block>>,
     ) -> Result<ScriptsOutcome, PipelineError> {
         let verify = matches!(self.script_check(entry), ScriptCheck::Verify(_));
@@ -111,19 +115,31 @@ impl Chainstate {
         let spent = &valid.spent;
         // Checks started ahead are kept when they are to run (dropped,
         // that is cancelled, when assumevalid now skips them).
-        let pending = match prepared.flatten() {
-            Some(checks) if verify => Some(checks),
-            _ => verify.then(|| self.start_checks(block, entry.height, entry.hash, spent)),
+        let (pending, digests) = match prepared {
+            Some(StartedWork {
+                checks: Some(checks),
+                digests,
+            }) if verify => (Some(checks), digests),
+            Some(StartedWork { digests, .. }) => {
+                let checks =
+                    verify.then(|| self.start_checks(block, entry.height, entry.hash, spent));
+                (checks, digests)
+            }
+            None => {
+                let work = self.start_block_work(block, entry.height, entry.hash, spent, verify);
+                (work.checks, work.digests)
+            }
         };
         // The parent's table write, kept from its connect, while the
         // scripts run.
         self.write_unwritten()?;
-        let scripts = spent.iter().map(|s| s.coin.script_pubkey.as_slice());
-        let filter = filters::basic_filter(block, scripts);
-        let delta = self.timed_delta(block, entry.height, spent);
         if let Some(next) = next {
             self.prepare_ahead(next, entry, valid);
         }
+        // The filter and delta first: built here unless a worker took them
+        // (the workers take checks first), so this thread does its share
+        // while the workers verify; then it joins the checks.
+        let Digests { filter, delta, .. } = self.join_digests(digests);
         let verdict = match pending {
             None => {
                 self.stats.blocks_assumed_valid += 1;
@@ -159,6 +175,22 @@ impl Chainstate {
         })
     }
 
+    /// Starts what follows `block`'s economic checks (at `height`, hashed
+    /// `hash`, spending `spent`) on the script threads: its script checks
+    /// when `verify`, and its filter and MuHash delta.
+    pub(super) fn start_block_work(
+        &mut self,
+        block: &Arc<Block>,
+        height: u32,
+        hash: BlockHash,
+        spent: &Arc<[SpentOutput]>,
+        verify: bool,
+    ) -> StartedWork {
+        let checks = verify.then(|| self.start_checks(block, height, hash, spent));
+        let digests = self.start_digests(block, height, spent);
+        StartedWork { checks, digests }
+    }
+
     /// Hands the checks of `block`'s inputs (at `height`, hashed `hash`)
     /// to the script threads, under the flags of its height (Core's
     /// `GetBlockScriptFlags`).
@@ -179,7 +211,7 @@ impl Chainstate {
 
     /// The script threads: [`Chainstate::set_script_threads`] minus one
     /// (the writer joins every block's checks), started at first use.
-    fn script_pool(&mut self) -> &ScriptPool {
+    pub(super) fn script_pool(&mut self) -> &ScriptPool {
         let workers = self.script_threads.get() - 1;
         self.script_pool
             .get_or_insert_with(|| match ScriptPool::new(workers) {
@@ -195,6 +227,14 @@ impl Chainstate {
 /// A block's script checks as handed to the script threads; `None` when
 /// assumevalid skips them.
 pub(super) type StartedChecks = Option<Result<PendingChecks, BlockScriptError>>;
+
+/// What [`Chainstate::start_block_work`] handed to the script threads.
+pub(super) struct StartedWork {
+    /// The block's script checks.
+    pub checks: StartedChecks,
+    /// Its filter and MuHash delta.
+    pub digests: PendingTask<Digests>,
+}
 
 /// What [`Chainstate::scripts_filter_delta`] found, when the engine could
 /// decide.

@@ -8,21 +8,19 @@
 //! block index gives: each block left (old tip down to the fork point) is
 //! disconnected (its [`BlockDelta`] removed: created coins into the
 //! denominator, spent coins back into the numerator), each block entered
-//! is connected. The newly validated block's delta comes from memory; the
-//! others' from their stored block and spent-output records. The set is
+//! is connected. The newly validated block's delta comes from memory (built
+//! on the script threads, `pipeline/digests.rs`); the others' from their
+//! stored block and spent-output records. The set is
 //! never walked again, except once to build the state of a datadir made
 //! before this existed.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use bitcoin::Block;
-
-use crate::muhash::{block_delta, BlockDelta, MuHash3072, STATE_BYTES};
+use crate::muhash::{BlockDelta, MuHash3072, STATE_BYTES};
 use crate::primitives::BlockId;
 use crate::store::{WriteBatch, META_MUHASH};
-use crate::validation::SpentOutput;
 
+use super::digests::timed_block_delta;
 use super::{Chainstate, PipelineError};
 
 /// Coins between two progress lines of the one-time build.
@@ -128,20 +126,6 @@ impl Chainstate {
         Ok(())
     }
 
-    /// [`block_delta`], its time added to the pipeline's `muhash_micros`.
-    pub(super) fn timed_delta(
-        &mut self,
-        block: &Block,
-        height: u32,
-        spent: &[SpentOutput],
-    ) -> BlockDelta {
-        let started = Instant::now();
-        let delta = block_delta(block, height, spent);
-        let micros = started.elapsed().as_micros() as u64;
-        self.stats.muhash_micros = self.stats.muhash_micros.saturating_add(micros);
-        delta
-    }
-
     /// The delta of an already connected block, from its stored bytes and
     /// spent outputs.
     fn stored_delta(&mut self, id: BlockId) -> Result<BlockDelta, PipelineError> {
@@ -158,6 +142,8 @@ impl Chainstate {
         let spent = current
             .spent_outputs(id)?
             .ok_or_else(|| missing("spent outputs"))?;
-        Ok(self.timed_delta(&block, height, &spent))
+        let (delta, micros) = timed_block_delta(&block, height, &spent);
+        self.stats.muhash_micros = self.stats.muhash_micros.saturating_add(micros);
+        Ok(delta)
     }
 }

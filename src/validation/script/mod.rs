@@ -9,7 +9,8 @@
 //!   ([`verify_block_scripts`], [`BlockChecks`]), the first failure in
 //!   block order;
 //! - [`pool`]: script-check threads kept across blocks ([`ScriptPool`],
-//!   Core's `CCheckQueue`), which verify a block while its caller goes on.
+//!   Core's `CCheckQueue`), which verify a block while its caller goes on,
+//!   and run tasks of the caller's in their idle time ([`PendingTask`]).
 //!
 //! kakehi has no interpreter of its own: every verdict on a script is
 //! Core's. Why Core 26.0's libbitcoinconsensus and not libbitcoinkernel:
@@ -35,6 +36,7 @@ pub mod block;
 pub mod engine;
 pub mod flags;
 pub mod pool;
+mod task;
 
 pub use block::{verify_block_scripts, BlockChecks, BlockScriptError, OwnedBlockChecks};
 pub use engine::{
@@ -42,3 +44,4 @@ pub use engine::{
 };
 pub use flags::{block_script_flags, ScriptFlags};
 pub use pool::{PendingChecks, ScriptPool};
+pub use task::PendingTask;

@@ -11,7 +11,14 @@
 //! A [`PendingChecks`] dropped without [`PendingChecks::finish`] cancels
 //! its checks and waits for the workers to leave them, so no worker ever
 //! runs a block's checks after its caller has moved on.
+//!
+//! Besides checks, the caller may hand the pool tasks of its own
+//! ([`ScriptPool::run`], `task.rs`): a worker takes the oldest task only
+//! when no started checks have inputs left to take, so tasks fill the
+//! workers' idle time and never delay a verdict; the caller runs a task
+//! itself when it wants the result before any worker took it.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -19,6 +26,7 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 use super::block::{BlockScriptError, OwnedBlockChecks};
+use super::task::{task, PendingTask, Task};
 
 /// Checks handed to the pool and the workers inside them.
 struct Live {
@@ -32,13 +40,17 @@ struct Live {
 struct State {
     /// Checks started and not yet finished, oldest first.
     live: Vec<Live>,
+    /// Tasks handed in ([`ScriptPool::run`]), oldest first; those taken
+    /// by their caller meanwhile are skipped.
+    tasks: VecDeque<Arc<dyn Task>>,
     shutdown: bool,
 }
 
 #[derive(Default)]
 struct Shared {
     state: Mutex<State>,
-    /// Signalled when checks are started, and at shutdown.
+    /// Signalled when checks are started or a task handed in, and at
+    /// shutdown.
     work: Condvar,
     /// Signalled when a worker leaves checks.
     left: Condvar,
@@ -118,6 +130,24 @@ impl ScriptPool {
         self.threads.len()
     }
 
+    /// Hands `job` to the workers: the first worker with no checks left
+    /// to take runs it (checks started later come first). Its result is
+    /// [`PendingTask::join`]'s, which runs it on the caller's thread when
+    /// no worker took it yet (so a pool without workers runs every task
+    /// there).
+    pub fn run<T, F>(&self, job: F) -> PendingTask<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let (cell, handle) = task(job);
+        if !self.threads.is_empty() {
+            self.shared.state.lock().tasks.push_back(cell);
+            self.shared.work.notify_one();
+        }
+        handle
+    }
+
     /// Hands `checks` to the workers, who start at once.
     pub fn start(&self, checks: Arc<OwnedBlockChecks>) -> PendingChecks {
         let active = Arc::new(AtomicUsize::new(0));
@@ -145,7 +175,7 @@ impl Drop for ScriptPool {
 }
 
 /// A worker: runs the oldest live checks that still have inputs to take,
-/// until shutdown.
+/// else the oldest task not taken yet, until shutdown.
 fn worker(shared: &Shared) {
     let mut state = shared.state.lock();
     loop {
@@ -154,7 +184,13 @@ fn worker(shared: &Shared) {
         }
         let next = state.live.iter().find(|l| !l.checks.exhausted());
         let Some(live) = next else {
-            shared.work.wait(&mut state);
+            if let Some(task) = next_task(&mut state.tasks) {
+                drop(state);
+                task.run();
+                state = shared.state.lock();
+            } else {
+                shared.work.wait(&mut state);
+            }
             continue;
         };
         let (checks, active) = (Arc::clone(&live.checks), Arc::clone(&live.active));
@@ -166,6 +202,17 @@ fn worker(shared: &Shared) {
         active.fetch_sub(1, Ordering::AcqRel);
         shared.left.notify_all();
     }
+}
+
+/// Takes the oldest task of `tasks` no one has taken yet, dropping those
+/// their callers took or dropped meanwhile.
+fn next_task(tasks: &mut VecDeque<Arc<dyn Task>>) -> Option<Arc<dyn Task>> {
+    while let Some(task) = tasks.pop_front() {
+        if task.queued() {
+            return Some(task);
+        }
+    }
+    None
 }
 
 /// A block's checks running on a [`ScriptPool`].
@@ -238,6 +285,27 @@ mod tests {
         let bad = pool.start(owned(4, 40, &[100]));
         assert!(bad.finish().is_err());
         assert_eq!(good.finish(), Ok(()));
+    }
+
+    #[test]
+    fn tasks_run_on_an_idle_worker_or_on_the_caller() {
+        let caller = std::thread::current().id();
+        let pool = ScriptPool::new(1).expect("threads");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let handle = pool.run(move || {
+            let _ = tx.send(std::thread::current().id());
+            7u32
+        });
+        let ran_on = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("an idle worker takes the task");
+        assert_ne!(ran_on, caller);
+        assert_eq!(handle.join(), 7);
+        // Checks still run after tasks, and without workers the caller
+        // runs the task itself.
+        assert_eq!(pool.start(owned(2, 10, &[])).finish(), Ok(()));
+        let alone = ScriptPool::new(0).expect("no threads");
+        assert_eq!(alone.run(|| std::thread::current().id()).join(), caller);
     }
 
     #[test]
