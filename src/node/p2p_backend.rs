@@ -291,6 +291,14 @@ impl NodeBackend for NodeP2p {
     }
 
     fn submit_block(&self, block: Block) -> Result<SubmitOutcome, SubmitError> {
+        self.submit_block_with_next(Arc::new(block), None)
+    }
+
+    fn submit_block_with_next(
+        &self,
+        block: Arc<Block>,
+        next: Option<Arc<Block>>,
+    ) -> Result<SubmitOutcome, SubmitError> {
         let hash = block.block_hash();
         let mut cs = self.chain.lock();
         if cs.index().id_of(&hash).is_none()
@@ -299,7 +307,7 @@ impl NodeBackend for NodeP2p {
             return Err(SubmitError::UnknownHeader { hash });
         }
         let before = cs.index().tip().id;
-        let result = cs.submit_block(&block);
+        let result = cs.submit_block_with_next(block, next);
         match &result {
             // Rejected but not invalid: the body was mutated, the header
             // stays headers-only (see `View::mutated`).

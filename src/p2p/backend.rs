@@ -12,12 +12,16 @@
 //!   through [`tokio::task::spawn_blocking`]:
 //!   [`NodeBackend::headers_after`], [`NodeBackend::block_bytes`],
 //!   [`NodeBackend::accept_headers`], [`NodeBackend::submit_block`],
-//!   [`NodeBackend::cfilters`], [`NodeBackend::cfheaders`],
-//!   [`NodeBackend::cfcheckpt`], [`NodeBackend::archive_epochs`],
-//!   [`NodeBackend::archive_proof`].
+//!   [`NodeBackend::submit_block_with_next`], [`NodeBackend::cfilters`],
+//!   [`NodeBackend::cfheaders`], [`NodeBackend::cfcheckpt`],
+//!   [`NodeBackend::archive_epochs`], [`NodeBackend::archive_proof`].
 //!
 //! [`NodeBackend::archive_ready`] is cheap; the three archive methods have
-//! defaults (no archive) so other backends need not implement them.
+//! defaults (no archive) so other backends need not implement them, nor
+//! [`NodeBackend::submit_block_with_next`] (which defaults to
+//! [`NodeBackend::submit_block`]).
+
+use std::sync::Arc;
 
 use bitcoin::bip158::{FilterHash, FilterHeader};
 use bitcoin::block::Header;
@@ -91,6 +95,24 @@ pub trait NodeBackend: Send + Sync + 'static {
     /// # Errors
     /// See [`SubmitError`].
     fn submit_block(&self, block: Block) -> Result<SubmitOutcome, SubmitError>;
+
+    /// [`NodeBackend::submit_block`] with the block the caller will hand in
+    /// next, when it already holds it (a `block` message already received
+    /// behind this one, whose parent is `block`): the node may validate
+    /// `next` ahead while `block`'s scripts run; `next` is then submitted
+    /// as usual, with the same `Arc`. The outcome is `block`'s, as without
+    /// `next`. The default ignores `next`.
+    ///
+    /// # Errors
+    /// See [`SubmitError`].
+    fn submit_block_with_next(
+        &self,
+        block: Arc<Block>,
+        next: Option<Arc<Block>>,
+    ) -> Result<SubmitOutcome, SubmitError> {
+        let _ = next;
+        self.submit_block(Arc::unwrap_or_clone(block))
+    }
 
     /// Whether the BIP-158 basic filter index has caught up with the tip;
     /// NODE_COMPACT_FILTERS is advertised only then. Cheap.

@@ -98,10 +98,12 @@ pub(crate) async fn run_peer(
 ) {
     let _ = stream.set_nodelay(true);
     let (rd, wr) = stream.into_split();
-    // One decoded message waits here while the reader reads the next: at
-    // most ~2 payloads (≤ 8 MB) buffered per peer; TCP back-pressure does
-    // the rest (Core bounds its receive buffer per peer likewise).
-    let (msg_tx, msg_rx) = mpsc::channel(1);
+    // Two decoded messages wait here while the reader reads the next (so
+    // that a block being handled finds the next one already decoded, to
+    // hand in with it: `Peer::block_with_next`): at most ~3 payloads
+    // (≤ 12 MB) buffered per peer; TCP back-pressure does the rest (Core
+    // bounds its receive buffer per peer likewise).
+    let (msg_tx, msg_rx) = mpsc::channel(2);
     let reader = tokio::spawn(reader_loop(
         rd,
         net.magic,
@@ -121,6 +123,16 @@ pub(crate) async fn run_peer(
         debug!(peer = %addr, id, %reason, "peer disconnected");
     }
     net.unregister(id);
+}
+
+/// A message taken from the reader before its turn, to see whether the
+/// block being handled has its child right behind it (then handed to the
+/// node with it: [`NodeBackend::submit_block_with_next`]); handled next.
+enum Peeked {
+    /// A `block` message, shared with the submission it was the next of.
+    Block(Arc<Block>),
+    /// Any other message, or the reader's error.
+    Other(Result<NetworkMessage, CodecError>),
 }
 
 struct Peer {
@@ -238,19 +250,31 @@ impl Peer {
         }
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A message taken from the reader ahead of its turn, handled next.
+        let mut peeked: Option<Peeked> = None;
         loop {
-            let res = tokio::select! {
-                m = msg_rx.recv() => match m {
-                    Some(Ok(msg)) => self.on_message(msg).await,
-                    Some(Err(e)) => Err(codec_disconnect(e)),
-                    None => Err(Disconnect::Io(std::io::ErrorKind::UnexpectedEof.into())),
+            let res = match peeked.take() {
+                Some(Peeked::Block(block)) => {
+                    self.block_with_next(block, &mut msg_rx, &mut peeked).await
+                }
+                Some(Peeked::Other(Ok(msg))) => self.on_message(msg).await,
+                Some(Peeked::Other(Err(e))) => Err(codec_disconnect(e)),
+                None => tokio::select! {
+                    m = msg_rx.recv() => match m {
+                        Some(Ok(NetworkMessage::Block(block))) => {
+                            self.block_with_next(Arc::new(block), &mut msg_rx, &mut peeked).await
+                        }
+                        Some(Ok(msg)) => self.on_message(msg).await,
+                        Some(Err(e)) => Err(codec_disconnect(e)),
+                        None => Err(Disconnect::Io(std::io::ErrorKind::UnexpectedEof.into())),
+                    },
+                    c = cmd_rx.recv() => match c {
+                        Some(cmd) => self.on_command(cmd).await,
+                        None => Err(Disconnect::Shutdown),
+                    },
+                    _ = tick.tick() => self.on_tick().await,
+                    _ = shutdown.changed() => Err(Disconnect::Shutdown),
                 },
-                c = cmd_rx.recv() => match c {
-                    Some(cmd) => self.on_command(cmd).await,
-                    None => Err(Disconnect::Shutdown),
-                },
-                _ = tick.tick() => self.on_tick().await,
-                _ = shutdown.changed() => Err(Disconnect::Shutdown),
             };
             if let Err(d) = res {
                 return d;
@@ -364,7 +388,7 @@ impl Peer {
             NetworkMessage::GetData(inv) => self.on_getdata(inv).await,
             NetworkMessage::Headers(headers) => self.on_headers(headers).await,
             NetworkMessage::Inv(inv) => self.on_inv(inv).await,
-            NetworkMessage::Block(block) => self.on_block(block).await,
+            NetworkMessage::Block(block) => self.on_block(Arc::new(block), None).await,
             NetworkMessage::NotFound(inv) => {
                 self.on_notfound(inv);
                 Ok(())

@@ -28,7 +28,7 @@ impl Chainstate {
 
     /// [`Chainstate::submit_block`] for a shared block, with the block the
     /// caller will submit next when it has it (an import: the next record
-    /// of its file): while `block`'s scripts are verified, `next` is
+    /// of its file; P2P sync: a peer's next block, already read): while `block`'s scripts are verified, `next` is
     /// validated ahead (`pipeline/ahead.rs`), and its submission, when it
     /// comes next with the same `Arc`, starts from there. Outcomes are the
     /// same as without `next`.

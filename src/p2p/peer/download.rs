@@ -283,7 +283,40 @@ impl Peer {
         }
     }
 
-    pub(super) async fn on_block(&mut self, block: Block) -> Result<(), Disconnect> {
+    /// Handles `block`, taking the reader's next message ahead when one
+    /// is already there (into `peeked`, handled next): when it is a block
+    /// whose parent is `block`, the node gets it with `block` to validate
+    /// it ahead (during initial sync, blocks asked in a window arrive one
+    /// behind the other).
+    pub(super) async fn block_with_next(
+        &mut self,
+        block: Arc<Block>,
+        msg_rx: &mut mpsc::Receiver<Result<NetworkMessage, CodecError>>,
+        peeked: &mut Option<Peeked>,
+    ) -> Result<(), Disconnect> {
+        let next = match msg_rx.try_recv() {
+            Ok(Ok(NetworkMessage::Block(next))) => {
+                let next = Arc::new(next);
+                *peeked = Some(Peeked::Block(Arc::clone(&next)));
+                Some(next)
+            }
+            Ok(other) => {
+                *peeked = Some(Peeked::Other(other));
+                None
+            }
+            Err(_) => None,
+        };
+        let next = next.filter(|n| n.header.prev_blockhash == block.block_hash());
+        self.on_block(block, next).await
+    }
+
+    /// Handles a received block (`next`: the block received right behind
+    /// it, when it is its child).
+    pub(super) async fn on_block(
+        &mut self,
+        block: Arc<Block>,
+        next: Option<Arc<Block>>,
+    ) -> Result<(), Disconnect> {
         let hash = block.block_hash();
         let requested = self.net.sched.lock().received(self.id, &hash);
         if !requested && self.net.backend.block_height(&hash).is_none() {
@@ -309,7 +342,7 @@ impl Peer {
             }
         }
         let b = self.backend();
-        match blocking(move || b.submit_block(block)).await {
+        match blocking(move || b.submit_block_with_next(block, next)).await {
             Some(Ok(SubmitOutcome::NewTip { height, hash })) => {
                 self.net.note_block(self.id);
                 debug!(height, block_hash = %hash, "new tip");
