@@ -62,8 +62,11 @@ pub struct SozuConfig {
     /// Scripts longer than this many bytes are stored out of line in the
     /// records files (default 100; at most 1,000).
     pub inline_script_max: usize,
-    /// A checkpoint starts at the first commit after the journal of the
-    /// current generation grows past this many bytes (default 64 MiB).
+    /// A checkpoint that starts a new generation starts at the first commit
+    /// after the journal of the current generation grows past this many
+    /// bytes (default 64 MiB); in between, the memory bound starts
+    /// checkpoints of the disk layers only. Open replays up to this many
+    /// bytes of journal.
     pub checkpoint_bytes: u64,
     /// Whether checkpoints run on a background thread while commits go on
     /// (default true); false runs them inside the commit that starts them.
