@@ -66,7 +66,19 @@ use super::{StoreError, Trees};
 /// (`KKHRMAN2`). A 5.0 datadir opens as is (no log: an empty one); a 5.0
 /// build refuses a 5.1 row manifest as damaged, naming `kakehi
 /// reindex-chainstate`.
-pub const FORMAT_VERSION: (u16, u16) = (5, 1);
+///
+/// 6.0 (a 5.x datadir is refused: `kakehi reindex-chainstate` rebuilds it):
+/// the run files' layout 2 (`runs/run.rs`). The filter and the block index
+/// come before the keys, sized by the capacity the writer was given, and
+/// the filter's block for a prefix follows the prefix's order, so a run is
+/// written in fixed memory whatever its size (layout 1 held its whole
+/// filter and block index, ~1.33 bytes per key, until the end); the
+/// partitions' checksums are stored in the file, so opening a run reads
+/// its header and that summary (~0.0016 bytes per key) instead of its
+/// whole filter and block index. Layout 1 runs are refused as damaged
+/// ("bad magic or version", naming the file and `kakehi
+/// reindex-chainstate`).
+pub const FORMAT_VERSION: (u16, u16) = (6, 0);
 
 /// Meta key of the format version: major u16 BE ‖ minor u16 BE.
 pub(super) const META_FORMAT: &str = "format_version";

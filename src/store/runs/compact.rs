@@ -17,8 +17,9 @@ use std::sync::Arc;
 
 use super::error::RunError;
 use super::manifest::WriteError;
-use super::run::{Run, RunWriter};
+use super::run::Run;
 use super::set::RowSet;
+use super::writer::RunWriter;
 use super::Core;
 
 /// Bytes of a tier-0 run's scale: 64 KiB.

@@ -20,9 +20,10 @@
 //!   between leaves rows of blocks not connected, which every reader
 //!   ignores (index format 3.0), and a crash mid-append tears only the
 //!   record of a commit that never returned.
-//! - **Open** reads the manifest and each run's header, block index and
-//!   filter (not its keys; of the last two it keeps each partition's
-//!   checksum, `run.rs`), deletes the files the manifest does not name
+//! - **Open** reads the manifest and each run's header and summary (the
+//!   checksum of each partition of its filter and block index, about
+//!   0.0016 bytes per key, checked by the file's trailer; not its keys,
+//!   filter or block index, `run.rs`), deletes the files the manifest does not name
 //!   (a run written by a flush or compaction that a crash cut short, the
 //!   manifest's and log's temporary files), and replays the log's records
 //!   of the manifest's generation into memory, up to the first torn or
@@ -30,7 +31,8 @@
 //!   naming the file. A store written before the log existed (manifest
 //!   `KKHRMAN1`, no `LOG`) opens with an empty log.
 //! - **Compaction** (`compact.rs`) merges runs of similar size on a
-//!   background thread; its failure is reported by the next flush (the
+//!   background thread, in fixed memory whatever their size (the writer
+//!   keeps a few 4 KiB to 64 KiB buffers, `writer.rs`); its failure is reported by the next flush (the
 //!   commit then fails and the node stops writing, as for any failed
 //!   write of the index) and by [`RowSets::settle`].
 //! - **Reads** merge memory and the runs (each run's filter skips most
@@ -48,10 +50,12 @@
 mod bloom;
 mod compact;
 mod error;
+mod layout;
 mod log;
 mod manifest;
 mod run;
 mod set;
+mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,8 +69,9 @@ pub use error::RunError;
 pub use log::LogPosition;
 use log::RowLog;
 use manifest::{Manifest, WriteError};
-use run::{PartCache, Run, RunWriter, PART_BYTES};
+use run::{PartCache, Run, PART_BYTES};
 pub use set::RowSet;
+use writer::RunWriter;
 
 /// Key length of the transaction rows.
 pub const TX_KEY: usize = 16;

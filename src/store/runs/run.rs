@@ -1,50 +1,47 @@
 //! One run: an immutable file of sorted, distinct fixed-size keys, written
-//! once ([`RunWriter`]), fsynced, then read by positional reads ([`Run`]).
+//! once (`writer.rs`), fsynced, then read by positional reads ([`Run`]).
 //!
-//! Layout (integers big-endian):
+//! Layout 2 (integers big-endian; sizes and offsets in `layout.rs`):
 //!
 //! | part | bytes |
 //! | --- | --- |
-//! | header | magic `KKHROWS1` (8) ‖ version u32 (1) ‖ key length u32 ‖ key count u64 ‖ keys per block u32 ‖ filter bytes u32 (32 in all) |
+//! | header | magic `KKHROWS1` (8) ‖ version u32 (2) ‖ key length u32 ‖ key count u64 ‖ keys per block u32 ‖ capacity u64 (36 in all) |
+//! | filter | blocked Bloom filter over the keys' first 8 bytes (`bloom.rs`), sized for the capacity (10 bits a key) |
+//! | block index | per block: its first key ‖ CRC-32 of the block's bytes (u32); its region has room for the capacity's blocks, the count's are used |
 //! | keys | count × key length, ascending, distinct, in blocks of [`BLOCK_KEYS`] keys (the last one shorter) |
-//! | block index | per block: its first key ‖ CRC-32 of the block's bytes (u32) |
-//! | filter | [`Bloom`] over the keys' first 8 bytes |
-//! | trailer | CRC-32 of the header, block index and filter (u32) |
+//! | summary | CRC-32 of each index partition (u32 each) ‖ first key of each index partition ‖ CRC-32 of each filter partition (u32 each) |
+//! | trailer | CRC-32 of the header and the summary (u32) |
+//!
+//! The capacity (the most keys the writer was told to expect; the count
+//! is at most it, less when a merge met equal keys) places the filter and
+//! the block index before the keys, so the writer writes their partitions
+//! in place as the keys stream past, in fixed memory.
 //!
 //! Opening reads the header, checks the file's size against it, and reads
-//! the block index and filter (about 1/200 and 1/13 of the keys' bytes)
-//! in chunks, checking the trailer's CRC: no key is read. It keeps only a
+//! the summary and the trailer (about 0.0016 bytes per key), checking the
+//! trailer's CRC: no key, filter or index byte is read. It keeps the
 //! summary: the CRC-32 of every partition of the block index and of the
-//! filter (about [`PART_BYTES`] each) and the first key of every index
-//! partition, about 0.1 % of what it read. Lookups read the partitions
-//! they need through the store's [`PartCache`] (a byte budget,
-//! `index.filter_cache_mib`), checking each against its CRC when it is
-//! read from the file. So a run's memory does not grow with its rows, and
-//! the partitions in memory are bounded by the cache's budget, as
-//! RocksDB's partitioned index and filter blocks in its block cache.
-//! Each block of keys' CRC is checked when it is read, so a flipped byte
-//! among the keys, or in a partition changed after open, shows as
-//! [`RunError::Corrupt`] naming the file at its first read.
+//! filter ([`PART_BYTES`] each) and the first key of every index
+//! partition. Lookups read the partitions they need through the store's
+//! [`PartCache`] (a byte budget, `index.filter_cache_mib`), checking each
+//! against its CRC when it is read from the file. So a run's memory does
+//! not grow with its rows beyond the summary, and the partitions in memory
+//! are bounded by the cache's budget, as RocksDB's partitioned index and
+//! filter blocks in its block cache. Each block of keys' CRC is checked
+//! when it is read, so a flipped byte among the keys, the block index or
+//! the filter shows as [`RunError::Corrupt`] naming the file at its first
+//! read, one in the header or summary, or a cut file, at open.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-
 use std::sync::Arc;
 
-use super::bloom::{self, Bloom, BLOCK_BYTES};
+use super::bloom::{self, BLOCK_BYTES};
 use super::error::RunError;
+use super::layout::{entry, index_part_len, Layout, Summary, HEADER, MAGIC, VERSION};
 use crate::store::byte_cache::ByteCache;
-use crate::store::durable;
-use crate::store::fault::{self, IoOp};
 
-/// Magic of a run file.
-const MAGIC: &[u8; 8] = b"KKHROWS1";
-/// Version of the layout.
-const VERSION: u32 = 1;
-/// Bytes of the header.
-const HEADER: usize = 32;
 /// Keys per block: 4 KiB of 16-byte keys, 5 KiB of 20-byte keys.
 pub const BLOCK_KEYS: usize = 256;
 
@@ -76,168 +73,6 @@ pub fn prefix_u64(key: &[u8]) -> u64 {
     u64::from_be_bytes(p)
 }
 
-/// Writes one run file: keys given in ascending order, each once.
-pub struct RunWriter<const N: usize> {
-    path: PathBuf,
-    out: BufWriter<File>,
-    block: Vec<u8>,
-    index: Vec<u8>,
-    bloom: Bloom,
-    last: Option<[u8; N]>,
-    count: u64,
-}
-
-impl<const N: usize> RunWriter<N> {
-    /// Creates `path` (which must not exist) for at most `capacity` keys
-    /// (sizes the filter).
-    ///
-    /// # Errors
-    /// [`RunError::Io`] naming `path`.
-    pub fn create(path: &Path, capacity: usize) -> Result<Self, RunError> {
-        let io = RunError::io(path);
-        fault::check(IoOp::Write, path).map_err(&io)?;
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .map_err(&io)?;
-        let mut out = BufWriter::with_capacity(1 << 16, file);
-        out.write_all(&[0u8; HEADER]).map_err(&io)?;
-        Ok(RunWriter {
-            path: path.to_path_buf(),
-            out,
-            block: Vec::with_capacity(BLOCK_KEYS * N),
-            index: Vec::new(),
-            bloom: Bloom::with_capacity(capacity),
-            last: None,
-            count: 0,
-        })
-    }
-
-    /// Appends `key` (greater than the previous key; an equal key is
-    /// skipped).
-    ///
-    /// # Errors
-    /// [`RunError::Io`].
-    pub fn push(&mut self, key: &[u8; N]) -> Result<(), RunError> {
-        if let Some(last) = &self.last {
-            if key <= last {
-                return Ok(());
-            }
-        }
-        if self.block.is_empty() {
-            self.index.extend_from_slice(key);
-        }
-        self.block.extend_from_slice(key);
-        self.bloom.insert(prefix_u64(key));
-        self.last = Some(*key);
-        self.count += 1;
-        if self.block.len() == BLOCK_KEYS * N {
-            self.end_block()?;
-        }
-        Ok(())
-    }
-
-    fn end_block(&mut self) -> Result<(), RunError> {
-        self.index
-            .extend_from_slice(&crc32fast::hash(&self.block).to_be_bytes());
-        self.out
-            .write_all(&self.block)
-            .map_err(RunError::io(&self.path))?;
-        self.block.clear();
-        Ok(())
-    }
-
-    /// Writes the block index, filter, trailer and header, and fsyncs the
-    /// file. Returns the run, open for reading through `cache`.
-    ///
-    /// # Errors
-    /// [`RunError::Io`] naming the file (the caller deletes it).
-    pub fn finish(mut self, number: u64, cache: &Arc<PartCache>) -> Result<Run<N>, RunError> {
-        if !self.block.is_empty() {
-            self.end_block()?;
-        }
-        let path = std::mem::take(&mut self.path);
-        let io = RunError::io(&path);
-        let header = header(N, self.count, self.bloom.as_bytes().len());
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&header);
-        crc.update(&self.index);
-        crc.update(self.bloom.as_bytes());
-        fault::check(IoOp::Write, &path).map_err(&io)?;
-        self.out.write_all(&self.index).map_err(&io)?;
-        self.out.write_all(self.bloom.as_bytes()).map_err(&io)?;
-        self.out
-            .write_all(&crc.finalize().to_be_bytes())
-            .map_err(&io)?;
-        let file = self.out.into_inner().map_err(|e| io(e.into_error()))?;
-        file.write_all_at(&header, 0).map_err(&io)?;
-        durable::sync_file(&path, &file).map_err(&io)?;
-        drop(io);
-        let mut summary = Summary::default();
-        summary.add_index(&self.index);
-        summary.add_filter(self.bloom.as_bytes());
-        let keys_end = HEADER as u64 + self.count * N as u64;
-        Ok(Run {
-            path,
-            number,
-            file,
-            count: self.count,
-            blocks: self.index.len() / entry::<N>(),
-            index_at: keys_end,
-            filter_at: keys_end + self.index.len() as u64,
-            filter_len: self.bloom.as_bytes().len(),
-            summary,
-            cache: cache.clone(),
-        })
-    }
-}
-
-fn header(key_len: usize, count: u64, bloom_len: usize) -> [u8; HEADER] {
-    let mut h = [0u8; HEADER];
-    h[..8].copy_from_slice(MAGIC);
-    h[8..12].copy_from_slice(&VERSION.to_be_bytes());
-    h[12..16].copy_from_slice(&(key_len as u32).to_be_bytes());
-    h[16..24].copy_from_slice(&count.to_be_bytes());
-    h[24..28].copy_from_slice(&(BLOCK_KEYS as u32).to_be_bytes());
-    h[28..32].copy_from_slice(&(bloom_len as u32).to_be_bytes());
-    h
-}
-
-/// What an open run keeps of its block index and filter: each
-/// partition's CRC-32, and each index partition's first key.
-#[derive(Debug, Default)]
-struct Summary<const N: usize> {
-    index_crcs: Vec<u32>,
-    fences: Vec<[u8; N]>,
-    filter_crcs: Vec<u32>,
-}
-
-impl<const N: usize> Summary<N> {
-    /// Adds index partitions (`bytes` starts at a partition's start).
-    fn add_index(&mut self, bytes: &[u8]) {
-        for p in bytes.chunks(index_part_len::<N>()) {
-            self.index_crcs.push(crc32fast::hash(p));
-            let mut fence = [0u8; N];
-            // Every partition holds whole entries of N + 4 bytes.
-            fence.copy_from_slice(&p[..N]);
-            self.fences.push(fence);
-        }
-    }
-
-    /// Adds filter partitions (`bytes` starts at a partition's start).
-    fn add_filter(&mut self, bytes: &[u8]) {
-        for p in bytes.chunks(PART_BYTES) {
-            self.filter_crcs.push(crc32fast::hash(p));
-        }
-    }
-
-    fn bytes(&self) -> usize {
-        (self.index_crcs.len() + self.filter_crcs.len()) * 4 + self.fences.len() * N
-    }
-}
-
 /// An open run file: a summary of its block index and filter in memory
 /// (their partitions read through the store's cache), keys read by
 /// positional reads.
@@ -247,53 +82,38 @@ pub struct Run<const N: usize> {
     number: u64,
     file: File,
     count: u64,
-    blocks: usize,
-    /// Offset of the block index in the file.
-    index_at: u64,
-    /// Offset and bytes of the filter in the file.
-    filter_at: u64,
-    filter_len: usize,
+    layout: Layout,
     summary: Summary<N>,
     cache: Arc<PartCache>,
 }
 
-/// Bytes of one block index entry.
-const fn entry<const N: usize>() -> usize {
-    N + 4
-}
-
-/// Bytes of an index partition: the whole entries that fit [`PART_BYTES`].
-const fn index_part_len<const N: usize>() -> usize {
-    PART_BYTES / entry::<N>() * entry::<N>()
-}
-
-/// Reads `len` bytes of `file` from `at` in chunks of `chunk` bytes (a
-/// multiple of the partition size), giving each to the CRC and to `each`.
-fn read_chunks(
-    file: &File,
-    path: &Path,
-    (at, len): (u64, u64),
-    chunk: usize,
-    crc: &mut crc32fast::Hasher,
-    each: &mut dyn FnMut(&[u8]),
-) -> Result<(), RunError> {
-    let mut buf = vec![0u8; chunk.min(len as usize)];
-    let mut done = 0u64;
-    while done < len {
-        let n = (len - done).min(chunk as u64) as usize;
-        file.read_exact_at(&mut buf[..n], at + done)
-            .map_err(RunError::io(path))?;
-        crc.update(&buf[..n]);
-        each(&buf[..n]);
-        done += n as u64;
-    }
-    Ok(())
-}
-
 impl<const N: usize> Run<N> {
+    /// A run just written: `layout` and `summary` as its writer made them.
+    pub(super) fn new(
+        path: PathBuf,
+        number: u64,
+        file: File,
+        count: u64,
+        layout: Layout,
+        summary: Summary<N>,
+        cache: &Arc<PartCache>,
+    ) -> Self {
+        Run {
+            path,
+            number,
+            file,
+            count,
+            layout,
+            summary,
+            cache: cache.clone(),
+        }
+    }
+
     /// Opens the run file `path` (number `number` in the manifest),
-    /// checking its header, size and trailer CRC; its partitions are read
-    /// later through `cache`.
+    /// checking its header, size and trailer CRC (over the header and the
+    /// summary): it reads the header and the summary only (about 0.0016
+    /// bytes per key), never the filter, block index or keys, whose
+    /// partitions and blocks are checked against their CRCs when read.
     ///
     /// # Errors
     /// [`RunError::Io`], or [`RunError::Corrupt`] naming the file.
@@ -308,66 +128,41 @@ impl<const N: usize> Run<N> {
         }
         file.read_exact_at(&mut h, 0).map_err(&io)?;
         let u32_at = |i: usize| u32::from_be_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        let u64_at = |i: usize| u64::from_be_bytes(h[i..i + 8].try_into().unwrap_or_default());
         if &h[..8] != MAGIC || u32_at(8) != VERSION {
             return Err(bad("bad magic or version"));
         }
         if u32_at(12) as usize != N || u32_at(24) as usize != BLOCK_KEYS {
             return Err(bad("key length or block size not this tree's"));
         }
-        let count = u64::from_be_bytes(h[16..24].try_into().unwrap_or_default());
-        let filter_len = u32_at(28) as u64;
-        let blocks = count.div_ceil(BLOCK_KEYS as u64);
+        let count = u64_at(16);
         // Sizes are checked against the file's length before any is
         // allocated: a damaged header cannot ask for more than the file.
-        let keys_end = count
-            .checked_mul(N as u64)
-            .and_then(|b| b.checked_add(HEADER as u64))
-            .ok_or(bad("count overflows"))?;
-        let index_len = blocks
-            .checked_mul(entry::<N>() as u64)
-            .ok_or(bad("count overflows"))?;
-        let tail = index_len
-            .checked_add(filter_len + 4)
-            .ok_or(bad("count overflows"))?;
-        if keys_end.checked_add(tail) != Some(len) {
+        let layout =
+            Layout::new::<N>(count, u64_at(28)).ok_or(bad("count or capacity out of range"))?;
+        if layout.len != len {
             return Err(bad("file size does not match its header"));
         }
-        if filter_len == 0 || !(filter_len as usize).is_multiple_of(BLOCK_BYTES) {
-            return Err(bad("bad filter length"));
-        }
+        let mut tail = vec![0u8; layout.summary_len as usize + 4];
+        file.read_exact_at(&mut tail, layout.summary_at)
+            .map_err(&io)?;
+        let (summary, trailer) = tail.split_at(layout.summary_len as usize);
         let mut crc = crc32fast::Hasher::new();
         crc.update(&h);
-        let mut summary = Summary::default();
-        let index = (keys_end, index_len);
-        read_chunks(
-            &file,
-            path,
-            index,
-            index_part_len::<N>() * 64,
-            &mut crc,
-            &mut |b| summary.add_index(b),
-        )?;
-        let filter = (keys_end + index_len, filter_len);
-        read_chunks(&file, path, filter, PART_BYTES * 64, &mut crc, &mut |b| {
-            summary.add_filter(b)
-        })?;
-        let mut trailer = [0u8; 4];
-        file.read_exact_at(&mut trailer, len - 4).map_err(&io)?;
-        if crc.finalize().to_be_bytes() != trailer {
+        crc.update(summary);
+        if crc.finalize().to_be_bytes()[..] != *trailer {
             return Err(bad("trailer checksum mismatch"));
         }
-        Ok(Run {
-            path: path.to_path_buf(),
+        let summary = Summary::decode(summary, &layout).ok_or(bad("bad summary"))?;
+        Ok(Run::new(
+            path.to_path_buf(),
             number,
             file,
             count,
-            blocks: blocks as usize,
-            index_at: keys_end,
-            filter_at: keys_end + index_len,
-            filter_len: filter_len as usize,
+            layout,
             summary,
-            cache: cache.clone(),
-        })
+            cache,
+        ))
     }
 
     /// Its number in the manifest.
@@ -387,17 +182,13 @@ impl<const N: usize> Run<N> {
 
     /// Bytes of the file.
     pub fn bytes(&self) -> u64 {
-        HEADER as u64
-            + self.count * N as u64
-            + (self.blocks * entry::<N>()) as u64
-            + self.filter_len as u64
-            + 4
+        self.layout.len
     }
 
     /// Bytes this run holds in memory while open, outside the cache: the
     /// CRC-32 of each partition of its block index and filter and the
     /// first key of each index partition, about 1/1000 of those parts
-    /// (0.0014 bytes per key; the keys, the block index and the filter
+    /// (0.0016 bytes per key; the keys, the block index and the filter
     /// stay on disk, their partitions in the cache while used).
     pub fn resident_bytes(&self) -> usize {
         self.summary.bytes()
@@ -406,7 +197,7 @@ impl<const N: usize> Run<N> {
     /// Bytes of its block index and filter on disk (what the cache may
     /// hold of it).
     pub fn tail_bytes(&self) -> usize {
-        self.blocks * entry::<N>() + self.filter_len
+        (self.layout.index_len + self.layout.filter_len) as usize
     }
 
     /// Partition `i` of `part`, from the cache or else read from the file
@@ -414,19 +205,19 @@ impl<const N: usize> Run<N> {
     ///
     /// # Errors
     /// [`RunError::Io`]; [`RunError::Corrupt`] naming the file when the
-    /// partition does not match its CRC taken at open, or the file got
-    /// shorter.
+    /// partition does not match its CRC in the run's summary, or the file
+    /// got shorter.
     fn part(&self, part: Part, i: usize) -> Result<Arc<Vec<u8>>, RunError> {
         let (at, len, part_len, crcs) = match part {
             Part::Index => (
-                self.index_at,
-                self.blocks * entry::<N>(),
+                self.layout.index_at,
+                self.layout.index_len as usize,
                 index_part_len::<N>(),
                 &self.summary.index_crcs,
             ),
             Part::Filter => (
-                self.filter_at,
-                self.filter_len,
+                HEADER as u64,
+                self.layout.filter_len as usize,
                 PART_BYTES,
                 &self.summary.filter_crcs,
             ),
@@ -444,9 +235,7 @@ impl<const N: usize> Run<N> {
                     _ => RunError::io(&self.path)(e),
                 })?;
             if crc32fast::hash(&buf) != crc {
-                return Err(bad(
-                    "filter or block index differs from its checksum at open",
-                ));
+                return Err(bad("filter or block index does not match its checksum"));
             }
             Ok(buf)
         })
@@ -458,7 +247,7 @@ impl<const N: usize> Run<N> {
     /// # Errors
     /// As [`Run::part`].
     pub fn may_contain(&self, prefix: u64) -> Result<bool, RunError> {
-        let block = bloom::block_of(prefix, self.filter_len / BLOCK_BYTES);
+        let block = bloom::block_of(prefix, self.layout.filter_blocks());
         let at = block * BLOCK_BYTES;
         let part = self.part(Part::Filter, at / PART_BYTES)?;
         let bytes = part
@@ -470,7 +259,7 @@ impl<const N: usize> Run<N> {
 
     /// Number of blocks.
     pub fn blocks(&self) -> usize {
-        self.blocks
+        self.layout.blocks as usize
     }
 
     /// Block `block`'s index entry: its first key and CRC-32.
@@ -504,7 +293,7 @@ impl<const N: usize> Run<N> {
         let keys = (self.count - start).min(BLOCK_KEYS as u64) as usize;
         let mut buf = vec![0u8; keys * N];
         self.file
-            .read_exact_at(&mut buf, HEADER as u64 + start * N as u64)
+            .read_exact_at(&mut buf, self.layout.keys_at + start * N as u64)
             .map_err(RunError::io(&self.path))?;
         let (_, crc) = self.index_entry(block)?;
         if crc32fast::hash(&buf).to_be_bytes() != crc {
@@ -529,7 +318,7 @@ impl<const N: usize> Run<N> {
     /// # Errors
     /// As [`Run::part`].
     pub fn block_of(&self, key: &[u8]) -> Result<usize, RunError> {
-        if self.blocks == 0 {
+        if self.layout.blocks == 0 {
             return Ok(0);
         }
         let fences = &self.summary.fences;
@@ -641,6 +430,7 @@ impl<'a, const N: usize> RevCursor<'a, N> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::writer::RunWriter;
     use super::*;
 
     fn cache(budget: usize) -> Arc<PartCache> {
@@ -656,11 +446,50 @@ mod tests {
         w.finish(1, &cache(1 << 20)).unwrap()
     }
 
+    /// Key `i`: ascending in `i`, three keys per 8-byte prefix, the
+    /// prefixes spread over the lower half of `u64` (up to `i` = 2²⁰).
     fn key(i: u32) -> [u8; 16] {
         let mut k = [0u8; 16];
-        k[..4].copy_from_slice(&(i / 3).to_be_bytes());
+        k[..8].copy_from_slice(&(u64::from(i / 3) << 44).to_be_bytes());
         k[12..].copy_from_slice(&i.to_be_bytes());
         k
+    }
+
+    /// Writing a run of 2,000,000 keys holds the same few buffers at its
+    /// end as at its start (the filter alone would be 2.5 MB, the block
+    /// index 156 KB), and the run's filter, written partition by partition,
+    /// still gives about 1 % false positives for absent prefixes.
+    #[test]
+    fn writing_a_large_run_holds_fixed_buffers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.run");
+        let n = 2_000_000u64;
+        let key = |i: u64| -> [u8; 16] {
+            let mut k = [0u8; 16];
+            // Ascending, spread over all of u64 as hash prefixes are.
+            k[..8].copy_from_slice(&(i * (u64::MAX / n) + (i * 0x9E37) % 997).to_be_bytes());
+            k
+        };
+        let mut w = RunWriter::<16>::create(&path, n as usize).unwrap();
+        let mut most = 0;
+        for i in 0..n {
+            w.push(&key(i)).unwrap();
+            most = most.max(w.resident_bytes());
+        }
+        assert!(most < 96 << 10, "the writer held {most} bytes");
+        let run = w.finish(1, &cache(1 << 20)).unwrap();
+        let run = Run::<16>::open(run.path(), 1, &cache(64 << 20)).unwrap();
+        assert!(run.tail_bytes() > 20 * most, "{}", run.tail_bytes());
+        assert!((0..n)
+            .step_by(101)
+            .all(|i| run.may_contain(prefix_u64(&key(i))).unwrap()));
+        let absent = (0..100_000u64)
+            .filter(|&i| {
+                let p = prefix_u64(&key(i * 19 + 7)) + u64::MAX / n / 2;
+                run.may_contain(p).unwrap()
+            })
+            .count();
+        assert!(absent < 2_000, "{absent} false positives in 100,000");
     }
 
     #[test]
@@ -695,20 +524,42 @@ mod tests {
         let keys: Vec<[u8; 16]> = (0..600).map(key).collect();
         let path = write(dir.path(), &keys).path().to_path_buf();
         let good = std::fs::read(&path).unwrap();
-        // A flipped byte among the keys: found at the read of its block.
-        let mut bytes = good.clone();
-        bytes[HEADER + 300 * 16] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
-        let run = Run::<16>::open(&path, 1, &cache(0)).unwrap();
-        let err = run.scan(&key(0), None, &mut |_| true).unwrap_err();
-        assert!(matches!(err, RunError::Corrupt { .. }), "{err}");
-        assert!(err.to_string().contains(&path.display().to_string()));
-        // A flipped byte in the block index, and a cut file: at open.
-        let mut bytes = good.clone();
-        bytes[HEADER + 600 * 16 + 1] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
-        let err = Run::<16>::open(&path, 1, &cache(0)).unwrap_err();
-        assert!(err.to_string().contains("trailer checksum"), "{err}");
+        let layout = Run::<16>::open(&path, 1, &cache(0)).unwrap().layout;
+        // Whether a flipped byte at `at` fails a scan, and a probe of
+        // every key's prefix, with a typed error naming the file.
+        let damaged = |at: u64| -> (bool, bool) {
+            let mut bytes = good.clone();
+            bytes[at as usize] ^= 1;
+            std::fs::write(&path, &bytes).unwrap();
+            let run = Run::<16>::open(&path, 1, &cache(0)).unwrap();
+            let named = |e: RunError| {
+                assert!(matches!(e, RunError::Corrupt { .. }), "{at}: {e}");
+                assert!(e.to_string().contains(&path.display().to_string()));
+            };
+            let scan = run.scan(&key(0), None, &mut |_| true).map_err(named);
+            let probe = (0..600).try_for_each(|i| run.may_contain(prefix_u64(&key(i))).map(drop));
+            (scan.is_err(), probe.map_err(named).is_err())
+        };
+        // A flipped byte among the keys or in the block index: found at
+        // the read of its block or partition; in the filter, at the first
+        // probe of its partition.
+        assert_eq!(damaged(layout.keys_at + 300 * 16), (true, false));
+        assert_eq!(damaged(layout.index_at + 1), (true, false));
+        assert_eq!(damaged(HEADER as u64), (false, true));
+        // A flipped byte in the summary or the header, and a cut file: at
+        // open.
+        for (at, reason) in [
+            (layout.summary_at, "trailer checksum"),
+            (23, "size"),
+            (28, "out of range"),
+            (9, "version"),
+        ] {
+            let mut bytes = good.clone();
+            bytes[at as usize] ^= 0x40;
+            std::fs::write(&path, &bytes).unwrap();
+            let err = Run::<16>::open(&path, 1, &cache(0)).unwrap_err();
+            assert!(err.to_string().contains(reason), "{at}: {err}");
+        }
         std::fs::write(&path, &good[..good.len() - 1]).unwrap();
         let err = Run::<16>::open(&path, 1, &cache(0)).unwrap_err();
         assert!(err.to_string().contains("size"), "{err}");
@@ -771,16 +622,15 @@ mod tests {
         let run = Run::<16>::open(&path, 1, &c).unwrap();
         let good = std::fs::read(&path).unwrap();
         let mut bytes = good.clone();
-        let filter_at = run.filter_at as usize;
-        for b in &mut bytes[filter_at..filter_at + run.filter_len] {
+        for b in &mut bytes[HEADER..HEADER + run.layout.filter_len as usize] {
             *b ^= 0x55;
         }
         std::fs::write(&path, &bytes).unwrap();
         let err = run.may_contain(prefix_u64(&keys[5])).unwrap_err();
         assert!(matches!(err, RunError::Corrupt { .. }), "{err}");
         assert!(err.to_string().contains(&path.display().to_string()));
-        // Cut before the block index: the index read fails clearly.
-        std::fs::write(&path, &good[..run.index_at as usize]).unwrap();
+        // Cut inside the block index: the index read fails clearly.
+        std::fs::write(&path, &good[..run.layout.index_at as usize]).unwrap();
         let err = run.block_of(&keys[1000]).unwrap_err();
         assert!(matches!(err, RunError::Corrupt { .. }), "{err}");
         assert!(err.to_string().contains("shorter"), "{err}");
