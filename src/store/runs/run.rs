@@ -88,27 +88,6 @@ pub struct Run<const N: usize> {
 }
 
 impl<const N: usize> Run<N> {
-    /// A run just written: `layout` and `summary` as its writer made them.
-    pub(super) fn new(
-        path: PathBuf,
-        number: u64,
-        file: File,
-        count: u64,
-        layout: Layout,
-        summary: Summary<N>,
-        cache: &Arc<PartCache>,
-    ) -> Self {
-        Run {
-            path,
-            number,
-            file,
-            count,
-            layout,
-            summary,
-            cache: cache.clone(),
-        }
-    }
-
     /// Opens the run file `path` (number `number` in the manifest),
     /// checking its header, size and trailer CRC (over the header and the
     /// summary): it reads the header and the summary only (about 0.0016
@@ -154,15 +133,15 @@ impl<const N: usize> Run<N> {
             return Err(bad("trailer checksum mismatch"));
         }
         let summary = Summary::decode(summary, &layout).ok_or(bad("bad summary"))?;
-        Ok(Run::new(
-            path.to_path_buf(),
+        Ok(Run {
+            path: path.to_path_buf(),
             number,
             file,
             count,
             layout,
             summary,
-            cache,
-        ))
+            cache: cache.clone(),
+        })
     }
 
     /// Its number in the manifest.
