@@ -135,6 +135,22 @@ enum Peeked {
     Other(Result<NetworkMessage, CodecError>),
 }
 
+/// The next message to handle: the one taken ahead of its turn, else the
+/// reader's next (`None`: the reader ended). Cancel safe: a peeked message
+/// is taken only when this completes, and `recv` is cancel safe.
+async fn next_message(
+    peeked: &mut Option<Peeked>,
+    msg_rx: &mut mpsc::Receiver<Result<NetworkMessage, CodecError>>,
+) -> Option<Peeked> {
+    if let Some(p) = peeked.take() {
+        return Some(p);
+    }
+    Some(match msg_rx.recv().await? {
+        Ok(NetworkMessage::Block(block)) => Peeked::Block(Arc::new(block)),
+        other => Peeked::Other(other),
+    })
+}
+
 struct Peer {
     net: Arc<Net>,
     wr: OwnedWriteHalf,
@@ -253,27 +269,24 @@ impl Peer {
         // A message taken from the reader ahead of its turn, handled next.
         let mut peeked: Option<Peeked> = None;
         loop {
-            let res = match peeked.take() {
-                Some(Peeked::Block(block)) => {
-                    self.block_with_next(block, &mut msg_rx, &mut peeked).await
-                }
-                Some(Peeked::Other(Ok(msg))) => self.on_message(msg).await,
-                Some(Peeked::Other(Err(e))) => Err(codec_disconnect(e)),
-                None => tokio::select! {
-                    m = msg_rx.recv() => match m {
-                        Some(Ok(NetworkMessage::Block(block))) => {
-                            self.block_with_next(Arc::new(block), &mut msg_rx, &mut peeked).await
-                        }
-                        Some(Ok(msg)) => self.on_message(msg).await,
-                        Some(Err(e)) => Err(codec_disconnect(e)),
-                        None => Err(Disconnect::Io(std::io::ErrorKind::UnexpectedEof.into())),
-                    },
-                    c = cmd_rx.recv() => match c {
-                        Some(cmd) => self.on_command(cmd).await,
-                        None => Err(Disconnect::Shutdown),
-                    },
-                    _ = tick.tick() => self.on_tick().await,
-                    _ = shutdown.changed() => Err(Disconnect::Shutdown),
+            let res = tokio::select! {
+                // Shutdown, the node's commands and the tick first: a peer
+                // whose next block is always read already (a fast sync, or
+                // a stream of junk blocks) must not starve them.
+                biased;
+                _ = shutdown.changed() => Err(Disconnect::Shutdown),
+                c = cmd_rx.recv() => match c {
+                    Some(cmd) => self.on_command(cmd).await,
+                    None => Err(Disconnect::Shutdown),
+                },
+                _ = tick.tick() => self.on_tick().await,
+                m = next_message(&mut peeked, &mut msg_rx) => match m {
+                    Some(Peeked::Block(block)) => {
+                        self.block_with_next(block, &mut msg_rx, &mut peeked).await
+                    }
+                    Some(Peeked::Other(Ok(msg))) => self.on_message(msg).await,
+                    Some(Peeked::Other(Err(e))) => Err(codec_disconnect(e)),
+                    None => Err(Disconnect::Io(std::io::ErrorKind::UnexpectedEof.into())),
                 },
             };
             if let Err(d) = res {
