@@ -158,10 +158,15 @@ fn main() {
     );
 
     let datadir_tmp = match std::env::var_os("KAKEHI_SCALE_DATADIR") {
-        Some(parent) => tempfile::tempdir_in(parent),
+        Some(parent) => {
+            std::fs::create_dir_all(&parent).unwrap_or_else(|e| {
+                panic!("KAKEHI_SCALE_DATADIR {}: {e}", Path::new(&parent).display())
+            });
+            tempfile::tempdir_in(parent)
+        }
         None => tempfile::tempdir(),
     }
-    .expect("tempdir");
+    .expect("a temporary datadir");
     let datadir = DataDir::open(datadir_tmp.path()).expect("datadir");
     let b = budgets();
     println!(
