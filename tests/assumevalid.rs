@@ -21,8 +21,8 @@
 
 mod common;
 
-use bitcoin::{Amount, Block, OutPoint, Sequence, Transaction, TxIn, TxOut, Witness};
-use common::blockgen::{coinbase, mine, subsidy, Kind, Wallet};
+use bitcoin::{Amount, Block, Transaction, TxOut};
+use common::blockgen::{coinbase, mine, spend_p2wpkh, subsidy, Kind, Wallet};
 use common::{data, TestNode};
 use kakehi::chain::assumevalid::AssumeValid;
 use kakehi::pipeline::SubmitOutcome;
@@ -62,33 +62,11 @@ fn extend(wallet: &Wallet, from: &Block, height: u32, count: u32, tag: u32) -> V
     out
 }
 
-/// A transaction spending the P2WPKH coinbase output of `funding`,
-/// signed, with its signature's byte 10 flipped when `corrupt`.
+/// A transaction spending the P2WPKH coinbase output of `funding`
+/// ([`spend_p2wpkh`], fee 1,000 sats), with its signature's byte 10
+/// flipped when `corrupt`.
 fn spend(wallet: &Wallet, funding: &Block, corrupt: bool) -> Transaction {
-    let coin = funding.txdata[0].output[0].clone();
-    let mut tx = Transaction {
-        version: bitcoin::transaction::Version::TWO,
-        lock_time: bitcoin::absolute::LockTime::ZERO,
-        input: vec![TxIn {
-            previous_output: OutPoint {
-                txid: funding.txdata[0].compute_txid(),
-                vout: 0,
-            },
-            sequence: Sequence::MAX,
-            ..TxIn::default()
-        }],
-        output: vec![TxOut {
-            value: coin.value - Amount::from_sat(1_000),
-            script_pubkey: wallet.script_pubkey(Kind::P2tr),
-        }],
-    };
-    wallet.sign(&mut tx, &[(Kind::P2wpkh, coin)]);
-    if corrupt {
-        let mut items: Vec<Vec<u8>> = tx.input[0].witness.iter().map(<[u8]>::to_vec).collect();
-        items[0][10] ^= 0x01;
-        tx.input[0].witness = Witness::from_slice(&items);
-    }
-    tx
+    spend_p2wpkh(wallet, &funding.txdata[0], 1_000, corrupt)
 }
 
 fn assert_script_failure(outcome: &SubmitOutcome, what: &str) {

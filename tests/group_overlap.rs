@@ -21,7 +21,7 @@ mod common;
 use std::time::Duration;
 
 use bitcoin::Block;
-use common::blockgen::{block_on as block, spend_p2wpkh as spend, Wallet};
+use common::blockgen::{block_on as block, mature_chain, spend_p2wpkh as spend, Wallet};
 use common::{muhash_of_table, TestNode};
 use kakehi::node::open_chainstate;
 use kakehi::pipeline::{GroupLimits, SubmitOutcome};
@@ -47,12 +47,6 @@ fn rejected(node: &TestNode, b: &Block, what: &str) -> String {
     }
 }
 
-fn dump(node: &TestNode) -> String {
-    let mut out = Vec::new();
-    node.chain.lock().dump_utxos(&mut out).expect("dump");
-    String::from_utf8(out).expect("utf-8")
-}
-
 /// Asserts two dumps are equal, showing only the lines that differ.
 fn same_dump(got: &str, want: &str, what: &str) {
     let (g, w): (
@@ -70,14 +64,9 @@ fn same_dump(got: &str, want: &str, what: &str) {
 #[test]
 fn the_next_block_reads_the_kept_table_write_and_a_failure_leaves_it_connected() {
     let wallet = Wallet::new();
-    let genesis = bitcoin::blockdata::constants::genesis_block(bitcoin::Network::Regtest);
     // 102 blocks paying the wallet: the coinbases of 1 and 2 are mature at
     // 103.
-    let mut chain = vec![genesis];
-    for height in 1..=102 {
-        let b = block(&wallet, &chain[chain.len() - 1], height, 0, vec![]);
-        chain.push(b);
-    }
+    let chain = mature_chain(&wallet, 102);
     let (cb1, cb2) = (chain[1].txdata[0].clone(), chain[2].txdata[0].clone());
     // 103 spends coinbase 1; 104 spends 103's output (created by the block
     // whose write is kept).
@@ -158,7 +147,7 @@ fn the_next_block_reads_the_kept_table_write_and_a_failure_leaves_it_connected()
         node.chain.lock().flush().expect("flush");
     }
     assert_eq!(grouped.chain.lock().stats().blocks_rejected, 3);
-    let (want, got) = (dump(&single), dump(&grouped));
+    let (want, got) = (single.dump_utxos(), grouped.dump_utxos());
     same_dump(&got, &want, "UTXO set, grouped against per block");
     assert!(got.contains(&format!("{}:0 ", good.txdata[1].compute_txid())));
 
@@ -177,6 +166,6 @@ fn the_next_block_reads_the_kept_table_write_and_a_failure_leaves_it_connected()
         datadir,
     };
     assert_eq!(reopened.chain.lock().index().tip().hash, good.block_hash());
-    same_dump(&dump(&reopened), &want, "UTXO set after a restart");
+    same_dump(&reopened.dump_utxos(), &want, "UTXO set after a restart");
     assert_eq!(muhash_of_table(&mut reopened.chain.lock()), muhash);
 }

@@ -21,7 +21,7 @@ mod common;
 use std::sync::Arc;
 
 use bitcoin::{Block, Transaction};
-use common::blockgen::{block_on, spend_p2wpkh as spend, Wallet};
+use common::blockgen::{block_on, mature_chain, spend_p2wpkh as spend, Wallet};
 use common::{muhash_of_table, TestNode};
 use kakehi::pipeline::SubmitOutcome;
 
@@ -62,21 +62,13 @@ fn ahead_count(node: &TestNode) -> u64 {
     node.chain.lock().stats().blocks_validated_ahead
 }
 
-fn dump(node: &TestNode) -> String {
-    let mut out = Vec::new();
-    node.chain.lock().dump_utxos(&mut out).expect("dump");
-    String::from_utf8(out).expect("utf-8")
-}
-
 #[test]
 fn blocks_validated_ahead_get_the_verdicts_of_blocks_validated_alone() {
     let wallet = Wallet::new();
-    let genesis = bitcoin::blockdata::constants::genesis_block(bitcoin::Network::Regtest);
-    let mut chain = vec![Arc::new(genesis)];
-    for height in 1..=102 {
-        let b = block(&wallet, &chain[chain.len() - 1], height, 0, vec![]);
-        chain.push(b);
-    }
+    let chain: Vec<Arc<Block>> = mature_chain(&wallet, 102)
+        .into_iter()
+        .map(Arc::new)
+        .collect();
     let (cb1, cb2, cb3) = (
         chain[1].txdata[0].clone(),
         chain[2].txdata[0].clone(),
@@ -196,8 +188,8 @@ fn blocks_validated_ahead_get_the_verdicts_of_blocks_validated_alone() {
     for node in &nodes {
         assert_eq!(node.chain.lock().index().tip().hash, sibling.block_hash());
     }
-    let want = dump(&nodes[1]);
-    assert_eq!(dump(&nodes[0]), want, "UTXO sets");
+    let want = nodes[1].dump_utxos();
+    assert_eq!(nodes[0].dump_utxos(), want, "UTXO sets");
     let kept = nodes[0].chain.lock().snapshot().utxo_stats().muhash;
     assert_eq!(kept, nodes[1].chain.lock().snapshot().utxo_stats().muhash);
     assert_eq!(kept, muhash_of_table(&mut nodes[0].chain.lock()));

@@ -286,6 +286,20 @@ pub fn spend_p2wpkh(
     tx
 }
 
+/// Regtest's genesis, then blocks 1..=`height` on it, each paying its
+/// subsidy to the wallet's P2WPKH (the coinbase of block h is spendable
+/// from h + 100).
+pub fn mature_chain(wallet: &Wallet, height: u32) -> Vec<Block> {
+    let mut chain = vec![bitcoin::blockdata::constants::genesis_block(
+        bitcoin::Network::Regtest,
+    )];
+    for h in 1..=height {
+        let b = block_on(wallet, &chain[chain.len() - 1], h, 0, vec![]);
+        chain.push(b);
+    }
+    chain
+}
+
 /// A block on `prev` at `height` paying its subsidy to the wallet's P2WPKH,
 /// with `txs`; `tag` tells apart blocks at the same height.
 pub fn block_on(

@@ -100,6 +100,13 @@ impl TestNode {
     pub fn import(&self, files: &[PathBuf]) -> ImportSummary {
         import_files(&self.chain, files, &AtomicBool::new(false), false).expect("import")
     }
+
+    /// The node's `dump-utxos` text.
+    pub fn dump_utxos(&self) -> String {
+        let mut out = Vec::new();
+        self.chain.lock().dump_utxos(&mut out).expect("dump");
+        String::from_utf8(out).expect("utf-8")
+    }
 }
 
 /// A node's P2P layer listening on an OS-chosen 127.0.0.1 port, on a
