@@ -10,10 +10,13 @@ N script-check worker threads besides the validation thread (default 0,
 pbk's; bitcoind's `-par` default is one per core but one), times
 `ChainstateManager.import_blocks(FILES)` (Core's `-loadblock` path: every
 block checked and connected, stale branches included), and prints one JSON
-line: {"seconds", "height", "tip", "workers"}.
+line: {"seconds", "cpu_seconds", "height", "tip", "workers"} (`cpu_seconds`:
+user + system time of this process over the import, every thread of the
+engine included, from getrusage).
 """
 
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -32,6 +35,12 @@ def load(datadir: str, workers: int) -> pbk.ChainstateManager:
     return pbk.ChainstateManager(options)
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far, all threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main() -> int:
     args = sys.argv[1:]
     workers = 0
@@ -44,10 +53,11 @@ def main() -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="kakehi-core-import-") as datadir:
         chainman = load(datadir, workers)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), cpu_seconds()
         # The C API's status: 0 is success.
         status = chainman.import_blocks(paths)
         seconds = time.perf_counter() - started
+        cpu = cpu_seconds() - cpu_started
         if status != 0:
             print(f"import_blocks failed (status {status})", file=sys.stderr)
             return 1
@@ -57,6 +67,7 @@ def main() -> int:
             json.dumps(
                 {
                     "seconds": seconds,
+                    "cpu_seconds": cpu,
                     "height": tip.height,
                     # Display order (RPC's), as kakehi and block explorers print it.
                     "tip": bytes(tip.block_hash)[::-1].hex(),

@@ -108,6 +108,9 @@ struct Totals {
     pipeline_seconds: f64,
     /// Pipeline time at the end of each block file.
     seconds_after_file: Vec<f64>,
+    /// The process's CPU time since the import began (reading and decoding
+    /// the files included), at the end of each block file.
+    cpu_after_file: Vec<f64>,
     /// inputs/s of the first and the last tenth.
     first_rate: Option<f64>,
     last_rate: Option<f64>,
@@ -254,6 +257,7 @@ fn import(
     let tenth_size = total.div_ceil(10).max(1);
     let mut tenth = Tenth::default();
     let mut totals = Totals::default();
+    let cpu_start = common::cpu_seconds();
     let mut tenth_cpu = common::cpu_seconds();
     for file in files {
         // As `kakehi import` reads them: the file's bytes, each block
@@ -311,6 +315,9 @@ fn import(
         totals
             .seconds_after_file
             .push(totals.pipeline_seconds + tenth.seconds);
+        totals
+            .cpu_after_file
+            .push(common::cpu_seconds() - cpu_start);
     }
     totals
 }
@@ -499,18 +506,21 @@ fn run_core(files: &[PathBuf], totals: &Totals, manifest: &serde_json::Value, wh
     let n = env_usize("KAKEHI_SCALE_CORE_FILES").map_or(files.len(), |n| n.clamp(1, files.len()));
     let core = core_engine::import(&files[..n], 0);
     let core_secs = core["seconds"].as_f64().unwrap_or(f64::NAN);
+    let core_cpu = core["cpu_seconds"].as_f64().unwrap_or(f64::NAN);
     let kakehi_secs = if n == files.len() {
         totals.pipeline_seconds
     } else {
         totals.seconds_after_file[n - 1]
     };
+    let kakehi_cpu = totals.cpu_after_file[n - 1];
     let want_tip = manifest["tip_hash"].as_str().unwrap_or_default();
     println!(
-        "Bitcoin Core's engine (pbk import_blocks, scripts checked), {n} of {} block files: {core_secs:.1} s to height {} ({}); kakehi over the same files: {kakehi_secs:.1} s; kakehi import vs Core: {:.2}x",
+        "Bitcoin Core's engine (pbk import_blocks, scripts checked), {n} of {} block files: {core_secs:.1} s (CPU {core_cpu:.1} s) to height {} ({}); kakehi over the same files: {kakehi_secs:.1} s (CPU {kakehi_cpu:.1} s, reading the files included); kakehi import vs Core: {:.2}x by wall, {:.2}x by CPU",
         files.len(),
         core["height"],
         if n < files.len() || !whole { "a prefix" } else if core["tip"].as_str() == Some(want_tip) { "tip equals the manifest's" } else { "tip DIFFERS" },
-        core_secs / kakehi_secs
+        core_secs / kakehi_secs,
+        core_cpu / kakehi_cpu
     );
 }
 

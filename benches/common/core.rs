@@ -12,7 +12,7 @@ use std::process::Command;
 
 /// Imports `files` with Core's engine and `workers` script-check threads
 /// besides the validation thread (0: pbk's default); returns its JSON line
-/// (`seconds`, `height`, `tip`, `workers`). Panics when the script fails.
+/// (`seconds`, `cpu_seconds`, `height`, `tip`, `workers`). Panics when the script fails.
 pub fn import(files: &[PathBuf], workers: usize) -> serde_json::Value {
     let out = Command::new(python::venv_python())
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/core_import.py"))
