@@ -19,7 +19,10 @@
 //! default 256), `SOZU_BENCH_GROWTH_BITS` (g: 2^g children per bucket, default that of
 //! `SozuConfig::default()`),
 //! `SOZU_BENCH_ALPHA_DEEP` (α of layers 2 and deeper, default that of
-//! `SozuConfig::default()`), `SOZU_BENCH_SEED_SPILL` (set: first run the table with seed 000's literal
+//! `SozuConfig::default()`), `SOZU_BENCH_ALPHA_DISK` (α of the layers
+//! the budget does not pin, `SozuConfig::disk_alpha`; a number, or `none`
+//! for the α of the layers list; default that of `SozuConfig::default()`),
+//! `SOZU_BENCH_SEED_SPILL` (set: first run the table with seed 000's literal
 //! spill policy too, for comparison in the same run), `SOZU_BENCH_PERF_CTL`
 //! (a `perf record --control fifo:PATH` control FIFO: the bench writes
 //! `enable` to it before the first measured block and `disable` after the
@@ -586,6 +589,12 @@ fn sozu_config() -> SozuConfig {
         SozuConfig::default().growth_bits.into(),
     ) as u8;
     let mut layers = SozuConfig::default().layers;
+    // "none": the α of `layers` on the disk layers too.
+    let disk_alpha = match std::env::var("SOZU_BENCH_ALPHA_DISK") {
+        Ok(v) if v == "none" => None,
+        Ok(v) => v.parse::<f64>().ok(),
+        Err(_) => SozuConfig::default().disk_alpha,
+    };
     if let Some(a) = std::env::var("SOZU_BENCH_ALPHA_DEEP")
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
@@ -596,6 +605,7 @@ fn sozu_config() -> SozuConfig {
     }
     SozuConfig {
         layers,
+        disk_alpha,
         shards,
         layer0_bits,
         growth_bits,
@@ -711,6 +721,17 @@ fn print_block_figures(
         (stats.spill_file_reads - m.spill_file_reads) as f64 / nb,
         (stats.spill_reads_avoidable - m.spill_reads_avoidable) as f64 / nb,
     );
+    for (l, f) in stats.flow.iter().enumerate() {
+        let f0 = m.flow.get(l).cloned().unwrap_or_default();
+        println!(
+            "  per measured block, layer {l}: {:.0} pages rewritten ({:.0} with merges), {:.0} entries spilled in over {:.0} spills, {:.1} page reads from files",
+            (f.rewrites - f0.rewrites) as f64 / nb,
+            (f.merge_pages - f0.merge_pages) as f64 / nb,
+            (f.spilled_entries - f0.spilled_entries) as f64 / nb,
+            (f.spill_targets - f0.spill_targets) as f64 / nb,
+            (f.file_reads - f0.file_reads) as f64 / nb,
+        );
+    }
     println!("  durability floor: appending and fsyncing one block's journal alone takes {floor:.2?} (mean of 20)");
     floor
 }

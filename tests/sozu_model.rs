@@ -293,8 +293,9 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90), two_shards in any::<bool>(), seed_spill in any::<bool>(), growth_bits in 1u8..=3, ram_layers in 0u8..=2, disk_only in any::<bool>()) {
-        run(actions, config(if two_shards { 2 } else { 1 }, !seed_spill, growth_bits, ram_layers, disk_only))?;
+    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90), two_shards in any::<bool>(), seed_spill in any::<bool>(), growth_bits in 1u8..=3, ram_layers in 0u8..=2, disk_only in any::<bool>(), disk_alpha in prop::option::of(0.0f64..0.9)) {
+        let cfg = SozuConfig { disk_alpha, ..config(if two_shards { 2 } else { 1 }, !seed_spill, growth_bits, ram_layers, disk_only) };
+        run(actions, cfg)?;
     }
 }
 
@@ -322,6 +323,14 @@ fn long_sequence_with_purges() {
         .expect("long sequence, seed 000's literal spill");
     run(actions.clone(), config(1, true, 1, 0, false)).expect("long sequence, no RAM layer");
     run(actions.clone(), config(1, true, 2, 1, false)).expect("long sequence, g = 2");
+    run(
+        actions.clone(),
+        SozuConfig {
+            disk_alpha: Some(0.2),
+            ..config(1, true, 1, 1, true)
+        },
+    )
+    .expect("long sequence, a low α below the pinned layer");
     let disk_only = run(actions, config(2, true, 1, 2, true))
         .expect("long sequence, checkpoints of the disk layers only");
     eprintln!("{disk_only} checkpoints of the disk layers only");
@@ -442,4 +451,39 @@ fn most_recent_entry(mut model: ModelTable) -> Entry {
     some.into_iter()
         .max_by_key(|e| e.max_production_height())
         .expect("entries")
+}
+
+/// `SozuConfig::disk_alpha`: the same blocks with a low α below the pinned
+/// layer spill out of disk pages in larger batches, so the layers under
+/// the first disk layer are spilled into fewer times per entry that
+/// reaches them, and the table still agrees with the model.
+#[test]
+fn low_disk_alpha_spills_larger_batches() {
+    let flow = |disk_alpha: Option<f64>| {
+        let mut h = Harness::new(SozuConfig {
+            disk_alpha,
+            ..config(1, true, 1, 1, false)
+        });
+        let mut rng = Rng::new(11);
+        for _ in 0..120 {
+            let best = h.chain.best;
+            h.block(best, &mut rng, true).expect("block");
+        }
+        h.check().expect("agrees with the model");
+        let flow = h.table().counters().flow;
+        // Below the first disk layer (layer 1): spilled out of disk pages.
+        let deep = flow.iter().skip(2);
+        let targets: u64 = deep.clone().map(|f| f.spill_targets).sum();
+        let entries: u64 = deep.map(|f| f.spilled_entries).sum();
+        assert!(flow[1].spill_targets > 0, "nothing reached the disk layers");
+        (targets, entries)
+    };
+    let (t_keep, e_keep) = flow(None);
+    let (t_low, e_low) = flow(Some(0.2));
+    eprintln!("spills below layer 1: α of the list {t_keep} for {e_keep} entries, α 0.2 {t_low} for {e_low}");
+    assert!(t_keep > 0 && t_low > 0, "no spill out of a disk page");
+    assert!(
+        e_low * t_keep > e_keep * t_low,
+        "entries per spill out of disk pages not larger with α 0.2"
+    );
 }

@@ -40,6 +40,14 @@ pub struct SozuConfig {
     /// 0.75 / 0.9 — room in the top layers for a block's new outputs, full
     /// pages below.
     pub layers: Vec<LayerConfig>,
+    /// α of the layers `ram_mib` does not pin (the disk layers), replacing
+    /// that of [`SozuConfig::layers`] there; `None` keeps `layers`' α.
+    /// A lower α makes each spill out of a disk page a larger batch, so
+    /// fewer disk pages are spilled into, read and checkpointed per entry
+    /// that flows down, at the price of emptier disk pages
+    /// (`docs/sozu-format.md`, "Spill policy"; `BENCHMARKS.md`, Sozu
+    /// round 14).
+    pub disk_alpha: Option<f64>,
     /// Memory budget of the table's pages, MiB (default
     /// [`DEFAULT_RAM_MIB`]): five eighths pin the top layers in memory (as
     /// many whole layers as fit), one eighth caches other pages by
@@ -106,6 +114,7 @@ impl Default for SozuConfig {
                     alpha: 0.9,
                 },
             ],
+            disk_alpha: None,
             ram_mib: DEFAULT_RAM_MIB,
             ram_layers: None,
             unflushed_bytes: None,
@@ -135,6 +144,7 @@ impl SozuConfig {
             .layers
             .iter()
             .any(|l| !(0.0..1.0).contains(&l.alpha) || l.capacity < 256)
+            || self.disk_alpha.is_some_and(|a| !(0.0..1.0).contains(&a))
         {
             return Err(SozuError::Config {
                 reason: "layer alpha must be in [0,1), capacity ≥ 256 bytes",
@@ -243,6 +253,22 @@ impl MemoryPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disk_alpha_out_of_range_is_refused() {
+        for a in [1.0, -0.1, f64::NAN] {
+            let cfg = SozuConfig {
+                disk_alpha: Some(a),
+                ..SozuConfig::default()
+            };
+            assert!(matches!(cfg.check(), Err(SozuError::Config { .. })), "{a}");
+        }
+        let ok = SozuConfig {
+            disk_alpha: Some(0.5),
+            ..SozuConfig::default()
+        };
+        assert!(ok.check().is_ok());
+    }
 
     #[test]
     fn budget_pins_whole_layers() {

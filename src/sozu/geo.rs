@@ -83,6 +83,9 @@ pub(super) struct Geo {
     /// Layers 0..ram_layers are pinned in memory.
     pub(super) ram_layers: u8,
     pub(super) layers: Vec<LayerConfig>,
+    /// [`super::SozuConfig::disk_alpha`]: α of the layers from
+    /// `ram_layers` down, if set.
+    pub(super) disk_alpha: Option<f64>,
     pub(super) inline_script_max: usize,
     pub(super) spill_fewest_children: bool,
     pub(super) hasher: SipHasher24,
@@ -144,7 +147,8 @@ impl Geo {
             .filter(move |c| mask & (1 << c) != 0)
             .map(move |c| base.saturating_add(c))
     }
-    /// Capacity (clamped to a page's payload) and α of `layer`.
+    /// Capacity (clamped to a page's payload) and α of `layer` (that of
+    /// [`Geo::disk_alpha`] below the pinned layers, when set).
     pub(super) fn layer_cfg(&self, layer: u8) -> LayerConfig {
         let c = self
             .layers
@@ -155,9 +159,13 @@ impl Geo {
                 capacity: self.page_size,
                 alpha: 0.5,
             });
+        let alpha = match self.disk_alpha {
+            Some(a) if !self.is_ram(layer) => a,
+            _ => c.alpha,
+        };
         LayerConfig {
             capacity: c.capacity.min(self.page_size - PAGE_HEADER_LEN),
-            alpha: c.alpha,
+            alpha,
         }
     }
     pub(super) fn is_ram(&self, layer: u8) -> bool {

@@ -104,7 +104,7 @@ mod write;
 
 pub use config::{LayerConfig, SozuConfig, DEFAULT_RAM_MIB};
 pub use reader::SozuReader;
-pub use stats::{LayerStats, SozuStats};
+pub use stats::{LayerFlow, LayerStats, SozuStats};
 pub use storage::{FsStorage, MemStorage, Storage};
 pub use table::SozuTable;
 pub use types::*;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::geo::{Addr, Descent, Geo};
-use super::header::ShardState;
+use super::header::{ShardState, MAX_LAYERS};
 use super::lookup::{self, LookupCounts, PageView, Query};
 use super::ops::{OpError, OpLog};
 use super::page::EntryRef;
@@ -16,9 +16,26 @@ use super::types::{Entry, OutPointKey};
 use super::SozuError;
 use rustc_hash::FxHashMap;
 
+/// Per-layer counts of one shard's write passes since open (the layer is
+/// that of the page counted).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct FlowCounts {
+    /// Pages rewritten by write passes.
+    pub(super) rewrites: u64,
+    /// Of those, pages with merges (records added to entries they hold:
+    /// spends, re-productions).
+    pub(super) merge_pages: u64,
+    /// Entries spilled into pages of this layer.
+    pub(super) spilled_in: u64,
+    /// Spills into pages of this layer (one per parent spill and child).
+    pub(super) spill_targets: u64,
+}
+
 /// Counters of one shard since open.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Counters {
+    /// Per layer, from layer 0 down.
+    pub(super) flow: [FlowCounts; MAX_LAYERS],
     pub(super) pages_read: u64,
     pub(super) pages_written: u64,
     pub(super) deep_lookups: u64,
@@ -53,6 +70,12 @@ impl Counters {
         self.records_moved += o.records_moved;
         self.spill_file_reads += o.spill_file_reads;
         self.spill_reads_avoidable += o.spill_reads_avoidable;
+        for (a, b) in self.flow.iter_mut().zip(&o.flow) {
+            a.rewrites += b.rewrites;
+            a.merge_pages += b.merge_pages;
+            a.spilled_in += b.spilled_in;
+            a.spill_targets += b.spill_targets;
+        }
     }
     fn add_lookup(&mut self, c: LookupCounts) {
         self.pages_read += c.pages_read;

@@ -20,11 +20,35 @@ pub struct LayerStats {
     pub fill: f64,
 }
 
+/// Counters of one layer's share of the write path since open, from
+/// [`super::SozuTable::counters`]: where a block's page work and file
+/// reads fall, layer by layer (`BENCHMARKS.md`, Sozu round 14).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LayerFlow {
+    /// Pages of this layer rewritten by blocks (each page once per block
+    /// that changed it).
+    pub rewrites: u64,
+    /// Of those, pages with merges: records added to entries the page
+    /// already held (spends, re-productions).
+    pub merge_pages: u64,
+    /// Entries spilled into this layer's pages from the layer above.
+    pub spilled_entries: u64,
+    /// Spills into this layer's pages (one per parent spill and child
+    /// page it went to).
+    pub spill_targets: u64,
+    /// Page reads from this layer's files (lookups, writes, the stats
+    /// scan).
+    pub file_reads: u64,
+}
+
 /// Statistics of a [`super::SozuTable`] (seed 000's quantities).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SozuStats {
     /// Per layer, from layer 0 down (computed by a full scan).
     pub layers: Vec<LayerStats>,
+    /// Per layer, from layer 0 down to the deepest layer any counter
+    /// reached: the write path's counts since open.
+    pub flow: Vec<LayerFlow>,
     /// Bytes of the table's files on disk (pages, records, journals,
     /// checkpoint files, header).
     pub bytes_on_disk: u64,

@@ -19,6 +19,7 @@ use parking_lot::RwLock;
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
 use super::geo::{Addr, Descent, SignatureKey};
+use super::header::MAX_LAYERS;
 use super::ops::Pages;
 use super::page;
 use super::storage::Storage;
@@ -165,6 +166,8 @@ pub(super) struct PageStore {
     unflushed: u64,
     /// Page reads from the files.
     pub(super) file_reads: u64,
+    /// Of those, per layer.
+    pub(super) file_reads_by_layer: [u64; MAX_LAYERS],
     /// Nanoseconds spent in them.
     pub(super) file_read_nanos: u64,
     /// Pages announced to the storage before a batch of reads
@@ -218,6 +221,7 @@ impl PageStore {
             generation,
             unflushed,
             file_reads: 0,
+            file_reads_by_layer: [0; MAX_LAYERS],
             file_read_nanos: 0,
             prefetches: 0,
             held_twice: 0,
@@ -259,6 +263,9 @@ impl PageStore {
     /// A committed page from its file; its summary is recorded if missing.
     fn read_file(&mut self, addr: Addr) -> Result<Vec<u8>, SozuError> {
         self.file_reads += 1;
+        if let Some(n) = self.file_reads_by_layer.get_mut(addr.0 as usize) {
+            *n += 1;
+        }
         let start = std::time::Instant::now();
         let p = read_existing_page(self.storage.as_mut(), self.shard, addr, self.page_size)?;
         if addr.0 >= self.ram_layers && !self.published.summaries.read().contains(addr) {

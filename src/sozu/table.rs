@@ -20,7 +20,7 @@ use super::reader::SozuReader;
 use super::records::Records;
 use super::recovery::{self, JournalPos, PendingCheckpoint, ShardRecovery};
 use super::shard::{Counters, Shard};
-use super::stats::{file_bytes, LayerScan, SozuStats};
+use super::stats::{file_bytes, LayerFlow, LayerScan, SozuStats};
 use super::storage::{FsStorage, Storage};
 use super::store::{io_err, read_existing_page, PageStore, Published};
 use super::summary::PageSummary;
@@ -146,6 +146,7 @@ impl SozuTable {
             max_layer,
             ram_layers: plan.ram_layers,
             layers: config.layers.clone(),
+            disk_alpha: config.disk_alpha,
             inline_script_max: config.inline_script_max,
             spill_fewest_children: config.spill_fewest_children,
             signature_key: SignatureKey::new(&hasher),
@@ -228,7 +229,27 @@ impl SozuTable {
             memory += s.store.memory() + s.store.published.summaries.read().bytes() as u64;
         }
         let t = &self.counters;
+        let mut flow: Vec<LayerFlow> = c
+            .flow
+            .iter()
+            .enumerate()
+            .map(|(l, f)| LayerFlow {
+                rewrites: f.rewrites,
+                merge_pages: f.merge_pages,
+                spilled_entries: f.spilled_in,
+                spill_targets: f.spill_targets,
+                file_reads: self
+                    .shards
+                    .iter()
+                    .map(|s| s.store.file_reads_by_layer[l])
+                    .sum(),
+            })
+            .collect();
+        while flow.last().is_some_and(|f| *f == LayerFlow::default()) {
+            flow.pop();
+        }
         SozuStats {
+            flow,
             last_block_buckets_read: t.last_block.0,
             last_block_buckets_written: t.last_block.1,
             buckets_read: c.pages_read,

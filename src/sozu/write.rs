@@ -283,6 +283,9 @@ impl Shard {
         purged: &mut dyn FnMut(Entry),
     ) -> Result<(), SozuError> {
         let only_spilled = w.merges.is_empty() && w.inserts.is_empty() && w.raise == 0;
+        let flow = &mut self.counters.flow[addr.0 as usize];
+        flow.rewrites += 1;
+        flow.merge_pages += u64::from(!w.merges.is_empty());
         self.apply(Op::Page(addr))?;
         let added = self.merge_and_insert(addr, &w)?;
         self.update_head(ctx, addr, w.raise, added)?;
@@ -580,6 +583,9 @@ impl Shard {
                 slots: now.into(),
             })?;
             self.counters.spills += slots.len() as u64;
+            let flow = &mut self.counters.flow[layer as usize + 1];
+            flow.spilled_in += slots.len() as u64;
+            flow.spill_targets += 1;
             gone.extend(slots);
             max_height = max_height.max(height);
             work[layer as usize + 1].entry(child).or_default();

@@ -281,6 +281,7 @@ pub fn small_config() -> SozuConfig {
                 alpha: 0.7,
             },
         ],
+        disk_alpha: None,
         ram_mib: 1,
         ram_layers: Some(2),
         unflushed_bytes: None,
