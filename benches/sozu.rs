@@ -15,8 +15,9 @@
 //! `SozuConfig::default()`), `SOZU_BENCH_RAM_LAYERS` (overrides the pinned
 //! layers the budget gives), `SOZU_BENCH_LAYER0_BITS` (default 10),
 //! `SOZU_BENCH_SHARDS` (default 2: the calling thread and one worker),
-//! `SOZU_BENCH_CHECKPOINT_MIB` (journal size that triggers a checkpoint,
-//! default 256), `SOZU_BENCH_GROWTH_BITS` (g: 2^g children per bucket, default that of
+//! `SOZU_BENCH_CHECKPOINT_MIB` (`checkpoint_bytes`: the most journal a
+//! generation holds before a checkpoint starts the next, default 256; the
+//! table's own share of its files, `JOURNAL_SHARE`, usually ends it first), `SOZU_BENCH_GROWTH_BITS` (g: 2^g children per bucket, default that of
 //! `SozuConfig::default()`),
 //! `SOZU_BENCH_ALPHA_DEEP` (α of layers 2 and deeper, default that of
 //! `SozuConfig::default()`), `SOZU_BENCH_ALPHA_DISK` (α of the layers
@@ -387,6 +388,8 @@ struct SozuBackend {
     /// entry whole (key 36, value 8, height 4, flags 1, script, production
     /// 8) and 40 per consumption record.
     changed_payload: u64,
+    /// The most bytes the journal files held after a measured block.
+    journal_peak: u64,
 }
 
 struct Oracle<'a> {
@@ -476,6 +479,9 @@ impl Backend for SozuBackend {
             .expect("sozu commit");
         self.phase[2] += ta.elapsed();
         self.connect_times.push(t0.elapsed());
+        if self.at_measure.is_some() {
+            self.journal_peak = self.journal_peak.max(self.table.journal_live_bytes());
+        }
     }
     fn disconnect(&mut self, _b: &Block) {
         // A reorg is a view switch: nothing to undo.
@@ -639,6 +645,7 @@ fn run_sozu(
         phase: [Duration::ZERO; 3],
         at_measure: None,
         changed_payload: 0,
+        journal_peak: 0,
     };
     let (fill, t_sozu, n, cpu, mut gen) = run(&mut sozu, live, blocks);
     // The measured blocks' counters, before the checkpoint and the scan
@@ -651,7 +658,8 @@ fn run_sozu(
     let sample: Vec<OutPoint> = gen.old.iter().step_by(step).take(20_000).copied().collect();
     drop(gen);
     // The figures below describe the table at rest: the journal moved into
-    // the page files (between checkpoints it grows to `checkpoint_bytes`).
+    // the page files (between checkpoints the current generation's journal
+    // grows to its bound: its peak after a measured block is printed too).
     // A checkpoint inside the short reorg and proof-of-absence windows
     // further down would also dominate them: their 18 blocks stay far below
     // `checkpoint_bytes`.
@@ -666,7 +674,7 @@ fn run_sozu(
         "  the scan for the figures below read {} pages from files",
         stats.disk_page_reads - at_end.disk_page_reads
     );
-    print_table_figures(&stats, config_checkpoint_mib);
+    print_table_figures(&stats, config_checkpoint_mib, sozu.journal_peak);
     println!("  peak RSS after {label}: {:.0} MiB", peak_rss_mib());
     reorg_and_absence(&mut sozu, &extra_a, &extra_b);
     point_reads(&mut sozu, &sample);
@@ -738,7 +746,7 @@ fn print_block_figures(
 
 /// Prints the layers, bytes on disk against the live payload, and the
 /// page reads of lookups below the RAM layers.
-fn print_table_figures(stats: &SozuStats, checkpoint_mib: u64) {
+fn print_table_figures(stats: &SozuStats, checkpoint_mib: u64, journal_peak: u64) {
     for (i, l) in stats.layers.iter().enumerate() {
         println!(
             "  layer {i}: {} buckets, {} entries, fill {:.2}",
@@ -746,13 +754,18 @@ fn print_table_figures(stats: &SozuStats, checkpoint_mib: u64) {
         );
     }
     println!(
-        "  bytes on disk after a checkpoint {} MB (of which journal file {} MB; it grows to {} MiB between checkpoints) vs live payload {} MB: {:.2}x, {:.2}x without the journal; spills {}, purges {}, checkpoints {}, journal written {} MB",
+        "  bytes on disk after a checkpoint {} MB (of which journal files {} MB) vs live payload {} MB: {:.2}x, {:.2}x without the journals; journal files at most {} MB after a measured block (generation bound now {} MB: 1/{} of the other files, {} MiB at most), {:.2}x with that peak; spills {}, purges {}, checkpoints {}, journal written {} MB",
         stats.bytes_on_disk / 1_000_000,
         stats.journal_file_bytes / 1_000_000,
-        checkpoint_mib,
         stats.payload_bytes / 1_000_000,
         stats.bytes_on_disk as f64 / stats.payload_bytes.max(1) as f64,
         (stats.bytes_on_disk - stats.journal_file_bytes) as f64 / stats.payload_bytes.max(1) as f64,
+        journal_peak / 1_000_000,
+        stats.journal_bound_bytes / 1_000_000,
+        JOURNAL_SHARE,
+        checkpoint_mib,
+        (stats.bytes_on_disk - stats.journal_file_bytes + journal_peak) as f64
+            / stats.payload_bytes.max(1) as f64,
         stats.spills,
         stats.purges,
         stats.checkpoints,

@@ -712,6 +712,64 @@ fn built() -> MemStorage {
     storage
 }
 
+/// A generation's journal ends at its bound: `checkpoint_bytes` when that
+/// is less than [`JOURNAL_FLOOR`], else 1/[`JOURNAL_SHARE`] of the table's
+/// other files but at least the floor (a small table: the floor, not the
+/// 64 MiB of `checkpoint_bytes`). The checkpoint that ends a generation
+/// truncates its journal file when it finishes (`docs/sozu-format.md`,
+/// "Checkpoint", step 5), and the table reopens at its last commit.
+#[test]
+fn journal_bound_and_ended_journal_truncated() {
+    let storage = MemStorage::new();
+    let cfg = SozuConfig {
+        checkpoint_bytes: 64 << 20,
+        background_checkpoints: false,
+        ..small_config()
+    };
+    let mut t = SozuTable::open_with_storage(Box::new(storage.clone()), cfg.clone()).expect("open");
+    let mut chain = Chain::new();
+    let mut model = ModelTable::new();
+    let mut rng = Rng::new(11);
+    let mut rotated_at = None;
+    for i in 0..2_000u32 {
+        let id = chain.add(chain.best);
+        if i < 20 {
+            let w = gen_block(&mut rng, &mut model, &chain.view(id), id, id, 4);
+            model.write_block(&w, &chain, &mut |_| {}).expect("model");
+            t.write_block(&w, &chain, &mut |_| {}).expect("write");
+        }
+        let before = t.journal_live_bytes();
+        t.commit(tag(id, id)).expect("commit");
+        let c = t.counters();
+        if c.checkpoints > 0 {
+            rotated_at = Some(before);
+            assert_eq!(c.journal_bound_bytes, JOURNAL_FLOOR, "{c:?}");
+            break;
+        }
+    }
+    let before = rotated_at.expect("no checkpoint before 2,000 commits");
+    // The journal of the ended generation had just reached the floor.
+    assert!(before >= JOURNAL_FLOOR, "{before}");
+    assert!(before < JOURNAL_FLOOR + (64 << 10), "{before}");
+    // The checkpoint ran inside that commit; the next one finds it
+    // finished: the ended generation's file is empty, the current one holds
+    // the two commits since the rotation.
+    let id = chain.add(chain.best);
+    t.commit(tag(id, id)).expect("commit");
+    let files: Vec<usize> = ["sozu.journal.0", "sozu.journal.1"]
+        .iter()
+        .map(|f| storage.read_file(f).map_or(0, |d| d.len()))
+        .collect();
+    assert!(files.contains(&0), "{files:?}");
+    let live = t.journal_live_bytes();
+    assert_eq!(live as usize, files.iter().sum::<usize>());
+    assert!(live > 0 && live < 64 << 10, "{live}");
+    let committed = t.committed();
+    drop(t);
+    let t = SozuTable::open_with_storage(Box::new(storage), cfg).expect("reopen");
+    assert_eq!(t.committed(), committed);
+}
+
 /// After a reopen the disk-layer pages are only in their files: spills
 /// into existing children read them, and the counters say so.
 #[test]

@@ -9,7 +9,10 @@
 //! 3. every image and extent into its home file, synced;
 //! 4. the checkpoint file truncated and synced (the next checkpoint of
 //!    the disk layers, in the same generation, rewrites this file while the
-//!    header still names this one), compacted records segments deleted.
+//!    header still names this one), compacted records segments deleted;
+//! 5. a checkpoint that starts a generation truncates the journal of the
+//!    generation it ended, and syncs it: the page files hold that
+//!    generation's end now, so no open reads those records again.
 //!
 //! A checkpoint of the disk layers only (`docs/sozu-format.md`,
 //! "Checkpoints of the disk layers") runs the same steps within the base
@@ -18,7 +21,7 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::files::{ckpt_file, write_header_file};
+use super::files::{ckpt_file, journal_file, write_header_file};
 use super::geo::Addr;
 use super::header::Header;
 use super::journal::{self, Body, Extent, PageImage, Record};
@@ -58,7 +61,7 @@ pub(super) struct Job {
     pub(super) page_size: usize,
 }
 
-/// Steps 1–4 of one checkpoint.
+/// Steps 1–5 of one checkpoint.
 ///
 /// # Errors
 /// [`SozuError::Io`]: the checkpoint did not complete; the table must be
@@ -73,6 +76,15 @@ pub(super) fn run(st: &mut dyn Storage, job: &Job) -> Result<(), SozuError> {
     st.sync(ckpt).map_err(|e| io_err(st, ckpt, e))?;
     for name in &job.delete {
         st.remove(name).map_err(|e| io_err(st, name, e))?;
+    }
+    if !job.disk_only {
+        // Step 5. The commits go on in the other file; this one is written
+        // again only when the generation after them starts, which waits
+        // for this checkpoint.
+        // (g + 1 has the parity of the ended g − 1.)
+        let ended = journal_file(job.generation + 1);
+        st.set_len(ended, 0).map_err(|e| io_err(st, ended, e))?;
+        st.sync(ended).map_err(|e| io_err(st, ended, e))?;
     }
     Ok(())
 }

@@ -19,11 +19,13 @@
 use std::sync::Arc;
 
 use super::checkpoint::Job;
+use super::config::{JOURNAL_FLOOR, JOURNAL_SHARE};
 use super::files::journal_file;
 use super::journal::{self, Body, Extent, Record};
 use super::records::segment_file;
 use super::recovery::PendingCheckpoint;
 use super::shard::Shard;
+use super::stats::file_bytes;
 use super::store::io_err;
 use super::table::SozuTable;
 use super::types::CommitTag;
@@ -42,7 +44,7 @@ impl SozuTable {
         if self.checkpointer.is_idle() {
             if let Some(p) = self.pending.take() {
                 self.start_pending(p)?;
-            } else if self.journal.bytes >= self.options.checkpoint_bytes {
+            } else if self.journal_full()? {
                 self.rotate()?;
             } else if self.unflushed() > self.plan.unflushed_bytes {
                 if self.disk_only_allowed() {
@@ -111,6 +113,26 @@ impl SozuTable {
         Ok(())
     }
 
+    /// Whether the current generation's journal has reached its bound
+    /// ([`super::SozuConfig::checkpoint_bytes`], or 1/[`JOURNAL_SHARE`] of
+    /// the table's other files if less, at least [`JOURNAL_FLOOR`]). The
+    /// files are measured only when the journal reaches the last bound
+    /// measured: the table may have grown since.
+    fn journal_full(&mut self) -> Result<bool, SozuError> {
+        if self.journal.bytes < self.journal_bound {
+            return Ok(false);
+        }
+        let cap = self.options.checkpoint_bytes;
+        self.journal_bound = if cap <= JOURNAL_FLOOR {
+            cap
+        } else {
+            let states: Vec<_> = self.shards.iter().map(|s| s.state).collect();
+            let (all, journals) = file_bytes(self.storage.as_mut(), &self.geo, &states)?;
+            (all.saturating_sub(journals) / JOURNAL_SHARE).clamp(JOURNAL_FLOOR, cap)
+        };
+        Ok(self.journal.bytes >= self.journal_bound)
+    }
+
     fn unflushed(&self) -> u64 {
         self.shards.iter().map(|s| s.store.unflushed()).sum()
     }
@@ -139,6 +161,7 @@ impl SozuTable {
             }
         }
         self.journal.generation = generation;
+        self.journal.other = self.journal.pos;
         self.journal.pos = 0;
         self.journal.truncate = true;
         self.journal.bytes = 0;
@@ -233,6 +256,8 @@ impl SozuTable {
         } else {
             self.base = job.generation;
             self.full_next = false;
+            // Its last step truncated the previous generation's journal.
+            self.journal.other = 0;
         }
         self.file_header = job.header.clone();
         for (s, (pages, records)) in self

@@ -19,6 +19,20 @@ pub struct LayerConfig {
 /// Default memory budget of a table, MiB ([`SozuConfig::ram_mib`]).
 pub const DEFAULT_RAM_MIB: usize = 512;
 
+/// A generation's journal ends (a checkpoint starts the next one) once it
+/// passes 1/`JOURNAL_SHARE` of the bytes of the table's other files, or
+/// [`SozuConfig::checkpoint_bytes`] if less, but not before
+/// [`JOURNAL_FLOOR`]: the page files hold 1.39–1.46× the live payload
+/// (`BENCHMARKS.md`, Sozu rounds 5–13), so a journal of 2.5 % of them keeps
+/// the bytes on disk under 1.5× the payload between checkpoints
+/// (`docs/sozu-format.md`, "Rotation").
+pub const JOURNAL_SHARE: u64 = 40;
+
+/// The least journal bound, bytes (4 MiB; less if
+/// [`SozuConfig::checkpoint_bytes`] is less), so that a small table does not
+/// start a generation every few blocks.
+pub const JOURNAL_FLOOR: u64 = 4 << 20;
+
 /// Configuration of a [`super::SozuTable`]. `page_size`, `layer0_bits`,
 /// `growth_bits` and `shards` are fixed when the table is created and read
 /// back from its header afterwards (the values given at a later open are
@@ -74,9 +88,10 @@ pub struct SozuConfig {
     pub inline_script_max: usize,
     /// A checkpoint that starts a new generation starts at the first commit
     /// after the journal of the current generation grows past this many
-    /// bytes (default 64 MiB); in between, the memory bound starts
-    /// checkpoints of the disk layers only. Open replays up to this many
-    /// bytes of journal.
+    /// bytes (default 64 MiB), or past 1/[`JOURNAL_SHARE`] of the table's
+    /// other files if that is less (but at least [`JOURNAL_FLOOR`]); in
+    /// between, the memory bound starts checkpoints of the disk layers
+    /// only. Open replays up to this many bytes of journal.
     pub checkpoint_bytes: u64,
     /// Whether checkpoints run on a background thread while commits go on
     /// (default true); false runs them inside the commit that starts them.

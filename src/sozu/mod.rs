@@ -102,7 +102,7 @@ mod walk;
 mod workers;
 mod write;
 
-pub use config::{LayerConfig, SozuConfig, DEFAULT_RAM_MIB};
+pub use config::{LayerConfig, SozuConfig, DEFAULT_RAM_MIB, JOURNAL_FLOOR, JOURNAL_SHARE};
 pub use reader::SozuReader;
 pub use stats::{LayerFlow, LayerStats, SozuStats};
 pub use storage::{FsStorage, MemStorage, Storage};

@@ -66,6 +66,10 @@ pub(super) struct JournalPos {
     pub(super) truncate: bool,
     /// Bytes of the current generation's records.
     pub(super) bytes: u64,
+    /// Bytes in the other journal file: the previous generation's records
+    /// until the checkpoint that ends it truncates them (or an older
+    /// file's content a truncation did not reach).
+    pub(super) other: u64,
 }
 
 /// An opened table's state.
@@ -101,9 +105,9 @@ pub(super) fn recover(st: &mut dyn Storage, config: &SozuConfig) -> Result<Recov
         .map_or(file_header.commit_seq, |r| r.seq);
     let second = scan_journal(st, base + 1, last_seq + 1, ps)?;
     let journal = if second.records.is_empty() {
-        first.position(base)
+        first.position(base, second.len)
     } else {
-        second.position(base + 1)
+        second.position(base + 1, first.len)
     };
     let mut replay = Replay::new(&file_header);
     let images = read_checkpoint_file(st, &file_header)?;
@@ -280,12 +284,13 @@ struct Scan {
 }
 
 impl Scan {
-    fn position(&self, generation: u64) -> JournalPos {
+    fn position(&self, generation: u64, other: u64) -> JournalPos {
         JournalPos {
             generation,
             pos: self.valid_end,
             truncate: self.valid_end != self.len,
             bytes: self.valid_end,
+            other,
         }
     }
 }

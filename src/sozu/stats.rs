@@ -111,6 +111,15 @@ pub struct SozuStats {
     pub disk_only_checkpoints: u64,
     /// Bytes appended to the journals since open.
     pub journal_bytes: u64,
+    /// Bytes the journal files hold now, as the writer knows them: the
+    /// current generation's records and, until the checkpoint that ends it
+    /// truncates its file, the previous generation's (a torn tail not yet
+    /// cut is not counted).
+    pub journal_live_bytes: u64,
+    /// The current generation's journal bound as last measured, bytes
+    /// ([`super::SozuConfig::checkpoint_bytes`], or 1/[`super::JOURNAL_SHARE`]
+    /// of the table's other files if less, at least [`super::JOURNAL_FLOOR`]).
+    pub journal_bound_bytes: u64,
     /// Page images handed to checkpoints since open (each written twice:
     /// double write, then its page file), and how many of them were of
     /// the pinned layers.

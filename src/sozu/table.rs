@@ -68,6 +68,9 @@ pub struct SozuTable {
     /// Header as of the last commit (its generation is the current one).
     pub(super) committed: Header,
     pub(super) journal: JournalPos,
+    /// The current generation's journal bound, bytes, as last measured
+    /// (`commit.rs`, `journal_full`; 0 until first measured).
+    pub(super) journal_bound: u64,
     /// The generation the page files hold (the header file's).
     pub(super) base: u64,
     /// The header file's content.
@@ -182,6 +185,7 @@ impl SozuTable {
             shards,
             committed: rec.header,
             journal: rec.journal,
+            journal_bound: 0,
             base: rec.base,
             full_next,
             file_header: rec.file_header,
@@ -217,6 +221,13 @@ impl SozuTable {
         let states: Vec<_> = self.shards.iter().map(|s| s.state).collect();
         let files = file_bytes(self.storage.as_mut(), &geo, &states)?;
         Ok(scan.finish(&geo, files, self.counters()))
+    }
+
+    /// Bytes the journal files hold now, as the writer knows them
+    /// ([`SozuStats::journal_live_bytes`]), without the rest of
+    /// [`SozuTable::counters`]: cheap enough for every block.
+    pub fn journal_live_bytes(&self) -> u64 {
+        self.journal.pos + self.journal.other
     }
 
     /// The counters of [`SozuTable::stats`] without the scan: `layers` is
@@ -270,6 +281,8 @@ impl SozuTable {
             checkpoints: t.checkpoints,
             disk_only_checkpoints: t.disk_only_checkpoints,
             journal_bytes: t.journal_bytes,
+            journal_live_bytes: self.journal_live_bytes(),
+            journal_bound_bytes: self.journal_bound,
             checkpoint_pages: t.checkpoint_pages.0,
             checkpoint_pinned_pages: t.checkpoint_pages.1,
             memory_bytes: memory,
