@@ -724,46 +724,66 @@ fn journal_bound_and_ended_journal_truncated() {
     let cfg = SozuConfig {
         checkpoint_bytes: 64 << 20,
         background_checkpoints: false,
-        ..small_config()
+        // No checkpoint of the disk layers: the first checkpoint is the
+        // journal bound's.
+        unflushed_bytes: Some(u64::MAX),
+        verify_on_open: false,
+        ..SozuConfig::default()
     };
     let mut t = SozuTable::open_with_storage(Box::new(storage.clone()), cfg.clone()).expect("open");
     let mut chain = Chain::new();
-    let mut model = ModelTable::new();
     let mut rng = Rng::new(11);
-    let mut rotated_at = None;
-    for i in 0..2_000u32 {
+    // Journal bytes appended after each commit.
+    let mut appended = Vec::new();
+    for _ in 0..1_000 {
         let id = chain.add(chain.best);
-        if i < 20 {
-            let w = gen_block(&mut rng, &mut model, &chain.view(id), id, id, 4);
-            model.write_block(&w, &chain, &mut |_| {}).expect("model");
-            t.write_block(&w, &chain, &mut |_| {}).expect("write");
-        }
-        let before = t.journal_live_bytes();
+        let created = (0..2_000)
+            .map(|_| NewOutput {
+                outpoint: OutPoint {
+                    txid: Txid::from_byte_array(rng.bytes32()),
+                    vout: 0,
+                },
+                coin: Coin {
+                    value: Amount::from_sat(1),
+                    script_pubkey: sozu_common::script(&mut rng),
+                    height: id,
+                    coinbase: false,
+                },
+                known_absent: true,
+            })
+            .collect();
+        let w = BlockWrite {
+            block: BlockId(id),
+            height: id,
+            created,
+            spent: Vec::new(),
+        };
+        t.write_block(&w, &chain, &mut |_| {}).expect("write");
         t.commit(tag(id, id)).expect("commit");
-        let c = t.counters();
-        if c.checkpoints > 0 {
-            rotated_at = Some(before);
-            assert_eq!(c.journal_bound_bytes, JOURNAL_FLOOR, "{c:?}");
+        appended.push(t.counters().journal_bytes);
+        if t.counters().checkpoints > 0 {
             break;
         }
     }
-    let before = rotated_at.expect("no checkpoint before 2,000 commits");
-    // The journal of the ended generation had just reached the floor.
-    assert!(before >= JOURNAL_FLOOR, "{before}");
-    assert!(before < JOURNAL_FLOOR + (64 << 10), "{before}");
-    // The checkpoint ran inside that commit; the next one finds it
-    // finished: the ended generation's file is empty, the current one holds
-    // the two commits since the rotation.
-    let id = chain.add(chain.best);
-    t.commit(tag(id, id)).expect("commit");
-    let files: Vec<usize> = ["sozu.journal.0", "sozu.journal.1"]
+    let c = t.counters();
+    assert_eq!((c.checkpoints, c.disk_only_checkpoints), (1, 0), "{c:?}");
+    assert_eq!(c.journal_bound_bytes, JOURNAL_FLOOR, "{c:?}");
+    // The checkpoint ran inside commit n − 1 (before its record), after the
+    // generation's journal had reached the floor at commit n − 2, not at
+    // n − 3; commit n found it finished.
+    let n = appended.len() - 1;
+    assert!(n >= 3, "{appended:?}");
+    assert!(appended[n - 2] >= JOURNAL_FLOOR, "{appended:?}");
+    assert!(appended[n - 3] < JOURNAL_FLOOR, "{appended:?}");
+    // The ended generation's file is empty; the current one holds commits
+    // n − 1 and n.
+    let files: Vec<u64> = ["sozu.journal.0", "sozu.journal.1"]
         .iter()
-        .map(|f| storage.read_file(f).map_or(0, |d| d.len()))
+        .map(|f| storage.read_file(f).map_or(0, |d| d.len() as u64))
         .collect();
     assert!(files.contains(&0), "{files:?}");
-    let live = t.journal_live_bytes();
-    assert_eq!(live as usize, files.iter().sum::<usize>());
-    assert!(live > 0 && live < 64 << 10, "{live}");
+    assert_eq!(t.journal_live_bytes(), files.iter().sum::<u64>());
+    assert_eq!(t.journal_live_bytes(), appended[n] - appended[n - 2]);
     let committed = t.committed();
     drop(t);
     let t = SozuTable::open_with_storage(Box::new(storage), cfg).expect("reopen");

@@ -28,10 +28,12 @@ pub const DEFAULT_RAM_MIB: usize = 512;
 /// (`docs/sozu-format.md`, "Rotation").
 pub const JOURNAL_SHARE: u64 = 40;
 
-/// The least journal bound, bytes (4 MiB; less if
+/// The least journal bound, bytes (16 MiB; less if
 /// [`SozuConfig::checkpoint_bytes`] is less), so that a small table does not
-/// start a generation every few blocks.
-pub const JOURNAL_FLOOR: u64 = 4 << 20;
+/// start a generation, and write every pinned page it changed, every few
+/// blocks: with 4 MiB, the benchmark's 1M-entry table (every layer pinned)
+/// spent 43 % more CPU per block (`BENCHMARKS.md`, Sozu round 14).
+pub const JOURNAL_FLOOR: u64 = 16 << 20;
 
 /// Configuration of a [`super::SozuTable`]. `page_size`, `layer0_bits`,
 /// `growth_bits` and `shards` are fixed when the table is created and read
