@@ -32,7 +32,7 @@ pub const JOURNAL_SHARE: u64 = 40;
 /// [`SozuConfig::checkpoint_bytes`] is less), so that a small table does not
 /// start a generation, and write every pinned page it changed, every few
 /// blocks: with 4 MiB, the benchmark's 1M-entry table (every layer pinned)
-/// spent 43 % more CPU per block (`BENCHMARKS.md`, Sozu round 14).
+/// spent 43 % more CPU per block (`BENCHMARKS.md`, Sozu round 15).
 pub const JOURNAL_FLOOR: u64 = 16 << 20;
 
 /// Configuration of a [`super::SozuTable`]. `page_size`, `layer0_bits`,
