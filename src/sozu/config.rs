@@ -231,9 +231,12 @@ impl MemoryPlan {
     pub(super) fn new(cfg: &SozuConfig, page_size: usize, b0: u32, g: u32, max_layer: u8) -> Self {
         let budget = (cfg.ram_mib as u64) << 20;
         let pinned = budget / 8 * 5;
+        // A pinned page is edited in nearly every block: it holds its edit
+        // allocation, not just its used bytes.
+        let held = super::store::edit_capacity(page_size) as u64;
         let layer_bytes = |n: u8| {
             let pages = 1u64.checked_shl(b0 + u32::from(n) * g).unwrap_or(u64::MAX);
-            pages.saturating_mul(page_size as u64)
+            pages.saturating_mul(held)
         };
         let ram_layers = cfg.ram_layers.unwrap_or_else(|| {
             let mut total = 0u64;
@@ -295,15 +298,16 @@ mod tests {
             ram_mib: 512,
             ..SozuConfig::default()
         };
-        // b0 = 10, g = 1: 1,024 + 2,048 + … pages of 4 KiB; 320 MiB pinned
-        // hold layers 0–5 (63 × 1,024 pages = 252 MiB), not layer 6 too.
+        // b0 = 10, g = 1: 1,024 + 2,048 + … pages of 4 KiB, each held in
+        // a 5 KiB allocation; 320 MiB pinned hold layers 0–5 (63 × 1,024
+        // pages = 315 MiB), not layer 6 too.
         let p = MemoryPlan::new(&cfg, 4096, 10, 1, 20);
         assert_eq!(p.ram_layers, 6);
         assert_eq!(p.cache_bytes, 64 << 20);
-        // A quarter, plus the 320 − 252 MiB the pinned layers leave; a
+        // A quarter, plus the 320 − 315 MiB the pinned layers leave; a
         // checkpoint starts an eighth below that.
-        assert_eq!(p.in_flight_bytes, (128 + 320 - 252) << 20);
-        assert_eq!(p.unflushed_bytes, (128 + 320 - 252 - 64) << 20);
+        assert_eq!(p.in_flight_bytes, (128 + 320 - 315) << 20);
+        assert_eq!(p.unflushed_bytes, (128 + 320 - 315 - 64) << 20);
         // The copies count: a commit waits once both pass the share.
         assert!(!p.must_wait(p.unflushed_bytes, 64 << 20));
         assert!(p.must_wait(p.unflushed_bytes, (64 << 20) + 1));

@@ -126,9 +126,10 @@ pub struct SozuStats {
     pub checkpoint_pages: u64,
     /// Of [`SozuStats::checkpoint_pages`], the pinned layers' pages.
     pub checkpoint_pinned_pages: u64,
-    /// Bytes of page images the table holds in memory now (pinned layers,
-    /// pages not yet checkpointed, cache, the running checkpoint's copies
-    /// of images replaced since it started), plus its page summaries.
+    /// Bytes of page images the table holds in memory now, by their
+    /// allocations (pinned layers, pages not yet checkpointed, cache, the
+    /// running checkpoint's copies of images replaced since it started),
+    /// plus its page summaries.
     pub memory_bytes: u64,
     /// The most bytes of page images held twice since open: images a
     /// commit replaced while the checkpoint in flight still had to write

@@ -72,13 +72,32 @@ impl Published {
     }
 }
 
-/// Weighs a cached page by its bytes.
+/// Bytes an edited page's image is allocated with: `page_size` and a
+/// quarter more, room for a block's inserts before its spills (5,120 bytes
+/// for 4 KiB pages, one of mimalloc's size classes, so the allocator rounds
+/// nothing up). [`config::MemoryPlan`](super::config::MemoryPlan) counts
+/// pinned pages at this size.
+pub(super) fn edit_capacity(page_size: usize) -> usize {
+    page_size + page_size / 4
+}
+
+/// Bytes of memory a page image holds: its allocation, not its used bytes
+/// (a page edited in memory keeps [`edit_capacity`] bytes whatever it
+/// holds). Every account of this store (`memory`, `unflushed`,
+/// `held_twice`, the cache's weight) counts pages by it, so `ram_mib`
+/// bounds the memory the pages take, not their payload.
+fn image_bytes(page: &Arc<Vec<u8>>) -> u64 {
+    page.capacity() as u64
+}
+
+/// Weighs a cached page by the memory it holds ([`image_bytes`]) and its
+/// entry.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct PageWeighter;
 
 impl quick_cache::Weighter<Addr, Arc<Vec<u8>>> for PageWeighter {
     fn weight(&self, _: &Addr, page: &Arc<Vec<u8>>) -> u64 {
-        page.len() as u64 + 64
+        image_bytes(page) + 64
     }
 }
 
@@ -199,7 +218,7 @@ impl PageStore {
         let unflushed = committed
             .iter()
             .filter(|(a, _)| a.0 >= ram_layers)
-            .map(|(_, p)| p.len() as u64)
+            .map(|(_, p)| image_bytes(p))
             .sum();
         *published.pages.write() = committed.clone();
         Self {
@@ -331,16 +350,16 @@ impl PageStore {
         self.published.bump();
         for (addr, p) in dirty {
             if addr.0 >= self.ram_layers {
-                self.unflushed += p.len() as u64;
+                self.unflushed += image_bytes(&p);
             }
             if let Some(old) = self.committed.insert(addr, p) {
                 if addr.0 >= self.ram_layers {
-                    self.unflushed -= old.len() as u64;
+                    self.unflushed -= image_bytes(&old);
                 }
                 // Still shared: a checkpoint in flight holds it (or a
                 // reader, for the length of one lookup).
                 if Arc::strong_count(&old) > 1 {
-                    self.held_twice += old.len() as u64;
+                    self.held_twice += image_bytes(&old);
                 }
             }
             self.generation.insert(addr);
@@ -408,17 +427,16 @@ impl PageStore {
         self.held_twice = 0;
         for (a, img) in gone {
             self.committed.remove(&a);
-            self.unflushed -= img.len() as u64;
+            self.unflushed -= image_bytes(&img);
             self.cache.insert(a, img);
         }
     }
 
     /// Bytes of page images this store holds in memory (committed, dirty,
     /// cached, and the checkpoint's copies of images replaced since it
-    /// started).
+    /// started), by their allocations ([`image_bytes`]).
     pub(super) fn memory(&self) -> u64 {
-        let sum =
-            |m: &FxHashMap<Addr, Arc<Vec<u8>>>| m.values().map(|p| p.len() as u64).sum::<u64>();
+        let sum = |m: &FxHashMap<Addr, Arc<Vec<u8>>>| m.values().map(image_bytes).sum::<u64>();
         sum(&self.committed) + sum(&self.dirty) + self.cache.weight() + self.held_twice
     }
 }
@@ -435,13 +453,23 @@ impl Pages for PageStore {
             };
             self.dirty.insert(addr, p);
         }
+        let want = edit_capacity(self.page_size);
         let p = self.dirty.get_mut(&addr).ok_or(SozuError::Poisoned)?;
-        if Arc::get_mut(p).is_none() {
-            // Copy on write, with room for the block's edits (a copy of
-            // exactly its length would be reallocated by the first insert).
-            let mut copy = Vec::with_capacity(p.len().max(self.page_size) + 256);
-            copy.extend_from_slice(p);
-            *p = Arc::new(copy);
+        match Arc::get_mut(p) {
+            // A page read from its file or taken from the cache holds its
+            // used bytes exactly: room for the block's edits now, in one
+            // allocation (the first insert would double it).
+            Some(v) => {
+                if v.capacity() < want {
+                    v.reserve_exact(want - v.len());
+                }
+            }
+            // Copy on write, with the same room.
+            None => {
+                let mut copy = Vec::with_capacity(want.max(p.len()));
+                copy.extend_from_slice(p);
+                *p = Arc::new(copy);
+            }
         }
         Arc::get_mut(p).ok_or(SozuError::Poisoned)
     }
@@ -495,7 +523,11 @@ mod tests {
             page::append(s.edit(addr).unwrap(), &entry(9)).unwrap();
         }
         s.publish(Vec::new());
-        let one = job[0].1.len() as u64;
+        // Counted by allocation: an edited page holds 5 KiB (4 KiB pages),
+        // whatever its used bytes.
+        let one = job[0].1.capacity() as u64;
+        assert_eq!(one, edit_capacity(4096) as u64);
+        assert!(job[0].1.len() < 200);
         assert_eq!(s.held_twice(), 2 * one);
         // Edited again: the checkpoint's copy is counted once.
         page::append(s.edit((1, 0)).unwrap(), &entry(10)).unwrap();
