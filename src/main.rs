@@ -131,7 +131,9 @@ enum Command {
     },
     /// Print the UTXO set of the active chain, one line per output:
     /// `txid:vout value_sats scriptPubKey_hex height coinbase(0/1)`, sorted
-    /// by txid then vout.
+    /// by txid then vout. Sorts in runs of 64 MiB: a larger set uses
+    /// temporary files in the datadir (about its text's size), removed at
+    /// the end.
     DumpUtxos {
         /// Write to this file instead of standard output.
         #[arg(long, value_name = "FILE")]

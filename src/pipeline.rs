@@ -40,12 +40,10 @@
 //! ones on a snapshot of its own current state.
 
 use std::collections::HashSet;
-use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bitcoin::hex::DisplayHex;
 use bitcoin::{BlockHash, OutPoint};
 
 use crate::chain::assumevalid::{AssumeValid, AssumeValidState};
@@ -66,6 +64,7 @@ mod address_index;
 mod ahead;
 mod connect;
 mod digests;
+mod dump;
 mod group;
 mod headers;
 mod load;
@@ -179,6 +178,15 @@ pub enum DumpError {
     /// Writing the output failed.
     #[error("writing the UTXO dump: {0}")]
     Write(#[from] std::io::Error),
+    /// A temporary run file of the sort (in the datadir) could not be
+    /// created, written or read back.
+    #[error("temporary file of the UTXO dump {path}: {source}")]
+    Temp {
+        /// The file, or the datadir where its directory was to be made.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
 }
 
 /// The reject reason of a block already known invalid (Core's
@@ -560,39 +568,6 @@ impl Chainstate {
                 f(&e.outpoint, &e.coin, h);
             }
         })?;
-        Ok(())
-    }
-
-    /// Writes the UTXO set of the active chain in the text form of Core's
-    /// `dumptxoutset` as `testnet-data/regtest-a/utxos.txt` has it: one line
-    /// per output, `txid:vout value_sats scriptPubKey_hex height coinbase`,
-    /// sorted by txid (display hex) then vout.
-    ///
-    /// # Errors
-    /// UTXO-table failure or a write error.
-    pub fn dump_utxos(&mut self, out: &mut dyn std::io::Write) -> Result<(), DumpError> {
-        let mut rows = Vec::new();
-        self.for_each_utxo(&mut |op, coin, height| {
-            rows.push((
-                op.txid.to_string(),
-                op.vout,
-                coin.value.to_sat(),
-                coin.script_pubkey.clone(),
-                height,
-                coin.coinbase,
-            ));
-        })?;
-        rows.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
-        let mut buf = std::io::BufWriter::new(out);
-        for (txid, vout, value, script, height, coinbase) in rows {
-            let script = script.to_lower_hex_string();
-            writeln!(
-                buf,
-                "{txid}:{vout} {value} {script} {height} {}",
-                u8::from(coinbase)
-            )?;
-        }
-        buf.flush()?;
         Ok(())
     }
 }
