@@ -778,8 +778,10 @@ fn print_table_figures(stats: &SozuStats, checkpoint_mib: u64, journal_peak: u64
         stats.disk_page_reads
     );
     println!(
-        "  table memory now {:.0} MiB; page images held twice while a checkpoint ran, at most {:.0} MiB; commits that waited for a checkpoint {}",
+        "  table memory now {:.0} MiB (page images {:.0} MiB, summaries {:.0} MiB); page images held twice while a checkpoint ran, at most {:.0} MiB; commits that waited for a checkpoint {}",
         stats.memory_bytes as f64 / (1u64 << 20) as f64,
+        (stats.memory_bytes - stats.summary_bytes) as f64 / (1u64 << 20) as f64,
+        stats.summary_bytes as f64 / (1u64 << 20) as f64,
         stats.held_twice_peak_bytes as f64 / (1u64 << 20) as f64,
         stats.checkpoint_waits,
     );

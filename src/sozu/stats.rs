@@ -131,6 +131,10 @@ pub struct SozuStats {
     /// running checkpoint's copies of images replaced since it started),
     /// plus its page summaries.
     pub memory_bytes: u64,
+    /// Of [`SozuStats::memory_bytes`], the page summaries (outside
+    /// `ram_mib`: about 3 bytes per entry below the pinned layers, plus a
+    /// slot per bucket of those layers).
+    pub summary_bytes: u64,
     /// The most bytes of page images held twice since open: images a
     /// commit replaced while the checkpoint in flight still had to write
     /// the old ones (pinned and disk pages alike), per shard, summed.

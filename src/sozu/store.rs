@@ -506,6 +506,33 @@ mod tests {
         e
     }
 
+    /// A page read from its file holds its used bytes; edited, it holds
+    /// the edit allocation in one step (not twice its length after the
+    /// first insert), and the accounts count allocations: `memory` the
+    /// page's 5 KiB, `unflushed` the same once it is committed.
+    #[test]
+    fn an_edited_page_holds_its_edit_allocation_and_is_counted_so() {
+        let mut s = store();
+        let mut img = page::new_page();
+        for i in 0..40 {
+            page::append(&mut img, &entry(i)).unwrap();
+        }
+        let sealed = page::seal(&img, 4096).unwrap();
+        s.storage.write_at(&layer_file(0, 1), 0, &sealed).unwrap();
+        let read = s.page((1, 0)).unwrap();
+        assert_eq!(read.len(), img.len());
+        assert!(s.memory() < edit_capacity(4096) as u64, "{}", s.memory());
+        drop(read);
+        let before = s.memory();
+        let p = s.edit((1, 0)).unwrap();
+        page::append(p, &entry(41)).unwrap();
+        assert_eq!(p.capacity(), edit_capacity(4096));
+        s.publish(Vec::new());
+        assert_eq!(s.memory(), edit_capacity(4096) as u64);
+        assert!(s.memory() > before);
+        assert_eq!(s.unflushed(), edit_capacity(4096) as u64);
+    }
+
     /// An image a running checkpoint holds and a commit then replaces is
     /// counted (pinned or not) until the checkpoint finishes; an image no
     /// checkpoint holds is not.

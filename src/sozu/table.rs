@@ -235,9 +235,11 @@ impl SozuTable {
     pub fn counters(&self) -> SozuStats {
         let mut c = Counters::default();
         let mut memory = 0u64;
+        let mut summaries = 0u64;
         for s in &self.shards {
             c.add(&s.counters);
-            memory += s.store.memory() + s.store.published.summaries.read().bytes() as u64;
+            memory += s.store.memory();
+            summaries += s.store.published.summaries.read().bytes() as u64;
         }
         let t = &self.counters;
         let mut flow: Vec<LayerFlow> = c
@@ -285,7 +287,8 @@ impl SozuTable {
             journal_bound_bytes: self.journal_bound,
             checkpoint_pages: t.checkpoint_pages.0,
             checkpoint_pinned_pages: t.checkpoint_pages.1,
-            memory_bytes: memory,
+            memory_bytes: memory + summaries,
+            summary_bytes: summaries,
             checkpoint_waits: t.checkpoint_waits,
             held_twice_peak_bytes: self.shards.iter().map(|s| s.store.held_twice_peak).sum(),
             ..SozuStats::default()
