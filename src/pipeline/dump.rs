@@ -61,33 +61,24 @@ impl RunFiles {
         let dir = tempfile::Builder::new()
             .prefix("dump-utxos-")
             .tempdir_in(datadir)
-            .map_err(|source| DumpError::Temp {
-                path: datadir.to_path_buf(),
-                source,
-            })?;
+            .map_err(temp_error(datadir))?;
         Ok(RunFiles {
             dir,
             files: Vec::new(),
         })
     }
 
-    /// Writes one sorted run: per line its key (32 + 4 bytes), its length
-    /// (u32 LE) and its bytes.
+    /// Writes one sorted run ([`write_record`] per line).
     fn write(&mut self, lines: Vec<(Key, Vec<u8>)>) -> Result<(), DumpError> {
         let path = self.dir.path().join(format!("run-{:05}", self.files.len()));
-        let temp = |source| DumpError::Temp {
-            path: path.clone(),
-            source,
-        };
-        let mut w = BufWriter::new(File::create(&path).map_err(temp)?);
-        for ((txid, vout), line) in lines {
-            let len = u32::try_from(line.len()).unwrap_or(u32::MAX);
-            w.write_all(&txid).map_err(temp)?;
-            w.write_all(&vout.to_le_bytes()).map_err(temp)?;
-            w.write_all(&len.to_le_bytes()).map_err(temp)?;
-            w.write_all(&line).map_err(temp)?;
-        }
-        w.flush().map_err(temp)?;
+        let written = File::create(&path).and_then(|f| {
+            let mut w = BufWriter::new(f);
+            for (key, line) in &lines {
+                write_record(&mut w, key, line)?;
+            }
+            w.flush()
+        });
+        written.map_err(temp_error(&path))?;
         self.files.push(path);
         Ok(())
     }
@@ -98,11 +89,8 @@ impl RunFiles {
         let mut heap = BinaryHeap::with_capacity(self.files.len());
         let mut lines = vec![Vec::new(); self.files.len()];
         for (i, path) in self.files.iter().enumerate() {
-            let temp = |source| DumpError::Temp {
-                path: path.clone(),
-                source,
-            };
-            let mut r = BufReader::with_capacity(64 << 10, File::open(path).map_err(temp)?);
+            let temp = temp_error(path);
+            let mut r = BufReader::with_capacity(64 << 10, File::open(path).map_err(&temp)?);
             if let Some(key) = read_record(&mut r, &mut lines[i]).map_err(temp)? {
                 heap.push(Reverse((key, i)));
             }
@@ -110,11 +98,8 @@ impl RunFiles {
         }
         while let Some(Reverse((_, i))) = heap.pop() {
             out.write_all(&lines[i])?;
-            let temp = |source| DumpError::Temp {
-                path: self.files[i].clone(),
-                source,
-            };
-            if let Some(key) = read_record(&mut readers[i], &mut lines[i]).map_err(temp)? {
+            let next = read_record(&mut readers[i], &mut lines[i]);
+            if let Some(key) = next.map_err(temp_error(&self.files[i]))? {
                 heap.push(Reverse((key, i)));
             }
         }
@@ -122,8 +107,28 @@ impl RunFiles {
     }
 }
 
-/// Reads the next record of a run file into `line`: its key, or `None` at
-/// the file's end.
+/// The [`DumpError::Temp`] of an I/O error on `path`.
+fn temp_error(path: &Path) -> impl Fn(std::io::Error) -> DumpError + '_ {
+    move |source| DumpError::Temp {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes one record of a run file: the line's key (txid 32 bytes, vout
+/// u32 LE), its length (u32 LE) and its bytes.
+fn write_record(w: &mut impl Write, (txid, vout): &Key, line: &[u8]) -> std::io::Result<()> {
+    let len = u32::try_from(line.len()).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "a dump line over 4 GiB")
+    })?;
+    w.write_all(txid)?;
+    w.write_all(&vout.to_le_bytes())?;
+    w.write_all(&len.to_le_bytes())?;
+    w.write_all(line)
+}
+
+/// Reads the next record of a run file ([`write_record`]) into `line`: its
+/// key, or `None` at the file's end.
 fn read_record(r: &mut impl Read, line: &mut Vec<u8>) -> std::io::Result<Option<Key>> {
     let mut head = [0u8; 40];
     match r.read_exact(&mut head) {
