@@ -31,7 +31,11 @@
 //! (`index.filter_cache_mib`, `archive.filter_cache_mib`; default 256
 //! each). `KAKEHI_SCALE_DATADIR=DIR` puts
 //! kakehi's temporary datadir under DIR (default: the system's temporary
-//! directory); it is deleted before Core's engine runs.
+//! directory); it is deleted before Core's engine runs, unless
+//! `KAKEHI_SCALE_KEEP=1` keeps it (its path is printed) for later runs of
+//! the node, or for `KAKEHI_SCALE_ROUTES=DIR`: no import, only the
+//! address routes' timings (`scale/address.rs`) on the kept datadir DIR
+//! reopened (to compare two builds on the same chain state).
 //! `KAKEHI_SCALE_P2P=1` then syncs an empty second node from the importing
 //! one over loopback P2P, with the same settings, and compares the two
 //! (`scale/p2p.rs`: per tenth, the ratio P2P sync vs import, tip, UTXO
@@ -129,6 +133,11 @@ struct Totals {
 }
 
 fn main() {
+    if let Some(kept) = std::env::var_os("KAKEHI_SCALE_ROUTES") {
+        let datadir = DataDir::open(Path::new(&kept)).expect("datadir");
+        address::time_routes(&reopen(&ChainParams::new(Network::Regtest), &datadir));
+        return;
+    }
     let Some(dir) = std::env::var_os("KAKEHI_SCALE_CHAIN").map(PathBuf::from) else {
         eprintln!(
             "set KAKEHI_SCALE_CHAIN to a kakehi-chaingen output directory \
@@ -160,7 +169,7 @@ fn main() {
         manifest["stats"]["transactions"]
     );
 
-    let datadir_tmp = match std::env::var_os("KAKEHI_SCALE_DATADIR") {
+    let mut datadir_tmp = match std::env::var_os("KAKEHI_SCALE_DATADIR") {
         Some(parent) => {
             std::fs::create_dir_all(&parent).unwrap_or_else(|e| {
                 panic!("KAKEHI_SCALE_DATADIR {}: {e}", Path::new(&parent).display())
@@ -170,6 +179,10 @@ fn main() {
         None => tempfile::tempdir(),
     }
     .expect("a temporary datadir");
+    if std::env::var_os("KAKEHI_SCALE_KEEP").is_some() {
+        datadir_tmp.disable_cleanup(true);
+        println!("datadir: {} (kept)", datadir_tmp.path().display());
+    }
     let datadir = DataDir::open(datadir_tmp.path()).expect("datadir");
     let b = budgets();
     println!(
