@@ -7,7 +7,7 @@
 //!   after a first one) and cold (each sample: the node closed, the page
 //!   cache dropped, the node reopened, one page at a random place);
 //! - that address's totals (`/address/:a`): the first request, which reads
-//!   every block of its history, then 20 more of it and of `/utxo`, both
+//!   every transaction of its history (one per row), then 20 more of it and of `/utxo`, both
 //!   answered from the summary cache of busy scripts;
 //! - a BDK wallet (`bdk_wallet` + `bdk_esplora`, blocking) `full_scan` of a
 //!   wpkh descriptor whose first 200 addresses each received one
@@ -301,7 +301,7 @@ fn main() {
     // come from the summary cache.
     let (status, _, first) = get(http.addr, &format!("/address/{busy}"));
     assert_eq!(status, 200);
-    println!("/address/:a, first request (every block of the history read): {first:.2} ms");
+    println!("/address/:a, first request (every transaction of the history read): {first:.2} ms");
     for route in ["", "/utxo"] {
         let path = format!("/address/{busy}{route}");
         let (status, first_body, _) = get(http.addr, &path);

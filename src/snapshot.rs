@@ -16,13 +16,14 @@ use bitcoin::{Block, BlockHash, OutPoint};
 use crate::chain::index::{BlockStatus, ChainIndex};
 use crate::chain::ChainParams;
 use crate::filters;
-use crate::pipeline::spent::decode_spent;
+use crate::pipeline::spent::SpentRecord;
 use crate::pipeline::{PipelineError, PipelineStats};
 use crate::primitives::BlockId;
 use crate::sozu::{ChainView, UtxoReader, ViewStatus, PURGE_DEPTH};
 use crate::store::{FileLoc, FlatReader, Store};
 use crate::validation::SpentOutput;
 
+mod block_txs;
 mod history;
 mod memory;
 
@@ -322,11 +323,22 @@ impl ChainSnapshot {
     /// # Errors
     /// Flat-file failure or corrupt data.
     pub fn spent_outputs(&self, id: BlockId) -> Result<Option<Vec<SpentOutput>>, PipelineError> {
+        Ok(self.spent_record(id)?.map(|r| r.outputs()))
+    }
+
+    /// The spent-output record of a connected block, checked (checksum and
+    /// layout) but not decoded: for readers that need the outputs of one
+    /// of its transactions ([`SpentRecord::range`]).
+    ///
+    /// # Errors
+    /// Flat-file failure; [`PipelineError::CorruptSpent`] for a record that
+    /// fails its checks.
+    pub fn spent_record(&self, id: BlockId) -> Result<Option<SpentRecord>, PipelineError> {
         let Some(loc) = self.meta.get(id.0 as usize).and_then(|m| m.spent) else {
             return Ok(None);
         };
         let raw = self.spent.read(loc)?;
-        decode_spent(&raw)
+        SpentRecord::parse(raw)
             .map(Some)
             .map_err(|source| PipelineError::CorruptSpent {
                 path: self.spent.path(loc.file),
@@ -584,28 +596,27 @@ impl ChainSnapshot {
 
     /// The txid of the transaction at `position` in the stored block `id`
     /// (`None` past its last transaction or without stored data), decoding
-    /// the block only up to it.
+    /// only that transaction ([`block_txs`]).
     ///
     /// # Errors
     /// Flat-file failure; [`PipelineError::CorruptRecord`] when the stored
-    /// block does not decode up to `position`.
+    /// block's transactions cannot be located or that one does not decode.
     fn txid_at(&self, id: BlockId, position: u32) -> Result<Option<bitcoin::Txid>, PipelineError> {
-        use bitcoin::consensus::Decodable;
-        let Some(stored) = self.read_stored_block(id)? else {
+        let Some(txs) = self.block_txs(id)? else {
             return Ok(None);
         };
-        let corrupt = || stored.corrupt("does not decode");
-        let mut r = stored.raw.as_slice();
-        bitcoin::block::Header::consensus_decode(&mut r).map_err(|_| corrupt())?;
-        let count = bitcoin::VarInt::consensus_decode(&mut r).map_err(|_| corrupt())?;
-        if u64::from(position) >= count.0 {
-            return Ok(None);
-        }
-        for _ in 0..position {
-            bitcoin::Transaction::consensus_decode(&mut r).map_err(|_| corrupt())?;
-        }
-        let tx = bitcoin::Transaction::consensus_decode(&mut r).map_err(|_| corrupt())?;
-        Ok(Some(tx.compute_txid()))
+        Ok(txs.tx(position)?.map(|(tx, _)| tx.compute_txid()))
+    }
+
+    /// The stored block `id` with its transactions located, not decoded
+    /// (`None` without stored data).
+    ///
+    /// # Errors
+    /// As [`ChainSnapshot::txid_at`].
+    fn block_txs(&self, id: BlockId) -> Result<Option<block_txs::BlockTxs>, PipelineError> {
+        self.read_stored_block(id)?
+            .map(block_txs::BlockTxs::locate)
+            .transpose()
     }
 
     /// The spender of `outpoint` on this snapshot's active chain, if a block

@@ -328,3 +328,81 @@ fn every_datadir_file_flipped_or_truncated_is_refused_or_served_right() {
         bad.join("\n")
     );
 }
+
+/// A damaged transaction in a block file (one byte of an output's value)
+/// fails the address routes' reads of its script (totals, unspent outputs
+/// and the history page) with an error naming the file, instead of
+/// changing the totals: those reads decode only the row's transaction
+/// and check its txid against the txid index, not its whole block.
+#[test]
+fn a_damaged_transaction_fails_its_address_summary_instead_of_changing_it() {
+    use bitcoin::consensus::serialize;
+    let dir = common::tempdir();
+    {
+        let datadir = DataDir::open(dir.path()).expect("datadir");
+        let chain = parking_lot::Mutex::new(
+            open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open"),
+        );
+        let files = [common::data("regtest-a/blocks.dat")];
+        kakehi::import::import_files(&chain, &files, &Default::default(), false).expect("import");
+    }
+    let open = || {
+        let dd = DataDir::open(dir.path()).expect("datadir");
+        open_chainstate(ChainParams::new(Network::Regtest), &dd).expect("open")
+    };
+    // The first non-coinbase transaction below the tip, and the script of
+    // its first output.
+    let (tx, script_hash, stats) = {
+        let chain = open();
+        let snap = chain.snapshots().load();
+        let index = snap.index();
+        let tx = (1..=index.tip_height())
+            .rev()
+            .find_map(|h| {
+                let id = index.active_at(h).expect("active").id;
+                snap.read_block(id)
+                    .expect("read")
+                    .expect("stored")
+                    .txdata
+                    .get(1)
+                    .cloned()
+            })
+            .expect("a block with a non-coinbase transaction");
+        let script_hash = kakehi::primitives::script_hash(tx.output[0].script_pubkey.as_bytes());
+        let (stats, utxos) = snap.script_summary(&script_hash).expect("summary");
+        assert!(utxos.iter().any(|u| u.outpoint.txid == tx.compute_txid()));
+        (tx, script_hash, stats)
+    };
+    let whole = serialize(&tx);
+    let (file, mut bytes, at) = std::fs::read_dir(dir.path().join("blocks"))
+        .expect("blocks dir")
+        .flatten()
+        .find_map(|e| {
+            let bytes = std::fs::read(e.path()).expect("read");
+            let at = bytes.windows(whole.len()).position(|w| w == whole)?;
+            Some((e.path(), bytes, at))
+        })
+        .expect("the block file holding the transaction");
+    let value = serialize(&tx.output[0]);
+    let in_tx = whole
+        .windows(value.len())
+        .position(|w| w == value)
+        .expect("its first output");
+    bytes[at + in_tx] ^= 0x01;
+    std::fs::write(&file, bytes).expect("write");
+
+    let chain = open();
+    let snap = chain.snapshots().load();
+    let named = |e: kakehi::pipeline::PipelineError| {
+        let m = e.to_string();
+        assert!(m.contains(&file.display().to_string()), "{m}");
+    };
+    match snap.script_summary(&script_hash) {
+        Ok((s, _)) => panic!("summary served from a damaged block: {s:?} (was {stats:?})"),
+        Err(e) => named(e),
+    }
+    match snap.script_txs(&script_hash, None, 25) {
+        Ok(page) => panic!("history served from a damaged block: {page:?}"),
+        Err(e) => named(e),
+    }
+}

@@ -2,7 +2,7 @@
 //! block half-way up the imported chain, each asked for its totals
 //! (`/address/:a`) twice, its unspent outputs and its first history page,
 //! over HTTP on the reopened node; the first totals request reads every
-//! block of the script's history, the second is answered from the summary
+//! transaction of the script's history (one per row), the second is answered from the summary
 //! cache when the script has at least 100 transactions.
 
 use std::time::Instant;

@@ -25,7 +25,7 @@
 //! flat-file frame only holds magic and length). The layout is part of the
 //! datadir format (`store::FORMAT_VERSION` 2.0 added the checksum).
 
-use std::io::Cursor;
+use std::ops::Range;
 
 use bitcoin::consensus::{Decodable, Encodable};
 use bitcoin::{OutPoint, Txid};
@@ -75,58 +75,171 @@ fn encode_into(spent: &[SpentOutput], w: &mut Vec<u8>) -> Result<(), std::io::Er
 /// Decodes one record of [`encode_spent`]'s layout.
 ///
 /// # Errors
-/// [`SpentRecordError`] when the bytes are not exactly one record. The
-/// count and script lengths are checked against the bytes left before
-/// anything is allocated, so a corrupt length cannot ask for gigabytes.
+/// As [`SpentRecord::parse`].
 pub fn decode_spent(record: &[u8]) -> Result<Vec<SpentOutput>, SpentRecordError> {
-    use bitcoin::consensus::encode::Error;
-    let Some((bytes, crc)) = record.split_last_chunk::<4>() else {
-        return Err(Error::ParseFailed("spent-output record shorter than its checksum").into());
-    };
-    if crc32fast::hash(bytes) != u32::from_le_bytes(*crc) {
-        return Err(Error::ParseFailed("spent-output record checksum mismatch").into());
-    }
-    let mut r = Cursor::new(bytes);
-    let left = |r: &Cursor<&[u8]>| bytes.len() - r.position() as usize;
-    let n = u32::consensus_decode(&mut r)? as usize;
-    if n > left(&r) / FIXED_BYTES_PER_OUTPUT {
-        return Err(Error::ParseFailed("spent-output count exceeds the record").into());
-    }
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let outpoint = OutPoint::consensus_decode(&mut r)?;
-        let value = u64::consensus_decode(&mut r)?;
-        let height = u32::consensus_decode(&mut r)?;
-        let coinbase = match u8::consensus_decode(&mut r)? {
-            0 => false,
-            1 => true,
-            _ => return Err(Error::ParseFailed("coinbase flag is not 0 or 1").into()),
-        };
-        let txid = Txid::consensus_decode(&mut r)?;
-        let vin = u32::consensus_decode(&mut r)?;
-        let len = u32::consensus_decode(&mut r)? as usize;
-        if len > left(&r) {
-            return Err(Error::ParseFailed("scriptPubKey length exceeds the record").into());
-        }
-        let start = r.position() as usize;
-        let script_pubkey = bytes[start..start + len].to_vec();
-        r.set_position((start + len) as u64);
-        out.push(SpentOutput {
-            outpoint,
+    Ok(SpentRecord::parse(record.to_vec())?.outputs())
+}
+
+/// One output of a checked record, its scriptPubKey borrowed from it.
+struct Entry<'a> {
+    outpoint: OutPoint,
+    value: u64,
+    height: u32,
+    coinbase: bool,
+    txid: Txid,
+    vin: u32,
+    script_pubkey: &'a [u8],
+}
+
+impl Entry<'_> {
+    fn to_spent_output(&self) -> SpentOutput {
+        SpentOutput {
+            outpoint: self.outpoint,
             coin: Coin {
-                value: bitcoin::Amount::from_sat(value),
-                script_pubkey,
-                height,
-                coinbase,
+                value: bitcoin::Amount::from_sat(self.value),
+                script_pubkey: self.script_pubkey.to_vec(),
+                height: self.height,
+                coinbase: self.coinbase,
             },
-            txid,
-            vin,
-        });
+            txid: self.txid,
+            vin: self.vin,
+        }
     }
-    if left(&r) != 0 {
-        return Err(Error::ParseFailed("trailing bytes after the spent-output record").into());
+}
+
+/// Offset of the coinbase flag in an output of a record.
+const COINBASE_FLAG_AT: usize = 36 + 8 + 4;
+/// Offset of the scriptPubKey length in an output of a record.
+const SCRIPT_LEN_AT: usize = FIXED_BYTES_PER_OUTPUT - 4;
+
+/// The length of the output at the front of `r`, checked as [`read_entry`]
+/// checks it but without decoding its fields: [`SpentRecord::parse`]
+/// walks every output of a record with it.
+fn entry_len(r: &[u8]) -> Result<usize, bitcoin::consensus::encode::Error> {
+    use bitcoin::consensus::encode::Error;
+    let fixed = r
+        .first_chunk::<FIXED_BYTES_PER_OUTPUT>()
+        .ok_or(Error::ParseFailed("spent-output record truncated"))?;
+    if fixed[COINBASE_FLAG_AT] > 1 {
+        return Err(Error::ParseFailed("coinbase flag is not 0 or 1"));
     }
-    Ok(out)
+    let mut len = [0u8; 4];
+    len.copy_from_slice(&fixed[SCRIPT_LEN_AT..]);
+    let len = FIXED_BYTES_PER_OUTPUT + u32::from_le_bytes(len) as usize;
+    if len > r.len() {
+        return Err(Error::ParseFailed("scriptPubKey length exceeds the record"));
+    }
+    Ok(len)
+}
+
+/// Reads the output at the front of `r` and moves past it; the script
+/// length is checked against the bytes left before it is borrowed.
+fn read_entry<'a>(r: &mut &'a [u8]) -> Result<Entry<'a>, bitcoin::consensus::encode::Error> {
+    use bitcoin::consensus::encode::Error;
+    let outpoint = OutPoint::consensus_decode(r)?;
+    let value = u64::consensus_decode(r)?;
+    let height = u32::consensus_decode(r)?;
+    let coinbase = match u8::consensus_decode(r)? {
+        0 => false,
+        1 => true,
+        _ => return Err(Error::ParseFailed("coinbase flag is not 0 or 1")),
+    };
+    let txid = Txid::consensus_decode(r)?;
+    let vin = u32::consensus_decode(r)?;
+    let len = u32::consensus_decode(r)? as usize;
+    let Some((script_pubkey, rest)) = r.split_at_checked(len) else {
+        return Err(Error::ParseFailed("scriptPubKey length exceeds the record"));
+    };
+    *r = rest;
+    Ok(Entry {
+        outpoint,
+        value,
+        height,
+        coinbase,
+        txid,
+        vin,
+        script_pubkey,
+    })
+}
+
+/// A spent-output record read back from a `spent/` file, its checksum and
+/// layout checked once by [`SpentRecord::parse`], which notes where each
+/// output starts; its outputs are then read in place, so a reader that
+/// needs one transaction's inputs decodes only those
+/// ([`SpentRecord::range`]) instead of the block's (about 100 bytes and one
+/// allocation per output).
+#[derive(Clone, Debug)]
+pub struct SpentRecord {
+    /// The record's bytes, checksum included.
+    bytes: Vec<u8>,
+    /// Offset of each output in `bytes`, in record order.
+    starts: Vec<u32>,
+}
+
+impl SpentRecord {
+    /// Checks `record` (layout in the module doc) without decoding it.
+    ///
+    /// # Errors
+    /// [`SpentRecordError`] when the bytes are not exactly one record
+    /// (checksum mismatch, truncated, trailing bytes, a count or script
+    /// length past the record's end, a record over 4 GiB). Lengths are
+    /// checked against the bytes left before anything is read, so a
+    /// corrupt length cannot ask for gigabytes.
+    pub fn parse(record: Vec<u8>) -> Result<Self, SpentRecordError> {
+        use bitcoin::consensus::encode::Error;
+        let Some((bytes, crc)) = record.split_last_chunk::<4>() else {
+            return Err(Error::ParseFailed("spent-output record shorter than its checksum").into());
+        };
+        if crc32fast::hash(bytes) != u32::from_le_bytes(*crc) {
+            return Err(Error::ParseFailed("spent-output record checksum mismatch").into());
+        }
+        let too_long = || Error::ParseFailed("spent-output record over 4 GiB");
+        let mut r = bytes;
+        let count = u32::consensus_decode(&mut r)? as usize;
+        if count > r.len() / FIXED_BYTES_PER_OUTPUT {
+            return Err(Error::ParseFailed("spent-output count exceeds the record").into());
+        }
+        let mut starts = Vec::with_capacity(count);
+        for _ in 0..count {
+            starts.push(u32::try_from(bytes.len() - r.len()).map_err(|_| too_long())?);
+            r = &r[entry_len(r)?..];
+        }
+        if !r.is_empty() {
+            return Err(Error::ParseFailed("trailing bytes after the spent-output record").into());
+        }
+        Ok(SpentRecord {
+            bytes: record,
+            starts,
+        })
+    }
+
+    /// Number of outputs.
+    fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// The outputs at `indexes` (checked by [`SpentRecord::parse`], so each
+    /// one reads).
+    fn entries(&self, indexes: Range<usize>) -> impl Iterator<Item = Entry<'_>> {
+        self.starts[indexes]
+            .iter()
+            .filter_map(|&start| read_entry(&mut &self.bytes[start as usize..]).ok())
+    }
+
+    /// Every output of the record, in block order.
+    pub fn outputs(&self) -> Vec<SpentOutput> {
+        self.entries(0..self.len())
+            .map(|e| e.to_spent_output())
+            .collect()
+    }
+
+    /// The outputs at `indexes` of the record (block order: a transaction's
+    /// inputs are the `inputs` outputs after those of the block's earlier
+    /// non-coinbase transactions); `None` past its end.
+    pub fn range(&self, indexes: Range<usize>) -> Option<Vec<SpentOutput>> {
+        (indexes.end <= self.len())
+            .then(|| self.entries(indexes).map(|e| e.to_spent_output()).collect())
+    }
 }
 
 #[cfg(test)]
@@ -206,6 +319,18 @@ mod tests {
         let mut bad_flag = body;
         bad_flag[4 + 48] = 2;
         assert!(decode_spent(&sealed(bad_flag)).is_err());
+    }
+
+    /// `range` reads the outputs asked for, and only those, in order.
+    #[test]
+    fn a_range_of_outputs() {
+        let all: Vec<SpentOutput> = (1..=4).map(|s| output(s, s as usize * 7)).collect();
+        let record = SpentRecord::parse(encode_spent(&all)).unwrap();
+        assert_eq!(record.len(), 4);
+        assert_eq!(record.range(1..3), Some(all[1..3].to_vec()));
+        assert_eq!(record.range(4..4), Some(vec![]));
+        assert_eq!(record.range(3..5), None);
+        assert_eq!(record.outputs(), all);
     }
 
     proptest! {

@@ -3,15 +3,20 @@
 //! Every row is filtered through the snapshot's active chain (its block
 //! must be the active block at its height), so rows of stale blocks and of
 //! blocks committed after the snapshot are invisible; then checked against
-//! the stored block and its spent-output record ([`TxReader`]): the row
+//! the stored transaction and its inputs' coins ([`TxReader`]): the row
 //! only names a script-hash prefix, and the transaction must fund or spend
-//! from the script's full hash to count.
+//! from the script's full hash to count. A row costs one transaction's
+//! decode and hash, one txid-index lookup and a walk over its block's
+//! spent-output record, not its whole block's decode and hashes: a
+//! script's first totals read thousands of rows.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use bitcoin::{Block, OutPoint, Transaction, Txid};
 
+use super::block_txs::BlockTxs;
 use super::ChainSnapshot;
+use crate::pipeline::spent::SpentRecord;
 use crate::pipeline::PipelineError;
 use crate::primitives::{script_hash, BlockId};
 use crate::store::history::script_prefix;
@@ -81,16 +86,21 @@ struct TxMatch {
     funded: Vec<(u32, u64)>,
     /// Outputs of the script it spends: (outpoint, sats), in input order.
     spent: Vec<(OutPoint, u64)>,
+    /// Every output it spends (its inputs' coins), in input order; empty
+    /// for a coinbase.
+    prevouts: Vec<SpentOutput>,
 }
 
-/// Checks rows of one script against the stored blocks, keeping the last
-/// block read and its spent outputs (a script's rows come grouped by block).
+/// Checks rows of one script against the stored blocks, reading only the
+/// row's transaction and its inputs' coins (`block_txs`,
+/// [`SpentRecord::range`]), and keeping the last block's bytes and
+/// spent-output record (a script's rows come grouped by block).
 struct TxReader<'a> {
     cs: &'a ChainSnapshot,
     script_hash: [u8; 32],
-    block: Option<(BlockId, Block)>,
-    /// The block's spent-output record, and each outpoint's place in it.
-    spent: Option<(Vec<SpentOutput>, HashMap<OutPoint, usize>)>,
+    /// The last block read, and its spent-output record once a
+    /// non-coinbase transaction of it was checked.
+    block: Option<(BlockId, BlockTxs, Option<SpentRecord>)>,
 }
 
 impl<'a> TxReader<'a> {
@@ -99,25 +109,56 @@ impl<'a> TxReader<'a> {
             cs,
             script_hash: *script_hash,
             block: None,
-            spent: None,
         }
     }
 
     /// The outputs of the script that the transaction of row `k` funds and
     /// spends; `None` when it does neither (a row of another script with
     /// the same prefix, or of another block once given the same id).
+    ///
+    /// The transaction is decoded from its own bytes, and its txid must be
+    /// the one the txid index (`tx_by_txid_prefix`, written with the block)
+    /// records at its place: a damaged block file fails here instead of
+    /// feeding an answer. Its inputs' coins come from the block's
+    /// spent-output record (checked by its checksum).
     fn check(&mut self, k: &HistoryKey) -> Result<Option<TxMatch>, PipelineError> {
         let cs = self.cs;
-        if self.block.as_ref().map(|(id, _)| *id) != Some(k.block) {
-            let block = cs.read_block(k.block)?.ok_or_else(|| no_data(k))?;
-            self.block = Some((k.block, block));
-            self.spent = None;
+        if self.block.as_ref().map(|(id, ..)| *id) != Some(k.block) {
+            let txs = cs.block_txs(k.block)?.ok_or_else(|| no_data(k))?;
+            self.block = Some((k.block, txs, None));
         }
-        let Some((_, block)) = &self.block else {
+        let Some((_, txs, record)) = &mut self.block else {
             return Ok(None);
         };
-        let Some(tx) = block.txdata.get(k.position as usize) else {
+        let Some((tx, place)) = txs.tx(k.position)? else {
             return Ok(None);
+        };
+        let txid = tx.compute_txid();
+        if !cs
+            .store
+            .tx_candidates(&txid)?
+            .contains(&(k.block, k.position))
+        {
+            return Err(txs.corrupt("a transaction does not hash to the txid indexed at its place"));
+        }
+        let prevouts = if place.spent == 0 {
+            Vec::new()
+        } else {
+            if record.is_none() {
+                *record = Some(cs.spent_record(k.block)?.ok_or_else(|| no_data(k))?);
+            }
+            let range = place.first_spent..place.first_spent + place.spent;
+            let prevouts = record
+                .as_ref()
+                .and_then(|r| r.range(range))
+                .unwrap_or_default();
+            // The record's outputs at the transaction's place must be its
+            // inputs', in order.
+            let inputs = (0..).map(|vin| (txid, vin)).take(place.spent);
+            if !prevouts.iter().map(|s| (s.txid, s.vin)).eq(inputs) {
+                return Err(no_data(k));
+            }
+            prevouts
         };
         let ours = |script: &[u8]| script_hash(script) == self.script_hash;
         let funded: Vec<(u32, u64)> = (0u32..)
@@ -125,44 +166,20 @@ impl<'a> TxReader<'a> {
             .filter(|(_, o)| ours(o.script_pubkey.as_bytes()))
             .map(|(vout, o)| (vout, o.value.to_sat()))
             .collect();
-        let mut spent = Vec::new();
-        if !tx.is_coinbase() {
-            if self.spent.is_none() {
-                let record = cs.spent_outputs(k.block)?.ok_or_else(|| no_data(k))?;
-                let places = (0..).zip(&record).map(|(i, s)| (s.outpoint, i)).collect();
-                self.spent = Some((record, places));
-            }
-            let (record, places) = self.spent.as_ref().ok_or_else(|| no_data(k))?;
-            for input in &tx.input {
-                let op = input.previous_output;
-                let coin = places
-                    .get(&op)
-                    .and_then(|&i| record.get(i))
-                    .map(|s| &s.coin)
-                    .ok_or_else(|| no_data(k))?;
-                if ours(&coin.script_pubkey) {
-                    spent.push((op, coin.value.to_sat()));
-                }
-            }
-        }
+        let spent: Vec<(OutPoint, u64)> = prevouts
+            .iter()
+            .filter(|s| ours(&s.coin.script_pubkey))
+            .map(|s| (s.outpoint, s.coin.value.to_sat()))
+            .collect();
         if funded.is_empty() && spent.is_empty() {
             return Ok(None);
         }
         Ok(Some(TxMatch {
-            txid: tx.compute_txid(),
+            txid,
             funded,
             spent,
+            prevouts,
         }))
-    }
-
-    /// The transaction of row `k` and the spent outputs read for its
-    /// block (empty when only coinbases were checked there), once
-    /// [`TxReader::check`] accepted `k`.
-    fn current(&self, k: &HistoryKey) -> Option<(&Transaction, &[SpentOutput])> {
-        let (_, block) = self.block.as_ref().filter(|(id, _)| *id == k.block)?;
-        let tx = block.txdata.get(k.position as usize)?;
-        let spent = self.spent.as_ref().map_or(&[][..], |(record, _)| record);
-        Some((tx, spent))
     }
 }
 
@@ -252,11 +269,10 @@ impl ChainSnapshot {
         self.script_txs_with(script_hash, after, limit, |h, _, _| *h)
     }
 
-    /// As [`ChainSnapshot::script_txs`], giving `f` each transaction as it
-    /// is checked, with the spent outputs read for its block (a superset of
-    /// its own inputs' coins, found by their spending txid and input
-    /// index; empty for a coinbase), so an answer that needs the
-    /// transactions reads each block once.
+    /// As [`ChainSnapshot::script_txs`], giving `f` each transaction of
+    /// the page, read from its block checked whole as
+    /// [`ChainSnapshot::read_block`] checks it, with the outputs it spends
+    /// in input order (empty for a coinbase).
     ///
     /// # Errors
     /// As [`ChainSnapshot::script_txs`].
@@ -276,20 +292,33 @@ impl ChainSnapshot {
             },
         };
         let mut out = Vec::new();
+        // The transactions answered come from their block checked whole
+        // (hash, merkle root, witness commitment), as `/tx` serves them:
+        // the txid `check` compares commits to no witness.
+        let mut served: Option<(BlockId, Block)> = None;
         self.active_rows(script_hash, below.as_ref(), &mut |k| {
             if out.len() == limit {
                 return Ok(false);
             }
-            if let Some(m) = reader.check(k)? {
-                let h = HistoryTx {
-                    txid: m.txid,
-                    block: k.block,
-                    height: k.height,
-                    position: k.position,
-                };
-                let (tx, spent) = reader.current(k).ok_or_else(|| no_data(k))?;
-                out.push(f(&h, tx, spent));
+            let Some(m) = reader.check(k)? else {
+                return Ok(true);
+            };
+            if served.as_ref().map(|(id, _)| *id) != Some(k.block) {
+                let block = self.read_block(k.block)?.ok_or_else(|| no_data(k))?;
+                served = Some((k.block, block));
             }
+            let tx = served
+                .as_ref()
+                .and_then(|(_, b)| b.txdata.get(k.position as usize))
+                .filter(|tx| tx.compute_txid() == m.txid)
+                .ok_or_else(|| no_data(k))?;
+            let h = HistoryTx {
+                txid: m.txid,
+                block: k.block,
+                height: k.height,
+                position: k.position,
+            };
+            out.push(f(&h, tx, &m.prevouts));
             Ok(true)
         })?;
         Ok(out)
