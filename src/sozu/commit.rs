@@ -108,7 +108,6 @@ impl SozuTable {
         let n = self.record_buf.len() as u64;
         self.journal.truncate = false;
         self.journal.pos += n;
-        self.journal.bytes += n;
         self.counters.journal_bytes += n;
         Ok(())
     }
@@ -119,7 +118,7 @@ impl SozuTable {
     /// files are measured only when the journal reaches the last bound
     /// measured: the table may have grown since.
     fn journal_full(&mut self) -> Result<bool, SozuError> {
-        if self.journal.bytes < self.journal_bound {
+        if self.journal.pos < self.journal_bound {
             return Ok(false);
         }
         let cap = self.options.checkpoint_bytes;
@@ -130,7 +129,7 @@ impl SozuTable {
             let (all, journals) = file_bytes(self.storage.as_mut(), &self.geo, &states)?;
             (all.saturating_sub(journals) / JOURNAL_SHARE).clamp(JOURNAL_FLOOR, cap)
         };
-        Ok(self.journal.bytes >= self.journal_bound)
+        Ok(self.journal.pos >= self.journal_bound)
     }
 
     fn unflushed(&self) -> u64 {
@@ -164,7 +163,6 @@ impl SozuTable {
         self.journal.other = self.journal.pos;
         self.journal.pos = 0;
         self.journal.truncate = true;
-        self.journal.bytes = 0;
         self.start(Job {
             generation,
             header,

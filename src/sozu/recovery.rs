@@ -59,13 +59,12 @@ pub(super) struct PendingCheckpoint {
 pub(super) struct JournalPos {
     /// The current generation (the base, or base + 1).
     pub(super) generation: u64,
-    /// Offset after its last valid record.
+    /// Offset after its last valid record: the bytes of the current
+    /// generation's records (each generation's file starts at 0).
     pub(super) pos: u64,
     /// Whether bytes after `pos` must be cut first (a torn tail, or an
     /// older generation's records).
     pub(super) truncate: bool,
-    /// Bytes of the current generation's records.
-    pub(super) bytes: u64,
     /// Bytes in the other journal file: the previous generation's records
     /// until the checkpoint that ends it truncates them (or an older
     /// file's content a truncation did not reach).
@@ -289,7 +288,6 @@ impl Scan {
             generation,
             pos: self.valid_end,
             truncate: self.valid_end != self.len,
-            bytes: self.valid_end,
             other,
         }
     }
