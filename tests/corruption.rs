@@ -241,6 +241,18 @@ fn files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// A fresh datadir that imported regtest-a.
+fn regtest_a_datadir() -> tempfile::TempDir {
+    let dir = common::tempdir();
+    let datadir = DataDir::open(dir.path()).expect("datadir");
+    let chain = parking_lot::Mutex::new(
+        open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open"),
+    );
+    let files = [common::data("regtest-a/blocks.dat")];
+    kakehi::import::import_files(&chain, &files, &Default::default(), false).expect("import");
+    dir
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Damage {
     /// 8 bytes inverted in the middle of the file.
@@ -266,15 +278,7 @@ fn damage(path: &Path, how: Damage) {
 #[test]
 fn every_datadir_file_flipped_or_truncated_is_refused_or_served_right() {
     let mut truth = truth();
-    let template = common::tempdir();
-    {
-        let datadir = DataDir::open(template.path()).expect("datadir");
-        let chain = parking_lot::Mutex::new(
-            open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open"),
-        );
-        let files = [common::data("regtest-a/blocks.dat")];
-        kakehi::import::import_files(&chain, &files, &Default::default(), false).expect("import");
-    }
+    let template = regtest_a_datadir();
     truth.commitment = {
         let dd = DataDir::open(template.path()).expect("datadir");
         let chain = open_chainstate(ChainParams::new(Network::Regtest), &dd).expect("open");
@@ -337,15 +341,7 @@ fn every_datadir_file_flipped_or_truncated_is_refused_or_served_right() {
 #[test]
 fn a_damaged_transaction_fails_its_address_summary_instead_of_changing_it() {
     use bitcoin::consensus::serialize;
-    let dir = common::tempdir();
-    {
-        let datadir = DataDir::open(dir.path()).expect("datadir");
-        let chain = parking_lot::Mutex::new(
-            open_chainstate(ChainParams::new(Network::Regtest), &datadir).expect("open"),
-        );
-        let files = [common::data("regtest-a/blocks.dat")];
-        kakehi::import::import_files(&chain, &files, &Default::default(), false).expect("import");
-    }
+    let dir = regtest_a_datadir();
     let open = || {
         let dd = DataDir::open(dir.path()).expect("datadir");
         open_chainstate(ChainParams::new(Network::Regtest), &dd).expect("open")
