@@ -213,32 +213,28 @@ impl SpentRecord {
         })
     }
 
-    /// Number of outputs.
-    fn len(&self) -> usize {
-        self.starts.len()
-    }
-
-    /// The outputs at `indexes` (checked by [`SpentRecord::parse`], so each
-    /// one reads).
-    fn entries(&self, indexes: Range<usize>) -> impl Iterator<Item = Entry<'_>> {
-        self.starts[indexes]
+    /// The outputs starting at `starts` (checked by [`SpentRecord::parse`],
+    /// so each one reads).
+    fn entries<'a>(&'a self, starts: &'a [u32]) -> impl Iterator<Item = Entry<'a>> {
+        starts
             .iter()
             .filter_map(|&start| read_entry(&mut &self.bytes[start as usize..]).ok())
     }
 
     /// Every output of the record, in block order.
     pub fn outputs(&self) -> Vec<SpentOutput> {
-        self.entries(0..self.len())
+        self.entries(&self.starts)
             .map(|e| e.to_spent_output())
             .collect()
     }
 
     /// The outputs at `indexes` of the record (block order: a transaction's
     /// inputs are the `inputs` outputs after those of the block's earlier
-    /// non-coinbase transactions); `None` past its end.
+    /// non-coinbase transactions); `None` past its end or for a reversed
+    /// range.
     pub fn range(&self, indexes: Range<usize>) -> Option<Vec<SpentOutput>> {
-        (indexes.end <= self.len())
-            .then(|| self.entries(indexes).map(|e| e.to_spent_output()).collect())
+        let starts = self.starts.get(indexes)?;
+        Some(self.entries(starts).map(|e| e.to_spent_output()).collect())
     }
 }
 
@@ -326,10 +322,12 @@ mod tests {
     fn a_range_of_outputs() {
         let all: Vec<SpentOutput> = (1..=4).map(|s| output(s, s as usize * 7)).collect();
         let record = SpentRecord::parse(encode_spent(&all)).unwrap();
-        assert_eq!(record.len(), 4);
         assert_eq!(record.range(1..3), Some(all[1..3].to_vec()));
         assert_eq!(record.range(4..4), Some(vec![]));
         assert_eq!(record.range(3..5), None);
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = record.range(3..2);
+        assert_eq!(reversed, None);
         assert_eq!(record.outputs(), all);
     }
 
