@@ -84,6 +84,18 @@ const MAX_FLAT_FILE_SIZE: u64 = 128 * 1024 * 1024;
 
 mod utxo_hash;
 
+/// What an operator does about a damaged record of `what`
+/// ([`PipelineError::CorruptRecord`]): a block is the source every other
+/// store is rebuilt from, so it comes from a backup or from peers; the rest
+/// is rebuilt from the block files.
+fn record_remedy(what: &str) -> &'static str {
+    if what == "block" {
+        "restore the datadir from a backup or resync"
+    } else {
+        "rebuild it from the block files with `kakehi reindex-chainstate`, or restore the datadir from a backup"
+    }
+}
+
 /// Errors that stop the pipeline (storage), as opposed to invalid blocks,
 /// which are reported in [`SubmitOutcome`].
 #[derive(Debug, thiserror::Error)]
@@ -124,7 +136,10 @@ pub enum PipelineError {
     /// for it (a filter the filter-header chain does not bind, a block whose
     /// hash, merkle root or witness commitment is wrong): the file is
     /// damaged. Nothing is served from it.
-    #[error("{path}: the stored {what} of block {block} is corrupt ({reason}); restore the datadir from a backup or resync")]
+    #[error(
+        "{path}: the stored {what} of block {block} is corrupt ({reason}); {}",
+        record_remedy(what)
+    )]
     CorruptRecord {
         /// The flat file.
         path: std::path::PathBuf,
@@ -136,7 +151,7 @@ pub enum PipelineError {
         reason: &'static str,
     },
     /// A spent-output record of the `spent/` flat files does not decode.
-    #[error("{path}: spent outputs of block {}: {source}; restore the datadir from a backup or resync", block.0)]
+    #[error("{path}: spent outputs of block {}: {source}; rebuild them from the block files with `kakehi reindex-chainstate`, or restore the datadir from a backup", block.0)]
     CorruptSpent {
         /// The flat file.
         path: std::path::PathBuf,

@@ -6,9 +6,11 @@
 //! against bcoin's own records (`filters.json`, `spent.txt`, `utxos.txt`).
 //!
 //! A case passes when the node refuses the datadir at open, or refuses a
-//! read with an error, or answers exactly what bcoin says. It fails when it
-//! panics or serves a wrong answer: a light client would silently miss its
-//! payments.
+//! read with an error, or answers exactly what bcoin says, and in every
+//! case leaves the block files as they were (they are what
+//! `kakehi reindex-chainstate` rebuilds the rest from). It fails when it
+//! panics, serves a wrong answer (a light client would silently miss its
+//! payments) or changes a block file.
 
 mod common;
 
@@ -241,6 +243,18 @@ fn files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Every file of `datadir/blocks` with its bytes, by path.
+fn block_files(datadir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let dir = datadir.join("blocks");
+    files(&dir)
+        .into_iter()
+        .map(|rel| {
+            let bytes = std::fs::read(dir.join(&rel)).expect("read block file");
+            (rel, bytes)
+        })
+        .collect()
+}
+
 /// A fresh datadir that imported regtest-a.
 fn regtest_a_datadir() -> tempfile::TempDir {
     let dir = common::tempdir();
@@ -299,7 +313,14 @@ fn every_datadir_file_flipped_or_truncated_is_refused_or_served_right() {
             let case = common::tempdir();
             common::copy_dir(template.path(), case.path());
             damage(&case.path().join(&rel), how);
+            let blocks = block_files(case.path());
             let outcome = catch_unwind(AssertUnwindSafe(|| check(case.path(), &truth)));
+            if block_files(case.path()) != blocks {
+                bad.push(format!(
+                    "{} {how:?}: opening changed the block files",
+                    rel.display()
+                ));
+            }
             let case_dir = case.path().display().to_string();
             let line = match &outcome {
                 Ok(Outcome::Refused(m) | Outcome::ReadError(m)) if !m.contains(&case_dir) => {

@@ -184,3 +184,56 @@ fn swap_interrupted_is_refused_then_finished() {
         "dump-utxos after the finished swap differs"
     );
 }
+
+/// A damaged or lost index database: its `db` file cut to half (sled
+/// then opens what it can of its log, an early prefix of the commits, or
+/// nothing), or the whole `index` directory gone. The node refuses the
+/// datadir with a message that names `kakehi reindex-chainstate` and leaves
+/// the block files as they were (opening at the lost index's positions
+/// used to cut them all away); the command rebuilds the index from them and
+/// the dump equals the one before the damage.
+#[test]
+fn a_damaged_or_lost_index_is_refused_without_touching_the_blocks_then_rebuilt() {
+    let home = common::tempdir();
+    let datadir = extract(home.path(), "d");
+    let out = run(kakehi(home.path(), &datadir).arg("reindex-chainstate"));
+    assert!(out.status.success(), "reindex: {}", text(&out.stderr));
+    let expected = std::fs::read(data("format3-datadir/utxos.txt")).expect("utxos.txt");
+
+    let index = datadir.join("index");
+    let cut_db = |index: &Path| {
+        let db = index.join("db");
+        let bytes = std::fs::read(&db).expect("index/db");
+        std::fs::write(&db, &bytes[..bytes.len() / 2]).expect("truncate");
+    };
+    let remove = |index: &Path| std::fs::remove_dir_all(index).expect("remove index");
+    for (what, damage) in [
+        ("db cut to half", &cut_db as &dyn Fn(&Path)),
+        ("index removed", &remove),
+    ] {
+        damage(&index);
+        let blocks = contents(&datadir.join("blocks"));
+        let out = run(kakehi(home.path(), &datadir).arg("dump-utxos"));
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{what}: the datadir was opened");
+        assert!(
+            stderr.contains("kakehi reindex-chainstate"),
+            "{what}: the refusal does not name the command: {stderr}"
+        );
+        assert!(
+            contents(&datadir.join("blocks")) == blocks,
+            "{what}: the refusal changed the block files"
+        );
+
+        let out = run(kakehi(home.path(), &datadir).arg("reindex-chainstate"));
+        assert!(
+            out.status.success(),
+            "{what}: reindex: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            dump(home.path(), &datadir) == expected,
+            "{what}: dump-utxos after rebuilding the index differs from utxos.txt"
+        );
+    }
+}

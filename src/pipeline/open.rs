@@ -88,6 +88,36 @@ impl FlatSeries {
             headers: open("headers", "hdr", META_FLAT_HEADERS)?,
         })
     }
+
+    /// Refuses flat files beside an index database that has never committed
+    /// (no tip): a new index beside block files is one that was lost (sled
+    /// can open a damaged `db` as an empty database), and opening at its
+    /// positions would later cut every block away.
+    ///
+    /// # Errors
+    /// [`PipelineError::Inconsistent`] naming the directory and its bytes.
+    fn check_empty_for_new_index(&self, datadir: &Path) -> Result<(), PipelineError> {
+        for (dir, files) in [
+            ("blocks", &self.blocks),
+            ("filters", &self.filters),
+            ("spent", &self.spent),
+            ("headers", &self.headers),
+        ] {
+            let bytes = files.bytes_past_position()?;
+            if bytes > 0 {
+                return Err(PipelineError::Inconsistent {
+                    reason: format!(
+                        "the index database ({}/index) is new, but {}/{dir} holds {bytes} bytes of \
+                         records: the index was lost; rebuild it from the block files with \
+                         `kakehi reindex-chainstate`, or restore the datadir from a backup",
+                        datadir.display(),
+                        datadir.display(),
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Chainstate {
@@ -108,6 +138,9 @@ impl Chainstate {
     ) -> Result<Self, PipelineError> {
         let store = Store::open(&datadir.join("index"), budgets)?;
         let files = FlatSeries::open(&store, datadir, params.magic())?;
+        if store.meta(META_TIP)?.is_none() {
+            files.check_empty_for_new_index(datadir)?;
+        }
         let (index, meta) = load::load_index(
             &params,
             &store,
@@ -177,10 +210,29 @@ impl Chainstate {
         cs.load_address_index()?;
         cs.check_flat_lengths()?;
         cs.reconcile_table()?;
+        cs.cut_uncommitted()?;
         cs.load_muhash()?;
         cs.seal_final_epochs()?;
         cs.publish();
         Ok(cs)
+    }
+
+    /// Cuts every flat-file series back to its committed position
+    /// ([`FlatFiles::cut_uncommitted`]): what a crash appended after the
+    /// last commit. Only once the index and the UTXO table agree
+    /// ([`Chainstate::reconcile_table`]): an index that lost commits holds
+    /// positions before blocks the table connected, and a cut there would
+    /// destroy the blocks a reindex needs.
+    fn cut_uncommitted(&mut self) -> Result<(), PipelineError> {
+        for files in [
+            &mut self.blocks,
+            &mut self.filters,
+            &mut self.spent,
+            &mut self.headers,
+        ] {
+            files.cut_uncommitted()?;
+        }
+        Ok(())
     }
 
     /// Persists genesis (its record, the active row at height 0 and the tip
@@ -247,8 +299,9 @@ impl Chainstate {
                 Some(tag) => Err(PipelineError::Inconsistent {
                     reason: format!(
                         "the UTXO table ({}/utxo) holds blocks up to height {}, but the index \
-                         database ({}/index) has none connected: it lost its rows; restore the \
-                         datadir from a backup or resync",
+                         database ({}/index) has none connected: it lost its rows; rebuild both from \
+                         the block files with `kakehi reindex-chainstate`, or restore the datadir \
+                         from a backup",
                         self.datadir.display(),
                         tag.height,
                         self.datadir.display()
@@ -291,8 +344,9 @@ impl Chainstate {
             return Err(PipelineError::Inconsistent {
                 reason: format!(
                     "the UTXO table ({}/utxo) is {table_height}, but the index database has \
-                     connected blocks up to height {}: the table lost commits; restore the \
-                     datadir from a backup or resync",
+                     connected blocks up to height {}: the table lost commits; rebuild it from \
+                     the block files with `kakehi reindex-chainstate`, or restore the datadir \
+                     from a backup",
                     self.datadir.display(),
                     entry.height
                 ),

@@ -23,7 +23,7 @@ pub enum StoreError {
     /// The database files cannot be opened: sled refused them, or panicked
     /// while recovering them (`source` is `None` then). Damaged files.
     #[error(
-        "the index database at {path} cannot be opened ({}); restore the datadir from a backup or resync",
+        "the index database at {path} cannot be opened ({}); rebuild it from the block files with `kakehi reindex-chainstate`, or restore the datadir from a backup",
         source.as_ref().map_or_else(|| "sled panicked while recovering its files".to_owned(), |e| e.to_string())
     )]
     Open {

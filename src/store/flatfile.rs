@@ -6,9 +6,10 @@
 //! Appends are buffered by the OS; [`FlatFiles::sync`] makes them durable,
 //! [`sync_concurrently`] several directories' at once.
 //! The committed length of the current file is kept by the caller (in the
-//! index database); at start-up [`FlatFiles::truncate_to`] cuts anything past
-//! it, as btcd does, so a crash never leaves a half record that the index
-//! points to.
+//! index database); at start-up, once the caller has checked that position
+//! against its other stores, [`FlatFiles::cut_uncommitted`] cuts anything
+//! past it, as btcd does, so a crash never leaves a half record that the
+//! index points to.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -115,11 +116,18 @@ pub struct FlatReader {
 }
 
 impl FlatFiles {
-    /// Opens (creating `dir`) at the committed position `pos`, truncating the
-    /// current file to `pos.len` and removing later files.
+    /// Opens (creating `dir`) at the committed position `pos`. Nothing past
+    /// `pos` is cut here: `pos` comes from the index database, which may be
+    /// damaged itself (an index that lost its commits opens with an earlier
+    /// position, or none), and a cut to a wrong position would destroy
+    /// committed blocks, the source a reindex rebuilds everything from. The
+    /// caller cuts with [`FlatFiles::cut_uncommitted`] once its stores
+    /// agree; until then readers read only committed records, and the
+    /// first append cuts the current file to `pos` anyway.
     ///
     /// # Errors
-    /// [`FlatFileError::Io`].
+    /// [`FlatFileError::Io`]; [`FlatFileError::Truncated`] when the file
+    /// at `pos` is shorter than `pos.len` (it lost committed records).
     pub fn open(
         dir: &Path,
         prefix: &'static str,
@@ -131,7 +139,7 @@ impl FlatFiles {
             path: dir.into(),
             source,
         })?;
-        let mut files = FlatFiles {
+        let files = FlatFiles {
             max_file_size,
             current: pos,
             writer: None,
@@ -143,8 +151,18 @@ impl FlatFiles {
                 handles: Mutex::new(Vec::new()),
             }),
         };
-        files.truncate_to(pos)?;
-        Ok(files)
+        let path = files.path(pos.file);
+        match std::fs::metadata(&path) {
+            Ok(m) if m.len() < pos.len => Err(FlatFileError::Truncated {
+                path,
+                len: m.len(),
+                committed: pos.len,
+            }),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(FlatFileError::Io { path, source: e })
+            }
+            _ => Ok(files),
+        }
     }
 
     fn path(&self, file: u32) -> PathBuf {
@@ -155,11 +173,39 @@ impl FlatFiles {
         self.reader.io(file)
     }
 
-    /// Cuts everything past `pos` (the last committed position).
+    /// Bytes on disk past the committed position: the rest of the current
+    /// file and every later file (records a crash left uncommitted, or
+    /// committed ones an index that lost its commits no longer counts).
     ///
     /// # Errors
     /// [`FlatFileError::Io`].
-    pub fn truncate_to(&mut self, pos: FlatPos) -> Result<(), FlatFileError> {
+    pub fn bytes_past_position(&self) -> Result<u64, FlatFileError> {
+        let mut past = 0;
+        let mut n = self.current.file;
+        loop {
+            let path = self.path(n);
+            let len = match std::fs::metadata(&path) {
+                Ok(m) => m.len(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(past),
+                Err(source) => return Err(FlatFileError::Io { path, source }),
+            };
+            past += if n == self.current.file {
+                len.saturating_sub(self.current.len)
+            } else {
+                len
+            };
+            n += 1;
+        }
+    }
+
+    /// Cuts everything past the committed position (the rest of the current
+    /// file, every later file), durably.
+    ///
+    /// # Errors
+    /// [`FlatFileError::Io`]; [`FlatFileError::Truncated`] when the current
+    /// file is shorter than the position.
+    pub fn cut_uncommitted(&mut self) -> Result<(), FlatFileError> {
+        let pos = self.current;
         self.writer = None;
         self.reader.handles.lock().clear();
         let mut n = pos.file + 1;
@@ -522,8 +568,15 @@ mod tests {
             Err(FlatFileError::Corrupt { .. })
         ));
         f.sync().unwrap();
-        let f = FlatFiles::open(dir.path(), "blk", magic, 64, committed).unwrap();
+        // Opening cuts nothing (the position may come from a damaged
+        // index); `cut_uncommitted` does.
+        let mut f = FlatFiles::open(dir.path(), "blk", magic, 64, committed).unwrap();
         assert_eq!(f.position(), committed);
+        assert_eq!(f.bytes_past_position().unwrap(), 48 + 48);
+        assert!(dir.path().join("blk00001.dat").exists());
+        assert_eq!(f.read(a).unwrap(), b"hello");
+        f.cut_uncommitted().unwrap();
+        assert_eq!(f.bytes_past_position().unwrap(), 0);
         assert!(!dir.path().join("blk00001.dat").exists());
         assert_eq!(
             std::fs::metadata(dir.path().join("blk00000.dat"))

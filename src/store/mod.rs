@@ -112,6 +112,45 @@ fn sled_files_synced(path: &Path) -> Result<Arc<std::fs::File>, StoreError> {
     Ok(Arc::new(db))
 }
 
+/// Removes the snapshot files sled began and never finished
+/// (`snap.<lsn>.generating`) from the database directory `path`.
+///
+/// sled 0.34.7 writes a snapshot of its page table at every open that
+/// replayed log records: to `snap.<lsn>.generating`, synced, then renamed
+/// to `snap.<lsn>`; the older snapshots are removed only after the rename.
+/// Its open then reads the newest name among the files starting `snap.`,
+/// `.generating` ones included, and `snap.<lsn>.generating` sorts after
+/// `snap.<lsn>`: a kill during that write (a crash in the node's start-up)
+/// left a torn file that the next open took for the snapshot, refusing
+/// the database ("Read corrupted data at file offset None",
+/// spacejam/sled#1527). Such a file was never the database's snapshot
+/// (the rename publishes it), so removing it restores what sled holds
+/// without it: the previous snapshot and the log.
+///
+/// # Errors
+/// [`StoreError::Write`] when the directory cannot be listed or a file
+/// cannot be removed.
+fn remove_unfinished_snapshots(path: &Path) -> Result<(), StoreError> {
+    let failed = |source: std::io::Error| StoreError::Write {
+        path: path.to_path_buf(),
+        source: source.into(),
+    };
+    let entries = match std::fs::read_dir(path) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(failed(e)),
+    };
+    for entry in entries {
+        let file = entry.map_err(failed)?.path();
+        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            tracing::warn!(path = %file.display(), "removing a snapshot of the index database that sled did not finish (a crash while it was written)");
+            durable::remove_file(&file).map_err(failed)?;
+        }
+    }
+    Ok(())
+}
+
 /// The index database.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -142,6 +181,7 @@ impl Store {
     /// version has no row manifest.
     pub fn open(path: &Path, budgets: &Budgets) -> Result<Self, StoreError> {
         let cache_mib = budgets.index_cache_mib;
+        remove_unfinished_snapshots(path)?;
         // sled panics on some damaged files during recovery (seen with a
         // `db` file cut to half: an index out of bounds); a panic must not
         // escape as a crash, it is a corrupt database like any other. The
@@ -477,6 +517,54 @@ mod tests {
         let err = Store::open(dir.path(), &Budgets::default()).unwrap_err();
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
         assert!(err.to_string().contains("rows/MANIFEST"), "{err}");
+    }
+
+    /// A kill -9 while sled writes its snapshot at open (every open that
+    /// replayed log writes one: `snap.<lsn>.generating`, renamed to
+    /// `snap.<lsn>` once synced) leaves the file half written; sled 0.34.7
+    /// then reads it as the newest snapshot (its listing keeps
+    /// `.generating` files, and that name sorts after `snap.<lsn>`) and
+    /// refuses the database ("Read corrupted data at file offset None",
+    /// spacejam/sled#1527; seen once in `tests/crash_loop.rs`). The store
+    /// opens it, with the rows committed before.
+    #[test]
+    fn a_snapshot_torn_by_a_kill_during_open_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let txid = Txid::from_byte_array([7; 32]);
+        {
+            let s = Store::open(dir.path(), &Budgets::default()).unwrap();
+            let mut b = WriteBatch::default();
+            b.put_tx(&txid, BlockId(3), 1);
+            b.put_meta(META_TIP, b"tip");
+            s.commit(b).unwrap();
+        }
+        // Reopened once, so sled has written a complete snapshot.
+        drop(Store::open(dir.path(), &Budgets::default()).unwrap());
+        let snap = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with("snap.")
+            })
+            .expect("sled wrote a snapshot");
+        let bytes = std::fs::read(&snap).unwrap();
+        let torn = snap.with_file_name(format!(
+            "{}.generating",
+            snap.file_name().unwrap().to_str().unwrap()
+        ));
+        std::fs::write(&torn, &bytes[..bytes.len() / 2]).unwrap();
+
+        let s = Store::open(dir.path(), &Budgets::default()).unwrap();
+        assert_eq!(s.meta(META_TIP).unwrap().as_deref(), Some(&b"tip"[..]));
+        assert_eq!(s.tx_candidates(&txid).unwrap(), vec![(BlockId(3), 1)]);
+        assert!(
+            !torn.exists(),
+            "the torn snapshot was left for sled to read"
+        );
     }
 
     /// Another major version, newer or older (5.1: run files of layout
