@@ -37,7 +37,10 @@
 //! address routes' timings (`scale/address.rs`) on the kept datadir DIR
 //! reopened (to compare two builds on the same chain state).
 //! `KAKEHI_SCALE_P2P=1` then syncs an empty second node from the importing
-//! one over loopback P2P, with the same settings, and compares the two
+//! one over loopback P2P, with the same settings (with
+//! `KAKEHI_SCALE_ASSUMEVALID=1`: under `=chain` and a prefix of the files
+//! the assumevalid block is above A's tip, so B, which learns only A's
+//! active headers, verifies every script: a printed note says so), and compares the two
 //! (`scale/p2p.rs`: per tenth, the ratio P2P sync vs import, tip, UTXO
 //! dump, filter headers, HTTP answers, the second node's reopen).
 //!

@@ -50,6 +50,7 @@ pub fn run(a: Node, import: &Totals, settings: &Settings) {
         .build()
         .expect("runtime");
     let want = a.tip();
+    warn_if_b_cannot_assume_valid(&a, settings);
     let per_height = per_height(&a, import);
     rt.block_on(async {
         let run_a = a.start(true, vec![]);
@@ -77,6 +78,26 @@ pub fn run(a: Node, import: &Totals, settings: &Settings) {
         t.elapsed().as_secs_f64(),
         common::status_mib("VmRSS:")
     );
+}
+
+/// B learns headers from A, which serves its active chain only (Core's
+/// `getheaders`): an assumevalid block above A's tip
+/// (`KAKEHI_SCALE_ASSUMEVALID=chain` with a prefix of the files) stays
+/// unknown to B, which then verifies every script that A skipped. Says so,
+/// since the ratio then compares unequal work.
+fn warn_if_b_cannot_assume_valid(a: &Node, settings: &Settings) {
+    let Some(hash) = settings.assume_valid else {
+        return;
+    };
+    let snapshot = a.chain.lock().snapshot();
+    let index = snapshot.index();
+    if !index.id_of(&hash).is_some_and(|id| index.is_active(id)) {
+        println!(
+            "note: the assumevalid block {hash} is not on A's active chain, whose headers are all \
+             B learns: B verifies every script, A verified none below that block, and the ratio \
+             compares unequal work (use KAKEHI_SCALE_ASSUMEVALID=1 with KAKEHI_SCALE_P2P)"
+        );
+    }
 }
 
 /// Opens B on `path` with `settings`.

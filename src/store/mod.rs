@@ -172,10 +172,13 @@ impl Store {
     /// Opens (or creates) the database in `path` with a page cache of
     /// `budgets.index_cache_mib` MiB ([`DEFAULT_INDEX_CACHE_MIB`]),
     /// checking its format version, then its row store in `path/rows`
-    /// ([`runs::RowSets::open`] with `budgets.rows`).
+    /// ([`runs::RowSets::open`] with `budgets.rows`). Snapshots sled began
+    /// and never finished (`snap.<lsn>.generating`: a crash while sled wrote
+    /// one) are removed first.
     ///
     /// # Errors
     /// [`StoreError::FormatMismatch`] for another major version; sled errors;
+    /// [`StoreError::Write`] when an unfinished snapshot cannot be removed;
     /// [`StoreError::Rows`] for the row store (a damaged run or manifest,
     /// named); [`StoreError::Corrupt`] when a database with a format
     /// version has no row manifest.
