@@ -54,6 +54,20 @@ fn extract(home: &Path, name: &str) -> PathBuf {
     dir
 }
 
+/// The format-3 datadir extracted under `home` as `<home>/<name>` and
+/// reindexed: a datadir of the current formats.
+fn reindexed(home: &Path, name: &str) -> PathBuf {
+    let dir = extract(home, name);
+    let out = run(kakehi(home, &dir).arg("reindex-chainstate"));
+    assert!(out.status.success(), "reindex: {}", text(&out.stderr));
+    dir
+}
+
+/// The previous release's `dump-utxos` of the format-3 datadir.
+fn expected_dump() -> Vec<u8> {
+    std::fs::read(data("format3-datadir/utxos.txt")).expect("utxos.txt")
+}
+
 /// Every file under `dir` with its bytes, sorted by path.
 fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out = Vec::new();
@@ -85,7 +99,7 @@ fn dump(home: &Path, datadir: &Path) -> Vec<u8> {
 fn format3_datadir_refused_then_reindexed_byte_identical() {
     let home = common::tempdir();
     let datadir = extract(home.path(), "d");
-    let expected = std::fs::read(data("format3-datadir/utxos.txt")).expect("utxos.txt");
+    let expected = expected_dump();
 
     // A torn append after the last committed block (a crash mid-write):
     // the first 100 bytes of a record.
@@ -138,10 +152,7 @@ fn format3_datadir_refused_then_reindexed_byte_identical() {
 #[test]
 fn swap_interrupted_is_refused_then_finished() {
     let home = common::tempdir();
-    let old = extract(home.path(), "old");
-    let out = run(kakehi(home.path(), &old).arg("reindex-chainstate"));
-    assert!(out.status.success(), "reindex: {}", text(&out.stderr));
-    let new = old;
+    let new = reindexed(home.path(), "old");
     let datadir = extract(home.path(), "d");
     let (pending, moved) = (datadir.join("reindex.new"), datadir.join("reindex.old"));
     std::fs::create_dir_all(&pending).expect("mkdir");
@@ -178,7 +189,7 @@ fn swap_interrupted_is_refused_then_finished() {
         text(&out.stdout)
     );
     assert!(!pending.exists() && !moved.exists());
-    let expected = std::fs::read(data("format3-datadir/utxos.txt")).expect("utxos.txt");
+    let expected = expected_dump();
     assert!(
         dump(home.path(), &datadir) == expected,
         "dump-utxos after the finished swap differs"
@@ -195,10 +206,8 @@ fn swap_interrupted_is_refused_then_finished() {
 #[test]
 fn a_damaged_or_lost_index_is_refused_without_touching_the_blocks_then_rebuilt() {
     let home = common::tempdir();
-    let datadir = extract(home.path(), "d");
-    let out = run(kakehi(home.path(), &datadir).arg("reindex-chainstate"));
-    assert!(out.status.success(), "reindex: {}", text(&out.stderr));
-    let expected = std::fs::read(data("format3-datadir/utxos.txt")).expect("utxos.txt");
+    let datadir = reindexed(home.path(), "d");
+    let expected = expected_dump();
 
     let index = datadir.join("index");
     let cut_db = |index: &Path| {
