@@ -1,6 +1,7 @@
 //! Corruption at rest, as an operator's disk does it: every file of a
 //! datadir that imported regtest-a (1,529 blocks, made by bcoin) gets 8
-//! bytes flipped in its middle, or is truncated to half its length. Then
+//! bytes flipped in its middle, or is truncated to half its length, and
+//! every store's directory but the blocks is removed in turn. Then
 //! the node opens the datadir and answers every filter, 25 spends, 25
 //! proofs, 25 outpoint statuses and the whole UTXO dump, each checked
 //! against bcoin's own records (`filters.json`, `spent.txt`, `utxos.txt`).
@@ -273,9 +274,14 @@ enum Damage {
     Flip8,
     /// Cut to half its length.
     TruncateHalf,
+    /// A whole store's directory gone (a bad copy, a mistaken `rm`).
+    RemoveDir,
 }
 
 fn damage(path: &Path, how: Damage) {
+    if let Damage::RemoveDir = how {
+        return std::fs::remove_dir_all(path).expect("remove dir");
+    }
     let mut bytes = std::fs::read(path).expect("read");
     match how {
         Damage::Flip8 => {
@@ -285,6 +291,7 @@ fn damage(path: &Path, how: Damage) {
             }
         }
         Damage::TruncateHalf => bytes.truncate(bytes.len() / 2),
+        Damage::RemoveDir => unreachable!("a directory is removed, not rewritten"),
     }
     std::fs::write(path, bytes).expect("write");
 }
@@ -308,8 +315,21 @@ fn every_datadir_file_flipped_or_truncated_is_refused_or_served_right() {
 
     let mut report = BTreeMap::new();
     let mut bad = Vec::new();
-    for rel in files(template.path()) {
-        for how in [Damage::Flip8, Damage::TruncateHalf] {
+    // Every store's directory removed but the blocks (they are the source
+    // everything is rebuilt from) and the archive (re-sealed from the
+    // blocks at open: checked below, once its rebuild ends).
+    let stores = std::fs::read_dir(template.path())
+        .expect("read datadir")
+        .flatten()
+        .filter(|e| e.path().is_dir() && e.file_name() != "blocks" && e.file_name() != "archive")
+        .map(|e| (PathBuf::from(e.file_name()), vec![Damage::RemoveDir]));
+    let cases: Vec<(PathBuf, Vec<Damage>)> = files(template.path())
+        .into_iter()
+        .map(|rel| (rel, vec![Damage::Flip8, Damage::TruncateHalf]))
+        .chain(stores)
+        .collect();
+    for (rel, hows) in cases {
+        for how in hows {
             let case = common::tempdir();
             common::copy_dir(template.path(), case.path());
             damage(&case.path().join(&rel), how);
@@ -343,6 +363,24 @@ fn every_datadir_file_flipped_or_truncated_is_refused_or_served_right() {
             };
             report.insert(format!("{} {how:?}", rel.display()), line);
         }
+    }
+    // A removed archive is sealed again from the stored blocks, epoch by
+    // epoch, to the same commitment.
+    {
+        let case = common::tempdir();
+        common::copy_dir(template.path(), case.path());
+        damage(&case.path().join("archive"), Damage::RemoveDir);
+        let dd = DataDir::open(case.path()).expect("datadir");
+        let mut chain = open_chainstate(ChainParams::new(Network::Regtest), &dd).expect("open");
+        chain.finish_seals().expect("seal the epochs again");
+        let commitment = chain.snapshots().load().archive().commitment();
+        if commitment != truth.commitment {
+            bad.push("archive RemoveDir: sealed again to another commitment".into());
+        }
+        report.insert(
+            "archive RemoveDir".into(),
+            "sealed again to the same commitment".into(),
+        );
     }
     for (case, line) in &report {
         eprintln!("{case}: {line}");
