@@ -151,18 +151,30 @@ impl FlatFiles {
                 handles: Mutex::new(Vec::new()),
             }),
         };
-        let path = files.path(pos.file);
-        match std::fs::metadata(&path) {
-            Ok(m) if m.len() < pos.len => Err(FlatFileError::Truncated {
+        files.current_len()?;
+        Ok(files)
+    }
+
+    /// The length of the current file (`None` when it does not exist yet).
+    ///
+    /// # Errors
+    /// [`FlatFileError::Io`]; [`FlatFileError::Truncated`] when it is
+    /// shorter than the committed position (it lost committed records).
+    fn current_len(&self) -> Result<Option<u64>, FlatFileError> {
+        let path = self.path(self.current.file);
+        let len = match std::fs::metadata(&path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(FlatFileError::Io { path, source }),
+        };
+        if len < self.current.len {
+            return Err(FlatFileError::Truncated {
                 path,
-                len: m.len(),
-                committed: pos.len,
-            }),
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(FlatFileError::Io { path, source: e })
-            }
-            _ => Ok(files),
+                len,
+                committed: self.current.len,
+            });
         }
+        Ok(Some(len))
     }
 
     fn path(&self, file: u32) -> PathBuf {
@@ -180,20 +192,18 @@ impl FlatFiles {
     /// # Errors
     /// [`FlatFileError::Io`].
     pub fn bytes_past_position(&self) -> Result<u64, FlatFileError> {
-        let mut past = 0;
-        let mut n = self.current.file;
+        let Some(current) = self.current_len()? else {
+            return Ok(0);
+        };
+        let mut past = current - self.current.len;
+        let mut n = self.current.file + 1;
         loop {
             let path = self.path(n);
-            let len = match std::fs::metadata(&path) {
-                Ok(m) => m.len(),
+            match std::fs::metadata(&path) {
+                Ok(m) => past += m.len(),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(past),
                 Err(source) => return Err(FlatFileError::Io { path, source }),
-            };
-            past += if n == self.current.file {
-                len.saturating_sub(self.current.len)
-            } else {
-                len
-            };
+            }
             n += 1;
         }
     }
@@ -213,27 +223,16 @@ impl FlatFiles {
             std::fs::remove_file(self.path(n)).map_err(self.io(n))?;
             n += 1;
         }
-        let path = self.path(pos.file);
-        if path.exists() {
+        if let Some(actual) = self.current_len()?.filter(|&len| len > pos.len) {
+            let path = self.path(pos.file);
+            tracing::warn!(file = %path.display(), committed = pos.len, actual, "truncating flat file past its committed length");
             let f = OpenOptions::new()
                 .write(true)
                 .open(&path)
                 .map_err(self.io(pos.file))?;
-            let actual = f.metadata().map_err(self.io(pos.file))?.len();
-            if actual < pos.len {
-                return Err(FlatFileError::Truncated {
-                    path,
-                    len: actual,
-                    committed: pos.len,
-                });
-            }
-            if actual > pos.len {
-                tracing::warn!(file = %path.display(), committed = pos.len, actual, "truncating flat file past its committed length");
-                f.set_len(pos.len).map_err(self.io(pos.file))?;
-                f.sync_all().map_err(self.io(pos.file))?;
-            }
+            f.set_len(pos.len).map_err(self.io(pos.file))?;
+            f.sync_all().map_err(self.io(pos.file))?;
         }
-        self.current = pos;
         Ok(())
     }
 
