@@ -8,7 +8,10 @@
 //! SOZU_BENCH_LIVE=20000000 cargo bench --bench sozu   # large
 //! ```
 //! Env: `SOZU_BENCH_LIVE` (initial live UTXOs, default 1,000,000),
-//! `SOZU_BENCH_BLOCKS` (measured blocks, default 150), `SOZU_BENCH_DIR`
+//! `SOZU_BENCH_BLOCKS` (measured blocks, default 150),
+//! `SOZU_BENCH_WARMUP` (blocks of 2,500 inputs / 3,000 outputs connected,
+//! untimed, between the fill and the measured blocks, default 250; see
+//! [`WARMUP`]), `SOZU_BENCH_DIR`
 //! (default `target/sozu-bench`, a real disk: fsync matters),
 //! `SOZU_BENCH_SKIP` (comma list of baselines to skip: sled,redb,hashmap),
 //! `SOZU_BENCH_RAM_MIB` (the table's memory budget, default that of
@@ -23,7 +26,9 @@
 //! `SozuConfig::default()`), `SOZU_BENCH_ALPHA_DISK` (α of the layers
 //! the budget does not pin, `SozuConfig::disk_alpha`; a number, or `none`
 //! for the α of the layers list; default that of `SozuConfig::default()`),
-//! `SOZU_BENCH_SEED_SPILL` (set: first run the table with seed 000's literal
+//! `SOZU_BENCH_SPILL_CONSUMED` (`first`, `last-into-disk` or `last`:
+//! `SozuConfig::spill_consumed`; default that of `SozuConfig::default()`;
+//! `first` for rounds 1-16's policy), `SOZU_BENCH_SEED_SPILL` (set: first run the table with seed 000's literal
 //! spill policy too, for comparison in the same run), `SOZU_BENCH_PERF_CTL`
 //! (a `perf record --control fifo:PATH` control FIFO: the bench writes
 //! `enable` to it before the first measured block and `disable` after the
@@ -176,10 +181,33 @@ impl Gen {
     }
 }
 
+/// Default warm-up, blocks: the generator's young-output window (143
+/// blocks) plus the table's purge depth (100 blocks), rounded up. The fill
+/// creates outputs and spends none, so for 100 blocks after it nothing
+/// spent can be purged yet and the table grows by every block's outputs;
+/// a node's table (a chain that spends at every height) is never in that
+/// state. Measuring after the warm-up measures the state a running node is
+/// in: spends purged as fast as they come. With 0, the measured blocks
+/// start right after the fill, as in rounds 1-16 of `BENCHMARKS.md`.
+const WARMUP: usize = 250;
+
+/// The workload's sizes, read from the environment (module docs).
+#[derive(Clone, Copy)]
+struct Workload {
+    /// Outputs of the fill.
+    live: usize,
+    /// Untimed blocks between the fill and the measured blocks.
+    warmup: usize,
+    /// Measured blocks (reorged ones not counted).
+    blocks: usize,
+}
+
 /// One step of the workload.
 enum Step {
     /// A block of the initial fill (outputs only).
     Fill(Block),
+    /// A block of the warm-up (untimed, as a measured block otherwise).
+    Warm(Block),
     /// A measured block.
     Connect(Block),
     /// Replace the last `d` blocks by competing blocks with the same txs.
@@ -187,20 +215,21 @@ enum Step {
 }
 
 /// The workload, generated on the fly: fill blocks of 20,000 outputs up to
-/// `live` UTXOs, then `blocks` measured blocks with a depth-1/2 reorg every
-/// 37. The same seed gives every backend the same blocks, and a run holds
+/// `live` UTXOs, `warmup` blocks, then `blocks` measured blocks with a
+/// depth-1/2 reorg every 37. The same seed gives every backend the same blocks, and a run holds
 /// only the generator's state (the outpoints not yet spent), never the
 /// whole workload.
 struct Steps {
     gen: Gen,
     fill_left: usize,
+    warm_left: usize,
     measured: usize,
     blocks: usize,
     reorg: Option<usize>,
 }
 
 impl Steps {
-    fn new(live: usize, blocks: usize) -> Self {
+    fn new(w: Workload) -> Self {
         Self {
             gen: Gen {
                 rng: Rng(0x5eed_1234_5678_9abc),
@@ -208,9 +237,10 @@ impl Steps {
                 old: Vec::new(),
                 height: 0,
             },
-            fill_left: live,
+            fill_left: w.live,
+            warm_left: w.warmup,
             measured: 0,
-            blocks,
+            blocks: w.blocks,
             reorg: None,
         }
     }
@@ -223,6 +253,10 @@ impl Iterator for Steps {
             let n = self.fill_left.min(20_000);
             self.fill_left -= n;
             return Some(Step::Fill(self.gen.block(0, n)));
+        }
+        if self.warm_left > 0 {
+            self.warm_left -= 1;
+            return Some(Step::Warm(self.gen.block(2500, 3000)));
         }
         if let Some(d) = self.reorg.take() {
             return Some(Step::Reorg(d));
@@ -496,18 +530,14 @@ impl Backend for SozuBackend {
 /// generation). Returns the fill time, the measured time, the measured
 /// blocks (reorged ones included), the CPU seconds of the measured blocks
 /// and the generator, for more blocks.
-fn run(
-    backend: &mut dyn Backend,
-    live: usize,
-    blocks: usize,
-) -> (Duration, Duration, usize, f64, Gen) {
+fn run(backend: &mut dyn Backend, w: Workload) -> (Duration, Duration, usize, f64, Gen) {
     let mut fill = Duration::ZERO;
     let mut cpu = 0.0;
     let mut started = false;
     let mut measured = Duration::ZERO;
     let mut chain: VecDeque<Block> = VecDeque::new();
     let mut n = 0;
-    let mut steps = Steps::new(live, blocks);
+    let mut steps = Steps::new(w);
     for s in &mut steps {
         match s {
             Step::Fill(b) => {
@@ -515,6 +545,7 @@ fn run(
                 backend.connect(&b);
                 fill += t.elapsed();
             }
+            Step::Warm(b) => backend.connect(&b),
             Step::Connect(b) => {
                 if !started {
                     started = true;
@@ -617,6 +648,12 @@ fn sozu_config() -> SozuConfig {
         growth_bits,
         ram_layers,
         ram_mib: env_usize("SOZU_BENCH_RAM_MIB", DEFAULT_RAM_MIB),
+        spill_consumed: match std::env::var("SOZU_BENCH_SPILL_CONSUMED").as_deref() {
+            Ok("first") => SpillConsumed::First,
+            Ok("last") => SpillConsumed::Last,
+            Ok("last-into-disk") => SpillConsumed::LastIntoDisk,
+            _ => SozuConfig::default().spill_consumed,
+        },
         verify_on_open: false,
         checkpoint_bytes: (env_usize("SOZU_BENCH_CHECKPOINT_MIB", 256) as u64) << 20,
         ..SozuConfig::default()
@@ -630,8 +667,7 @@ fn run_sozu(
     base: &std::path::Path,
     label: &str,
     config: SozuConfig,
-    live: usize,
-    blocks: usize,
+    w: Workload,
 ) -> (Duration, f64, Duration) {
     let dir = base.join(label);
     let config_checkpoint_mib = config.checkpoint_bytes >> 20;
@@ -647,7 +683,7 @@ fn run_sozu(
         changed_payload: 0,
         journal_peak: 0,
     };
-    let (fill, t_sozu, n, cpu, mut gen) = run(&mut sozu, live, blocks);
+    let (fill, t_sozu, n, cpu, mut gen) = run(&mut sozu, w);
     // The measured blocks' counters, before the checkpoint and the scan
     // below (the scan reads every page not in memory).
     let at_end = sozu.table.counters();
@@ -703,13 +739,14 @@ fn print_block_figures(
     let payload = sozu.changed_payload as f64 / nb;
     let floor = fsync_floor(dir, journal as usize);
     println!(
-        "  per measured block: {:.0} buckets read, {:.0} buckets written (page images), {:.3} MB of journal for {:.3} MB of changed payload ({:.2}x), {:.0} spills",
+        "  per measured block: {:.0} buckets read, {:.0} buckets written (page images), {:.3} MB of journal for {:.3} MB of changed payload ({:.2}x), {:.0} spills, {:.0} purges",
         (stats.buckets_read - m.buckets_read) as f64 / nb,
         (stats.buckets_written - m.buckets_written) as f64 / nb,
         journal / 1e6,
         payload / 1e6,
         journal / payload.max(1.0),
         (stats.spills - m.spills) as f64 / nb,
+        (stats.purges - m.purges) as f64 / nb,
     );
     println!(
         "  per measured block: {:.0} page reads from files, {:.0} lookups below the RAM layers, {:.0} page images checkpointed ({:.0} of the pinned layers); checkpoints in the measured blocks: {} (of the disk layers only: {})",
@@ -881,24 +918,31 @@ fn fsync_floor(dir: &std::path::Path, bytes: usize) -> Duration {
 }
 
 fn main() {
-    let live = env_usize("SOZU_BENCH_LIVE", 1_000_000);
-    let blocks = env_usize("SOZU_BENCH_BLOCKS", 150);
+    let w = Workload {
+        live: env_usize("SOZU_BENCH_LIVE", 1_000_000),
+        warmup: env_usize("SOZU_BENCH_WARMUP", WARMUP),
+        blocks: env_usize("SOZU_BENCH_BLOCKS", 150),
+    };
     let skip = std::env::var("SOZU_BENCH_SKIP").unwrap_or_default();
     let base = PathBuf::from(
         std::env::var("SOZU_BENCH_DIR").unwrap_or_else(|_| "target/sozu-bench".into()),
     );
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).expect("bench dir");
-    println!("workload: {live} initial UTXOs, {blocks} blocks of 2,500 inputs / 3,000 outputs, reorgs of depth 1-2 every 37 blocks");
+    println!(
+        "workload: {} initial UTXOs, {} warm-up blocks, {} measured blocks of 2,500 inputs / 3,000 outputs, reorgs of depth 1-2 every 37 blocks",
+        w.live, w.warmup, w.blocks
+    );
     if std::env::var("SOZU_BENCH_SEED_SPILL").is_ok() {
         // The seed's literal spill policy, for comparison in the same run.
         let cfg = SozuConfig {
             spill_fewest_children: false,
+            spill_consumed: SpillConsumed::First,
             ..sozu_config()
         };
-        run_sozu(&base, "sozu-seed-spill", cfg, live, blocks);
+        run_sozu(&base, "sozu-seed-spill", cfg, w);
     }
-    let (t_sozu, cpu_sozu, floor) = run_sozu(&base, "sozu", sozu_config(), live, blocks);
+    let (t_sozu, cpu_sozu, floor) = run_sozu(&base, "sozu", sozu_config(), w);
 
     let mut results: Vec<(&str, Duration, f64)> = Vec::new();
     if !skip.contains("hashmap") {
@@ -906,7 +950,7 @@ fn main() {
             map: HashMap::new(),
             undo: HashMap::new(),
         };
-        let (f, t, n, c, _) = run(&mut m, live, blocks);
+        let (f, t, n, c, _) = run(&mut m, w);
         println!(
             "hashmap: fill {f:.2?}, blocks {t:.2?} ({:.2?}/block), CPU {c:.1}s; Sozu's durability floor alone is {:.1}x that block time",
             t / n as u32,
@@ -922,7 +966,7 @@ fn main() {
             tree,
             undo: HashMap::new(),
         };
-        let (f, t, _, c, _) = run(&mut s, live, blocks);
+        let (f, t, _, c, _) = run(&mut s, w);
         println!("sled: fill {f:.2?}, blocks {t:.2?}, CPU {c:.1}s");
         results.push(("sled", t, c));
     }
@@ -932,7 +976,7 @@ fn main() {
             db,
             undo: HashMap::new(),
         };
-        let (f, t, _, c, _) = run(&mut r, live, blocks);
+        let (f, t, _, c, _) = run(&mut r, w);
         println!("redb: fill {f:.2?}, blocks {t:.2?}, CPU {c:.1}s");
         results.push(("redb", t, c));
     }

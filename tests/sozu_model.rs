@@ -200,7 +200,7 @@ impl Harness {
 }
 
 /// `small_config()` with the knobs the tests vary: shards, spill policy
-/// (`spill_fewest_children`), growth bits g, RAM layers (0 puts every
+/// (`spill_fewest_children`; the proptest varies `spill_consumed` too), growth bits g, RAM layers (0 puts every
 /// layer on the disk path: page cache, key-signature summaries), and
 /// whether checkpoints of the disk layers only run between those of a
 /// generation's end (2 KiB of unflushed disk pages start one; the journal
@@ -293,8 +293,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90), two_shards in any::<bool>(), seed_spill in any::<bool>(), growth_bits in 1u8..=3, ram_layers in 0u8..=2, disk_only in any::<bool>(), disk_alpha in prop::option::of(0.0f64..0.9)) {
-        let cfg = SozuConfig { disk_alpha, ..config(if two_shards { 2 } else { 1 }, !seed_spill, growth_bits, ram_layers, disk_only) };
+    fn sozu_agrees_with_model(actions in prop::collection::vec(action(), 40..90), two_shards in any::<bool>(), seed_spill in any::<bool>(), growth_bits in 1u8..=3, ram_layers in 0u8..=2, disk_only in any::<bool>(), disk_alpha in prop::option::of(0.0f64..0.9), spill_consumed in prop::sample::select(vec![SpillConsumed::First, SpillConsumed::LastIntoDisk, SpillConsumed::Last])) {
+        let cfg = SozuConfig { disk_alpha, spill_consumed, ..config(if two_shards { 2 } else { 1 }, !seed_spill, growth_bits, ram_layers, disk_only) };
         run(actions, cfg)?;
     }
 }
@@ -322,6 +322,16 @@ fn long_sequence_with_purges() {
     run(actions.clone(), config(1, false, 1, 2, false))
         .expect("long sequence, seed 000's literal spill");
     run(actions.clone(), config(1, true, 1, 0, false)).expect("long sequence, no RAM layer");
+    for spill_consumed in [SpillConsumed::First, SpillConsumed::Last] {
+        run(
+            actions.clone(),
+            SozuConfig {
+                spill_consumed,
+                ..config(1, true, 1, 1, false)
+            },
+        )
+        .unwrap_or_else(|e| panic!("long sequence, consumed entries {spill_consumed:?}: {e}"));
+    }
     run(actions.clone(), config(1, true, 2, 1, false)).expect("long sequence, g = 2");
     run(
         actions.clone(),

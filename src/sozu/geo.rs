@@ -4,7 +4,7 @@
 
 use siphasher::sip::SipHasher24;
 
-use super::config::LayerConfig;
+use super::config::{LayerConfig, SpillConsumed};
 use super::page::{PageHead, PAGE_HEADER_LEN};
 use super::types::OutPointKey;
 
@@ -88,6 +88,7 @@ pub(super) struct Geo {
     pub(super) disk_alpha: Option<f64>,
     pub(super) inline_script_max: usize,
     pub(super) spill_fewest_children: bool,
+    pub(super) spill_consumed: SpillConsumed,
     pub(super) hasher: SipHasher24,
     pub(super) signature_key: SignatureKey,
 }

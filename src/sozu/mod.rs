@@ -38,8 +38,9 @@
 //!   per block: merge, purge the entries [`Entry::is_purgeable`] says are
 //!   final (handed to the callback), and if the bucket exceeds its layer's
 //!   capacity, spill until it holds α × capacity: the seed's order
-//!   (consumed on the best chain first, then oldest max production height,
-//!   then key) picks what should flow, and the spill goes to the fewest
+//!   (consumed on the best chain first — last in spills into the disk
+//!   layers, [`SpillConsumed`] — then oldest max production height, then
+//!   key) picks what should flow, and the spill goes to the fewest
 //!   children covering it, so a spill rewrites two pages, not 2^g + 1
 //!   (`SozuConfig::spill_fewest_children`; `docs/sozu-format.md`, "Spill
 //!   policy"). The spilled entries become inserts of the children,
@@ -102,7 +103,9 @@ mod walk;
 mod workers;
 mod write;
 
-pub use config::{LayerConfig, SozuConfig, DEFAULT_RAM_MIB, JOURNAL_FLOOR, JOURNAL_SHARE};
+pub use config::{
+    LayerConfig, SozuConfig, SpillConsumed, DEFAULT_RAM_MIB, JOURNAL_FLOOR, JOURNAL_SHARE,
+};
 pub use reader::SozuReader;
 pub use stats::{LayerFlow, LayerStats, SozuStats};
 pub use storage::{FsStorage, MemStorage, Storage};

@@ -32,12 +32,15 @@ pub(super) struct SpillInput<'a> {
     pub(super) written: u16,
     /// The fewest-children policy (false: seed 000 literally, any child).
     pub(super) fewest_children: bool,
+    /// The seed's first key: consumed entries flow first (true) or last.
+    pub(super) consumed_first: bool,
 }
 
 /// The indices (into `entries`, ascending) of the entries that flow down:
 ///
-/// 1. the seed's order — consumed on the best chain first, then oldest
-///    highest production height, then key — gives the seed's spill prefix:
+/// 1. the seed's order — consumed on the best chain first (or last, with
+///    `consumed_first` off), then oldest highest production height, then
+///    key — gives the seed's spill prefix:
 ///    the entries it would move until the bucket holds `target` bytes;
 ///    count that prefix's bytes per child;
 /// 2. choose children — those already written first, then by decreasing
@@ -53,8 +56,13 @@ pub(super) fn choose(input: &SpillInput<'_>) -> Vec<usize> {
     // only on ties of the first two, and never copied.
     order.sort_unstable_by(|&a, &b| {
         let (x, y) = (&e[a], &e[b]);
-        y.consumed_on_best
-            .cmp(&x.consumed_on_best)
+        let consumed = x.consumed_on_best.cmp(&y.consumed_on_best);
+        let consumed = if input.consumed_first {
+            consumed.reverse()
+        } else {
+            consumed
+        };
+        consumed
             .then(x.max_height.cmp(&y.max_height))
             .then_with(|| x.key.cmp(&y.key))
     });
@@ -136,6 +144,7 @@ mod tests {
             fanout: 2,
             written,
             fewest_children: true,
+            consumed_first: true,
         }
     }
 
@@ -153,6 +162,18 @@ mod tests {
         assert_eq!(choose(&input(&e, 200, 0)), vec![1, 2]);
         assert_eq!(choose(&input(&e, 300, 0)), vec![1]);
         assert_eq!(choose(&input(&e, 400, 0)), Vec::<usize>::new());
+        // Consumed last: the two oldest live ones, by key; the consumed
+        // one only once every live one has gone.
+        let last = SpillInput {
+            consumed_first: false,
+            ..input(&e, 200, 0)
+        };
+        assert_eq!(choose(&last), vec![2, 3]);
+        let all_but_one = SpillInput {
+            target: 100,
+            ..last
+        };
+        assert_eq!(choose(&all_but_one), vec![0, 2, 3]);
     }
 
     /// Step 2: one child when it covers the excess — the one holding most

@@ -152,6 +152,7 @@ impl SozuTable {
             disk_alpha: config.disk_alpha,
             inline_script_max: config.inline_script_max,
             spill_fewest_children: config.spill_fewest_children,
+            spill_consumed: config.spill_consumed,
             signature_key: SignatureKey::new(&hasher),
             hasher,
         };

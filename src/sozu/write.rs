@@ -517,6 +517,7 @@ impl Shard {
             fanout: 1 << geo.g,
             written: head.child_mask,
             fewest_children: geo.spill_fewest_children,
+            consumed_first: geo.spill_consumed.first_into(geo.is_ram(layer + 1)),
         });
         // Per child: (slots, lowest purge hint, highest production height).
         let mut by_child: BTreeMap<usize, (Vec<u16>, u32, u32)> = BTreeMap::new();

@@ -291,6 +291,7 @@ pub fn small_config() -> SozuConfig {
         verify_on_open: true,
         shards: 1,
         spill_fewest_children: true,
+        spill_consumed: SpillConsumed::LastIntoDisk,
         records_compact_min: 4 << 10,
     }
 }
