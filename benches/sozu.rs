@@ -28,8 +28,9 @@
 //! for the α of the layers list; default that of `SozuConfig::default()`),
 //! `SOZU_BENCH_SPILL_CONSUMED` (`first`, `last-into-disk` or `last`:
 //! `SozuConfig::spill_consumed`; default that of `SozuConfig::default()`;
-//! `first` for rounds 1-16's policy), `SOZU_BENCH_SEED_SPILL` (set: first run the table with seed 000's literal
-//! spill policy too, for comparison in the same run), `SOZU_BENCH_PERF_CTL`
+//! `first` for rounds 1-16's policy), `SOZU_BENCH_SEED_SPILL` (set: first
+//! run the table with seed 000's literal spill policy too, for comparison
+//! in the same run), `SOZU_BENCH_PERF_CTL`
 //! (a `perf record --control fifo:PATH` control FIFO: the bench writes
 //! `enable` to it before the first measured block and `disable` after the
 //! last, so a profile started with `-D -1` covers the measured blocks only).
@@ -216,9 +217,9 @@ enum Step {
 
 /// The workload, generated on the fly: fill blocks of 20,000 outputs up to
 /// `live` UTXOs, `warmup` blocks, then `blocks` measured blocks with a
-/// depth-1/2 reorg every 37. The same seed gives every backend the same blocks, and a run holds
-/// only the generator's state (the outpoints not yet spent), never the
-/// whole workload.
+/// depth-1/2 reorg every 37. The same seed gives every backend the same
+/// blocks, and a run holds only the generator's state (the outpoints not
+/// yet spent), never the whole workload.
 struct Steps {
     gen: Gen,
     fill_left: usize,
