@@ -200,8 +200,9 @@ impl Harness {
 }
 
 /// `small_config()` with the knobs the tests vary: shards, spill policy
-/// (`spill_fewest_children`; the proptest varies `spill_consumed` too), growth bits g, RAM layers (0 puts every
-/// layer on the disk path: page cache, key-signature summaries), and
+/// (`spill_fewest_children`; the proptest varies `spill_consumed` too),
+/// growth bits g, RAM layers (0 puts every layer on the disk path: page
+/// cache, key-signature summaries), and
 /// whether checkpoints of the disk layers only run between those of a
 /// generation's end (2 KiB of unflushed disk pages start one; the journal
 /// bound is 64 KiB).

@@ -56,13 +56,10 @@ pub(super) fn choose(input: &SpillInput<'_>) -> Vec<usize> {
     // only on ties of the first two, and never copied.
     order.sort_unstable_by(|&a, &b| {
         let (x, y) = (&e[a], &e[b]);
-        let consumed = x.consumed_on_best.cmp(&y.consumed_on_best);
-        let consumed = if input.consumed_first {
-            consumed.reverse()
-        } else {
-            consumed
-        };
-        consumed
+        // The first key: the entries that flow first sort first.
+        let first = |s: &SpillEntry| s.consumed_on_best == input.consumed_first;
+        first(y)
+            .cmp(&first(x))
             .then(x.max_height.cmp(&y.max_height))
             .then_with(|| x.key.cmp(&y.key))
     });
