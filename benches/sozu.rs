@@ -758,6 +758,12 @@ fn print_block_figures(
         stats.checkpoints - m.checkpoints,
         stats.disk_only_checkpoints - m.disk_only_checkpoints,
     );
+    println!(
+        "  per measured block: {:.2} ms appending and syncing the journal; {:.2} ms waiting for a checkpoint ({} commits waited in the measured blocks)",
+        (stats.journal_sync_nanos - m.journal_sync_nanos) as f64 / nb / 1e6,
+        (stats.checkpoint_wait_nanos - m.checkpoint_wait_nanos) as f64 / nb / 1e6,
+        stats.checkpoint_waits - m.checkpoint_waits,
+    );
     let reads = (stats.disk_page_reads - m.disk_page_reads).max(1) as f64;
     println!(
         "  per measured block: {:.2} ms in page reads from files ({:.2} us each), {:.0} pages announced (prefetched) for lookups and spills; {:.0} of the reads made by spills into existing children, {:.0} of them avoidable (the child needed nothing else in its block)",

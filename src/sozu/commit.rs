@@ -39,7 +39,9 @@ impl SozuTable {
             // The pages held twice while the checkpoint writes count
             // against the budget: wait rather than pass it.
             self.counters.checkpoint_waits += 1;
+            let start = std::time::Instant::now();
             self.finish_checkpoint(true)?;
+            self.counters.checkpoint_wait_nanos += start.elapsed().as_nanos() as u64;
         }
         if self.checkpointer.is_idle() {
             if let Some(p) = self.pending.take() {
@@ -80,7 +82,9 @@ impl SozuTable {
             header: header.encode(),
         };
         journal::encode(&rec, &mut self.record_buf);
+        let start = std::time::Instant::now();
         self.append_record()?;
+        self.counters.journal_sync_nanos += start.elapsed().as_nanos() as u64;
         self.committed = header;
         self.counters.commits += 1;
         let written = self.workers.run(&mut self.shards, records, |s, mut r| {

@@ -143,6 +143,11 @@ pub struct SozuStats {
     /// the committed disk pages not yet in their files and the images held
     /// twice had reached their share of `ram_mib`.
     pub checkpoint_waits: u64,
+    /// Nanoseconds those commits spent waiting, since open.
+    pub checkpoint_wait_nanos: u64,
+    /// Nanoseconds commits spent appending their journal record and
+    /// syncing it (the commit's one fsync), since open.
+    pub journal_sync_nanos: u64,
 }
 
 /// Per-layer counts of a walk over the pages.

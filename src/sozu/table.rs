@@ -52,6 +52,10 @@ pub(super) struct TableCounters {
     pub(super) checkpoint_pages: (u64, u64),
     /// Commits that waited for the running checkpoint (memory bound).
     pub(super) checkpoint_waits: u64,
+    /// Time those commits waited, in nanoseconds.
+    pub(super) checkpoint_wait_nanos: u64,
+    /// Time in [`SozuTable::append_record`] (write and fsync), nanoseconds.
+    pub(super) journal_sync_nanos: u64,
     /// (pages read, pages written) by the last block.
     pub(super) last_block: (u64, u64),
 }
@@ -291,6 +295,8 @@ impl SozuTable {
             memory_bytes: memory + summaries,
             summary_bytes: summaries,
             checkpoint_waits: t.checkpoint_waits,
+            checkpoint_wait_nanos: t.checkpoint_wait_nanos,
+            journal_sync_nanos: t.journal_sync_nanos,
             held_twice_peak_bytes: self.shards.iter().map(|s| s.store.held_twice_peak).sum(),
             ..SozuStats::default()
         }
