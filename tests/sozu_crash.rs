@@ -715,14 +715,14 @@ fn built() -> MemStorage {
 /// A generation's journal ends at its bound: `checkpoint_bytes` when that
 /// is less than [`JOURNAL_FLOOR`], else 1/[`JOURNAL_SHARE`] of the table's
 /// other files but at least the floor (a small table: the floor, not the
-/// 64 MiB of `checkpoint_bytes`). The checkpoint that ends a generation
+/// 256 MiB of `checkpoint_bytes`). The checkpoint that ends a generation
 /// truncates its journal file when it finishes (`docs/sozu-format.md`,
 /// "Checkpoint", step 5), and the table reopens at its last commit.
 #[test]
 fn journal_bound_and_ended_journal_truncated() {
     let storage = MemStorage::new();
     let cfg = SozuConfig {
-        checkpoint_bytes: 64 << 20,
+        checkpoint_bytes: 256 << 20,
         background_checkpoints: false,
         // No checkpoint of the disk layers: the first checkpoint is the
         // journal bound's.
