@@ -138,7 +138,9 @@ impl Chainstate {
     ) -> Result<Self, PipelineError> {
         let store = Store::open(&datadir.join("index"), budgets)?;
         let files = FlatSeries::open(&store, datadir, params.magic())?;
-        if store.meta(META_TIP)?.is_none() {
+        // An index database that has never committed has no tip.
+        let new_index = store.meta(META_TIP)?.is_none();
+        if new_index {
             files.check_empty_for_new_index(datadir)?;
         }
         let (index, meta) = load::load_index(
@@ -206,7 +208,9 @@ impl Chainstate {
                 complete: false,
             },
         };
-        cs.persist_genesis()?;
+        if new_index {
+            cs.persist_genesis()?;
+        }
         cs.load_address_index()?;
         cs.check_flat_lengths()?;
         cs.reconcile_table()?;
@@ -241,9 +245,6 @@ impl Chainstate {
     /// # Errors
     /// [`PipelineError::Store`] when the index database fails.
     fn persist_genesis(&mut self) -> Result<(), PipelineError> {
-        if self.store.meta(META_TIP)?.is_some() {
-            return Ok(());
-        }
         let mut batch = WriteBatch::default();
         self.put_record(&mut batch, BlockId(0));
         batch.put_active(0, BlockId(0));
