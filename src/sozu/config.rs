@@ -34,8 +34,8 @@ pub const JOURNAL_SHARE: u64 = 40;
 /// the pinned layers, up to their share of `ram_mib`), so the bound sets how
 /// often that happens: with 4 MiB, the benchmark's 1M-entry table (every
 /// layer pinned) spent 43 % more CPU per block than with 16 MiB (Sozu round
-/// 15), and with 16 MiB 18 % more wall and 15 % more CPU than with 64 MiB
-/// (round 18), a full checkpoint every ~30 blocks against every ~120. The
+/// 15), and with 16 MiB 14 % more wall time and 7 % more CPU than with
+/// 64 MiB (round 18), a full checkpoint every ~30 blocks against every ~120. The
 /// price: a table of less than ~2.5 GB of files may hold up to 64 MiB of
 /// journal between checkpoints (at rest, after a checkpoint, none).
 pub const JOURNAL_FLOOR: u64 = 64 << 20;
