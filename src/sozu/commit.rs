@@ -82,9 +82,7 @@ impl SozuTable {
             header: header.encode(),
         };
         journal::encode(&rec, &mut self.record_buf);
-        let start = std::time::Instant::now();
         self.append_record()?;
-        self.counters.journal_sync_nanos += start.elapsed().as_nanos() as u64;
         self.committed = header;
         self.counters.commits += 1;
         let written = self.workers.run(&mut self.shards, records, |s, mut r| {
@@ -100,6 +98,7 @@ impl SozuTable {
 
     /// Appends the encoded record to the journal and makes it durable.
     fn append_record(&mut self) -> Result<(), SozuError> {
+        let start = std::time::Instant::now();
         let st = self.storage.as_mut();
         let name = journal_file(self.journal.generation);
         if self.journal.truncate {
@@ -113,6 +112,7 @@ impl SozuTable {
         self.journal.truncate = false;
         self.journal.pos += n;
         self.counters.journal_bytes += n;
+        self.counters.journal_sync_nanos += start.elapsed().as_nanos() as u64;
         Ok(())
     }
 
