@@ -80,6 +80,12 @@ impl Scheduler {
         picked
     }
 
+    /// Whether `hash` is in flight from `peer` (asked of it, not yet
+    /// received); unlike [`Scheduler::received`], changes nothing.
+    pub fn is_in_flight_from(&self, peer: PeerId, hash: &BlockHash) -> bool {
+        matches!(self.in_flight.get(hash), Some((p, _)) if *p == peer)
+    }
+
     /// A block arrived from `peer`: returns whether it was requested from
     /// that peer, and frees the slot; the stall timeout decays.
     pub fn received(&mut self, peer: PeerId, hash: &BlockHash) -> bool {
@@ -156,7 +162,13 @@ mod tests {
         assert_eq!(b[0], h(17));
         assert_eq!(b.len(), 16);
         assert!(s.assign(1, &window, |_| false, now).is_empty());
+        // Asking changes nothing; only the peer asked has it in flight.
+        assert!(s.is_in_flight_from(1, &h(0)));
+        assert!(!s.is_in_flight_from(2, &h(0)));
+        assert!(!s.is_in_flight_from(1, &h(16)), "never assigned");
+        assert_eq!(s.in_flight_of(1), 16);
         assert!(s.received(1, &h(0)));
+        assert!(!s.is_in_flight_from(1, &h(0)), "received");
         assert!(!s.received(2, &h(1)), "block 1 was requested from peer 1");
         assert_eq!(s.in_flight_of(1), 15);
         s.release_peer(1);

@@ -285,8 +285,8 @@ impl Peer {
 
     /// Handles `block`, taking the reader's next message ahead when one
     /// is already there (into `peeked`, handled next): when it is a block
-    /// whose parent is `block`, the node gets it with `block` to validate
-    /// it ahead (during initial sync, blocks asked in a window arrive one
+    /// whose parent is `block` and that was asked of this peer, the node
+    /// gets it with `block` to validate it ahead (during initial sync, blocks asked in a window arrive one
     /// behind the other).
     pub(super) async fn block_with_next(
         &mut self,
@@ -306,7 +306,14 @@ impl Peer {
             }
             Err(_) => None,
         };
-        let next = next.filter(|n| n.header.prev_blockhash == block.block_hash());
+        // Only a child this peer was asked for is worth validating ahead:
+        // an unsolicited one waits for its own turn (its header is checked
+        // first, in `on_block`).
+        let next = next.filter(|n| {
+            let hash = n.block_hash();
+            n.header.prev_blockhash == block.block_hash()
+                && self.net.sched.lock().is_in_flight_from(self.id, &hash)
+        });
         self.on_block(block, next).await
     }
 
