@@ -89,27 +89,28 @@ impl Scheduler {
     /// A block arrived from `peer`: returns whether it was requested from
     /// that peer, and frees the slot; the stall timeout decays.
     pub fn received(&mut self, peer: PeerId, hash: &BlockHash) -> bool {
-        match self.in_flight.get(hash) {
-            Some((p, _)) if *p == peer => {
-                self.in_flight.remove(hash);
-                if let Some(n) = self.per_peer.get_mut(&peer) {
-                    *n = n.saturating_sub(1);
-                }
-                self.stall_timeout = self.stall_timeout.mul_f64(0.85).max(self.stall_base);
-                true
-            }
-            _ => false,
+        let freed = self.free_slot(peer, hash);
+        if freed {
+            self.stall_timeout = self.stall_timeout.mul_f64(0.85).max(self.stall_base);
         }
+        freed
     }
 
     /// `peer` said it does not have `hash` (notfound): frees the slot.
     pub fn release(&mut self, peer: PeerId, hash: &BlockHash) {
-        if matches!(self.in_flight.get(hash), Some((p, _)) if *p == peer) {
-            self.in_flight.remove(hash);
-            if let Some(n) = self.per_peer.get_mut(&peer) {
-                *n = n.saturating_sub(1);
-            }
+        self.free_slot(peer, hash);
+    }
+
+    /// Frees `peer`'s slot for `hash`; whether it held one.
+    fn free_slot(&mut self, peer: PeerId, hash: &BlockHash) -> bool {
+        if !self.is_in_flight_from(peer, hash) {
+            return false;
         }
+        self.in_flight.remove(hash);
+        if let Some(n) = self.per_peer.get_mut(&peer) {
+            *n = n.saturating_sub(1);
+        }
+        true
     }
 
     /// `peer` disconnected: every block it had in flight becomes free.
@@ -171,6 +172,12 @@ mod tests {
         assert!(!s.is_in_flight_from(1, &h(0)), "received");
         assert!(!s.received(2, &h(1)), "block 1 was requested from peer 1");
         assert_eq!(s.in_flight_of(1), 15);
+        // notfound frees the slot of the peer asked, not another's.
+        s.release(2, &h(1));
+        assert!(s.is_in_flight_from(1, &h(1)));
+        s.release(1, &h(1));
+        assert!(!s.is_in_flight_from(1, &h(1)));
+        assert_eq!(s.in_flight_of(1), 14);
         s.release_peer(1);
         assert_eq!(s.in_flight_of(1), 0);
         // The backend no longer lists block 0 (received); 1 is free again.

@@ -286,8 +286,8 @@ impl Peer {
     /// Handles `block`, taking the reader's next message ahead when one
     /// is already there (into `peeked`, handled next): when it is a block
     /// whose parent is `block` and that was asked of this peer, the node
-    /// gets it with `block` to validate it ahead (during initial sync, blocks asked in a window arrive one
-    /// behind the other).
+    /// gets it with `block` to validate it ahead (during initial sync,
+    /// blocks asked in a window arrive one behind the other).
     pub(super) async fn block_with_next(
         &mut self,
         block: Arc<Block>,
