@@ -310,9 +310,10 @@ impl Peer {
         // an unsolicited one waits for its own turn (its header is checked
         // first, in `on_block`).
         let next = next.filter(|n| {
-            let hash = n.block_hash();
-            n.header.prev_blockhash == block.block_hash()
-                && self.net.sched.lock().is_in_flight_from(self.id, &hash)
+            n.header.prev_blockhash == block.block_hash() && {
+                let hash = n.block_hash();
+                self.net.sched.lock().is_in_flight_from(self.id, &hash)
+            }
         });
         self.on_block(block, next).await
     }
