@@ -6,7 +6,10 @@
 //! 1. *double write*: every image and records extent into the checkpoint
 //!    file of the new base generation, synced;
 //! 2. the header naming the new base, through the tmp-file rename;
-//! 3. every image and extent into its home file, synced;
+//! 3. every image (read back from the checkpoint file: the thread lets
+//!    each image go once step 1 has written it, so an image a commit has
+//!    replaced meanwhile is not held twice for the rest of the checkpoint)
+//!    and extent into its home file, synced;
 //! 4. the checkpoint file truncated and synced (the next checkpoint of
 //!    the disk layers, in the same generation, rewrites this file while the
 //!    header still names this one), compacted records segments deleted;
@@ -18,13 +21,14 @@
 //! "Checkpoints of the disk layers") runs the same steps within the base
 //! generation: its header names the base and the commit S its images hold.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
 use super::files::{ckpt_file, journal_file, write_header_file};
 use super::geo::Addr;
 use super::header::Header;
-use super::journal::{self, Body, Extent, PageImage, Record};
+use super::journal::{self, Body, Extent, PageImage, Parsed, Record};
 use super::page;
 use super::records::{segment_file, split};
 use super::storage::Storage;
@@ -50,15 +54,60 @@ pub(super) struct Job {
     pub(super) disk_only: bool,
     /// Per shard, the pages the previous generation changed (a checkpoint
     /// of the disk layers: the disk pages changed since the last
-    /// checkpoint), with their committed images at its end (at S), in
-    /// address order.
-    pub(super) pages: Vec<Vec<(Addr, Arc<Vec<u8>>)>>,
+    /// checkpoint), in address order, each naming the committed image at
+    /// its end (at S) that it writes. The images themselves are the
+    /// thread's ([`Images`]): a weak reference keeps the name, not the
+    /// bytes.
+    pub(super) pages: Vec<Vec<(Addr, Weak<Vec<u8>>)>>,
     /// Per shard, the committed records bytes not known to be in their
     /// files, by location.
     pub(super) records: Vec<Vec<(u64, Arc<Vec<u8>>)>>,
     /// Files to delete once the home writes are synced.
     pub(super) delete: Vec<String>,
     pub(super) page_size: usize,
+    /// Bytes of images the thread has let go that it alone still held:
+    /// images commits replaced since the checkpoint started, which
+    /// [`super::store::PageStore::held_twice`] counted.
+    released: AtomicU64,
+}
+
+/// Per shard, the images a checkpoint writes, as [`Job::pages`] lists
+/// them; the thread holds them until step 1 has written them.
+pub(super) type Images = Vec<Vec<(Addr, Arc<Vec<u8>>)>>;
+
+impl Job {
+    /// A job writing `pages` (per shard, in address order, with their
+    /// images), and the images for its thread.
+    pub(super) fn new(
+        generation: u64,
+        header: Header,
+        disk_only: bool,
+        pages: Images,
+        records: Vec<Vec<(u64, Arc<Vec<u8>>)>>,
+        delete: Vec<String>,
+        page_size: usize,
+    ) -> (Self, Images) {
+        let names = pages
+            .iter()
+            .map(|v| v.iter().map(|(a, p)| (*a, Arc::downgrade(p))).collect())
+            .collect();
+        let job = Job {
+            generation,
+            header,
+            disk_only,
+            pages: names,
+            records,
+            delete,
+            page_size,
+            released: AtomicU64::new(0),
+        };
+        (job, pages)
+    }
+
+    /// Bytes of replaced images the thread has let go so far.
+    pub(super) fn released(&self) -> u64 {
+        self.released.load(Ordering::Relaxed)
+    }
 }
 
 /// Steps 1–5 of one checkpoint.
@@ -66,12 +115,12 @@ pub(super) struct Job {
 /// # Errors
 /// [`SozuError::Io`]: the checkpoint did not complete; the table must be
 /// reopened (which finishes or redoes it).
-pub(super) fn run(st: &mut dyn Storage, job: &Job) -> Result<(), SozuError> {
+pub(super) fn run(st: &mut dyn Storage, job: &Job, images: Images) -> Result<(), SozuError> {
     let ckpt = ckpt_file(job.generation);
     let header = job.header.encode();
-    double_write(st, job, &header, ckpt)?;
+    let written = double_write(st, job, images, &header, ckpt)?;
     write_header_file(st, &header)?;
-    write_home(st, job)?;
+    write_home(st, job, ckpt, &written)?;
     st.set_len(ckpt, 0).map_err(|e| io_err(st, ckpt, e))?;
     st.sync(ckpt).map_err(|e| io_err(st, ckpt, e))?;
     for name in &job.delete {
@@ -89,26 +138,16 @@ pub(super) fn run(st: &mut dyn Storage, job: &Job) -> Result<(), SozuError> {
     Ok(())
 }
 
-/// Step 1.
+/// Step 1; the (offset, length) of each record written. Each record's
+/// images are let go as soon as it is written (step 3 reads them back).
 fn double_write(
     st: &mut dyn Storage,
     job: &Job,
+    images: Images,
     header: &[u8],
     ckpt: &str,
-) -> Result<(), SozuError> {
+) -> Result<Vec<(u64, usize)>, SozuError> {
     st.set_len(ckpt, 0).map_err(|e| io_err(st, ckpt, e))?;
-    let images: Vec<PageImage> = job
-        .pages
-        .iter()
-        .enumerate()
-        .flat_map(|(s, v)| {
-            v.iter().map(move |(addr, image)| PageImage {
-                shard: s as u8,
-                addr: *addr,
-                image: image.clone(),
-            })
-        })
-        .collect();
     let extents: Vec<Extent> = job
         .records
         .iter()
@@ -121,18 +160,23 @@ fn double_write(
             })
         })
         .collect();
-    let mut chunks: Vec<&[PageImage]> = images.chunks(PAGES_PER_RECORD).collect();
-    if chunks.is_empty() {
-        chunks.push(&[]);
-    }
-    let last = chunks.len() - 1;
+    let total: usize = images.iter().map(Vec::len).sum();
+    let records = total.div_ceil(PAGES_PER_RECORD).max(1);
+    let mut images = images.into_iter().enumerate().flat_map(|(s, v)| {
+        v.into_iter().map(move |(addr, image)| PageImage {
+            shard: s as u8,
+            addr,
+            image,
+        })
+    });
     let (mut at, mut buf) = (0u64, Vec::new());
-    for (i, part) in chunks.into_iter().enumerate() {
+    let mut written = Vec::with_capacity(records);
+    for i in 0..records {
         let rec = Record {
             generation: job.generation,
             seq: job.header.checkpoint_seq(),
-            body: Body::Images(part.to_vec()),
-            extents: if i == last {
+            body: Body::Images(images.by_ref().take(PAGES_PER_RECORD).collect()),
+            extents: if i + 1 == records {
                 extents.clone()
             } else {
                 Vec::new()
@@ -142,40 +186,54 @@ fn double_write(
         journal::encode(&rec, &mut buf);
         st.write_at(ckpt, at, &buf)
             .map_err(|e| io_err(st, ckpt, e))?;
+        written.push((at, buf.len()));
         at += buf.len() as u64;
+        release(job, rec.body);
     }
-    st.sync(ckpt).map_err(|e| io_err(st, ckpt, e))
+    st.sync(ckpt).map_err(|e| io_err(st, ckpt, e))?;
+    Ok(written)
 }
 
-/// Step 3: runs of consecutive pages written together, then the records.
-fn write_home(st: &mut dyn Storage, job: &Job) -> Result<(), SozuError> {
-    let ps = job.page_size;
+/// Lets a written record's images go, counting those no one else held.
+fn release(job: &Job, body: Body) {
+    let Body::Images(images) = body else {
+        return;
+    };
+    let freed: usize = images
+        .into_iter()
+        .filter_map(|p| Arc::into_inner(p.image))
+        .map(|v| v.capacity())
+        .sum();
+    job.released.fetch_add(freed as u64, Ordering::Relaxed);
+}
+
+/// Step 3: the images read back from the checkpoint file, a record at a
+/// time, in runs of consecutive pages; then the records.
+fn write_home(
+    st: &mut dyn Storage,
+    job: &Job,
+    ckpt: &str,
+    written: &[(u64, usize)],
+) -> Result<(), SozuError> {
     let mut touched: Vec<String> = Vec::new();
-    for (s, pages) in job.pages.iter().enumerate() {
-        let mut i = 0;
-        while i < pages.len() {
-            let ((layer, first), _) = pages[i];
-            let mut j = i + 1;
-            while j < pages.len()
-                && pages[j].0 == (layer, first + (j - i) as u64)
-                && (j - i + 1) * ps <= MAX_RUN_BYTES
-            {
-                j += 1;
-            }
-            let mut buf = Vec::with_capacity((j - i) * ps);
-            for (addr, img) in &pages[i..j] {
-                page::seal_into(img, ps, &mut buf).map_err(|_| SozuError::BucketFull {
-                    layer: addr.0,
-                    page: addr.1,
-                })?;
-            }
-            let name = layer_file(s as u8, layer);
-            st.write_at(&name, first * ps as u64, &buf)
-                .map_err(|e| io_err(st, &name, e))?;
-            touched.push(name);
-            i = j;
+    let mut buf = Vec::new();
+    for &(at, len) in written {
+        buf.resize(len, 0);
+        st.read_at(ckpt, at, &mut buf)
+            .map_err(|e| io_err(st, ckpt, e))?;
+        let Parsed::Ok(rec, _) = journal::parse(&buf, job.page_size) else {
+            return Err(super::store::corrupt(
+                st.path_of(ckpt),
+                at,
+                "checkpoint record read back differs from the one written",
+            ));
+        };
+        if let Body::Images(images) = &rec.body {
+            write_runs(st, images, job.page_size, &mut touched)?;
         }
-        for (location, data) in &job.records[s] {
+    }
+    for (s, records) in job.records.iter().enumerate() {
+        for (location, data) in records {
             let (segment, offset) = split(*location);
             let name = segment_file(s as u8, segment);
             st.write_at(&name, offset, data)
@@ -187,6 +245,40 @@ fn write_home(st: &mut dyn Storage, job: &Job) -> Result<(), SozuError> {
     touched.dedup();
     for name in &touched {
         st.sync(name).map_err(|e| io_err(st, name, e))?;
+    }
+    Ok(())
+}
+
+/// Writes `images` (in shard and address order) to their page files,
+/// consecutive pages of one file in one write of up to [`MAX_RUN_BYTES`].
+fn write_runs(
+    st: &mut dyn Storage,
+    images: &[PageImage],
+    ps: usize,
+    touched: &mut Vec<String>,
+) -> Result<(), SozuError> {
+    let mut i = 0;
+    while i < images.len() {
+        let (shard, (layer, first)) = (images[i].shard, images[i].addr);
+        let mut j = i + 1;
+        while j < images.len()
+            && (images[j].shard, images[j].addr) == (shard, (layer, first + (j - i) as u64))
+            && (j - i + 1) * ps <= MAX_RUN_BYTES
+        {
+            j += 1;
+        }
+        let mut buf = Vec::with_capacity((j - i) * ps);
+        for p in &images[i..j] {
+            page::seal_into(&p.image, ps, &mut buf).map_err(|_| SozuError::BucketFull {
+                layer: p.addr.0,
+                page: p.addr.1,
+            })?;
+        }
+        let name = layer_file(shard, layer);
+        st.write_at(&name, first * ps as u64, &buf)
+            .map_err(|e| io_err(st, &name, e))?;
+        touched.push(name);
+        i = j;
     }
     Ok(())
 }
@@ -208,13 +300,18 @@ pub(super) struct Checkpointer {
 impl Checkpointer {
     /// Starts `job` with storage handle `st`: on a thread of its own when
     /// `background`, else now.
-    pub(super) fn start(&mut self, mut st: Box<dyn Storage>, job: Job, background: bool) {
+    pub(super) fn start(
+        &mut self,
+        mut st: Box<dyn Storage>,
+        (job, images): (Job, Images),
+        background: bool,
+    ) {
         let job = Arc::new(job);
         let running = if background {
             let j = job.clone();
             let handle = std::thread::Builder::new()
                 .name("sozu-checkpoint".into())
-                .spawn(move || run(st.as_mut(), &j));
+                .spawn(move || run(st.as_mut(), &j, images));
             match handle {
                 Ok(h) => Running {
                     job,
@@ -231,7 +328,7 @@ impl Checkpointer {
                 },
             }
         } else {
-            let done = run(st.as_mut(), &job);
+            let done = run(st.as_mut(), &job, images);
             Running {
                 job,
                 handle: None,
@@ -244,6 +341,11 @@ impl Checkpointer {
     /// Whether no checkpoint is in progress.
     pub(super) fn is_idle(&self) -> bool {
         self.running.is_none()
+    }
+
+    /// [`Job::released`] of the checkpoint in progress (0: none).
+    pub(super) fn released(&self) -> u64 {
+        self.running.as_ref().map_or(0, |r| r.job.released())
     }
 
     /// The finished checkpoint, if the one in progress has finished.
@@ -275,5 +377,79 @@ impl Drop for Checkpointer {
     fn drop(&mut self) {
         // A dropped table leaves no thread writing its files.
         let _ = self.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sozu::header::ShardState;
+    use crate::sozu::storage::MemStorage;
+    use crate::sozu::store::read_existing_page;
+
+    fn header() -> Header {
+        Header {
+            page_size: 4096,
+            layer0_bits: 2,
+            growth_bits: 1,
+            shards: 1,
+            key: [1; 16],
+            generation: 1,
+            commit_seq: 5,
+            tag: None,
+            shard_state: vec![ShardState::default()],
+            disk_checkpoint: None,
+        }
+    }
+
+    /// An image only the checkpoint still holds (a commit replaced it) is
+    /// let go by step 1 and counted as released; one the store still
+    /// holds is not counted. More images than one record holds, so step 3
+    /// reads several records back; every image reaches its page file.
+    #[test]
+    fn step_1_lets_images_go_and_step_3_writes_them_from_the_file() {
+        let n = PAGES_PER_RECORD as u64 + 3;
+        let images: Vec<(Addr, Arc<Vec<u8>>)> = (0..n)
+            .map(|p| {
+                let mut img = page::new_page();
+                img.reserve_exact(100 + p as usize);
+                (((p % 3) as u8, p), Arc::new(img))
+            })
+            .collect();
+        let mut images = images;
+        images.sort_unstable_by_key(|(a, _)| *a);
+        // The store keeps every other image; the others were replaced.
+        let kept: Vec<Arc<Vec<u8>>> = images.iter().step_by(2).map(|(_, p)| p.clone()).collect();
+        let replaced: u64 = images
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .map(|(_, p)| p.capacity() as u64)
+            .sum();
+        let expect: Vec<(Addr, Vec<u8>)> = images.iter().map(|(a, p)| (*a, p.to_vec())).collect();
+        let (job, images) = Job::new(
+            2,
+            header(),
+            false,
+            vec![images],
+            vec![Vec::new()],
+            Vec::new(),
+            4096,
+        );
+        let mut st = MemStorage::new();
+        run(&mut st, &job, images).unwrap();
+        assert_eq!(job.released(), replaced);
+        // The names still tell the kept images apart; the others are gone.
+        for (i, (_, w)) in job.pages[0].iter().enumerate() {
+            assert_eq!(w.upgrade().is_some(), i % 2 == 0);
+        }
+        assert!(std::ptr::eq(
+            Arc::as_ptr(&kept[0]),
+            job.pages[0][0].1.as_ptr()
+        ));
+        for (addr, bytes) in expect {
+            assert_eq!(read_existing_page(&mut st, 0, addr, 4096).unwrap(), bytes);
+        }
+        assert_eq!(st.read_file(ckpt_file(2)).unwrap_or_default().len(), 0);
     }
 }

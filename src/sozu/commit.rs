@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use super::checkpoint::Job;
+use super::checkpoint::{Images, Job};
 use super::config::{JOURNAL_FLOOR, JOURNAL_SHARE};
 use super::files::journal_file;
 use super::journal::{self, Body, Extent, Record};
@@ -93,6 +93,7 @@ impl SozuTable {
             Ok(n)
         })?;
         self.counters.last_block.1 = written.iter().sum();
+        self.counters.held_twice_peak = self.counters.held_twice_peak.max(self.held_twice());
         Ok(())
     }
 
@@ -140,8 +141,11 @@ impl SozuTable {
         self.shards.iter().map(|s| s.store.unflushed()).sum()
     }
 
-    fn held_twice(&self) -> u64 {
-        self.shards.iter().map(|s| s.store.held_twice()).sum()
+    /// Bytes of images the running checkpoint holds that commits have
+    /// replaced: counted when replaced, less those it has let go since.
+    pub(super) fn held_twice(&self) -> u64 {
+        let counted: u64 = self.shards.iter().map(|s| s.store.held_twice()).sum();
+        counted.saturating_sub(self.checkpointer.released())
     }
 
     /// Starts a new generation and checkpoints the one that ends.
@@ -167,15 +171,15 @@ impl SozuTable {
         self.journal.other = self.journal.pos;
         self.journal.pos = 0;
         self.journal.truncate = true;
-        self.start(Job {
+        self.start(Job::new(
             generation,
             header,
-            disk_only: false,
+            false,
             pages,
             records,
             delete,
-            page_size: self.geo.page_size,
-        })
+            self.geo.page_size,
+        ))
     }
 
     /// Whether the next checkpoint may write the disk layers only: no
@@ -200,33 +204,32 @@ impl SozuTable {
             pages.push(s.store.take_disk_pages());
             records.push(unwritten_records(s));
         }
-        self.start(Job {
-            generation: self.base,
+        self.start(Job::new(
+            self.base,
             header,
-            disk_only: true,
+            true,
             pages,
             records,
-            delete: Vec::new(),
-            page_size: self.geo.page_size,
-        })
+            Vec::new(),
+            self.geo.page_size,
+        ))
     }
 
     /// Starts the checkpoint recovery found unfinished.
     fn start_pending(&mut self, p: PendingCheckpoint) -> Result<(), SozuError> {
-        let job = Job {
-            generation: p.header.generation,
-            header: p.header,
-            disk_only: false,
-            pages: p.pages,
-            records: p.records,
-            delete: Vec::new(),
-            page_size: self.geo.page_size,
-        };
-        self.start(job)
+        self.start(Job::new(
+            p.header.generation,
+            p.header,
+            false,
+            p.pages,
+            p.records,
+            Vec::new(),
+            self.geo.page_size,
+        ))
     }
 
-    fn start(&mut self, job: Job) -> Result<(), SozuError> {
-        for (addr, _) in job.pages.iter().flatten() {
+    fn start(&mut self, job: (Job, Images)) -> Result<(), SozuError> {
+        for (addr, _) in job.0.pages.iter().flatten() {
             self.counters.checkpoint_pages.0 += 1;
             self.counters.checkpoint_pages.1 += u64::from(self.geo.is_ram(addr.0));
         }

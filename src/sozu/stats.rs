@@ -135,9 +135,10 @@ pub struct SozuStats {
     /// `ram_mib`: about 3 bytes per entry below the pinned layers, plus a
     /// slot per bucket of those layers).
     pub summary_bytes: u64,
-    /// The most bytes of page images held twice since open: images a
-    /// commit replaced while the checkpoint in flight still had to write
-    /// the old ones (pinned and disk pages alike), per shard, summed.
+    /// The most bytes of page images held twice since open, as found
+    /// after each commit: images a commit replaced while the checkpoint in
+    /// flight still held the old ones (pinned and disk pages alike; it lets
+    /// each go once it has written it into its checkpoint file).
     pub held_twice_peak_bytes: u64,
     /// Commits since open that waited for the running checkpoint because
     /// the committed disk pages not yet in their files and the images held

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::hash::BuildHasherDefault;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
@@ -196,8 +196,6 @@ pub(super) struct PageStore {
     /// flight still held them: held twice (the checkpoint's copy and the
     /// new one) until it finishes.
     held_twice: u64,
-    /// The most [`PageStore::held_twice`] reached since open.
-    pub(super) held_twice_peak: u64,
 }
 
 impl PageStore {
@@ -244,7 +242,6 @@ impl PageStore {
             file_read_nanos: 0,
             prefetches: 0,
             held_twice: 0,
-            held_twice_peak: 0,
         }
     }
 
@@ -364,7 +361,6 @@ impl PageStore {
             }
             self.generation.insert(addr);
         }
-        self.held_twice_peak = self.held_twice_peak.max(self.held_twice);
     }
 
     /// Bytes of disk-layer pages committed and not checkpointed.
@@ -407,28 +403,35 @@ impl PageStore {
     }
 
     /// A checkpoint wrote and synced `images` into the page files: disk
-    /// pages whose committed image is still that one leave memory for the
-    /// cache (readers now find the same bytes in the file).
-    pub(super) fn checkpointed(&mut self, images: &[(Addr, Arc<Vec<u8>>)]) {
-        let gone: Vec<(Addr, Arc<Vec<u8>>)> = images
+    /// pages whose committed image is still the one it wrote leave memory
+    /// for the cache (readers now find the same bytes in the file). The
+    /// weak references keep the written images' allocations, so an image
+    /// allocated since cannot share an address with one of them.
+    pub(super) fn checkpointed(&mut self, images: &[(Addr, Weak<Vec<u8>>)]) {
+        let gone: Vec<Addr> = images
             .iter()
             .filter(|(a, img)| {
-                a.0 >= self.ram_layers && self.committed.get(a).is_some_and(|c| Arc::ptr_eq(c, img))
+                a.0 >= self.ram_layers
+                    && self
+                        .committed
+                        .get(a)
+                        .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), img.as_ptr()))
             })
-            .cloned()
+            .map(|(a, _)| *a)
             .collect();
         {
             let mut pages = self.published.pages.write();
-            for (a, _) in &gone {
+            for a in &gone {
                 pages.remove(a);
             }
         }
         self.published.bump();
         self.held_twice = 0;
-        for (a, img) in gone {
-            self.committed.remove(&a);
-            self.unflushed -= image_bytes(&img);
-            self.cache.insert(a, img);
+        for a in gone {
+            if let Some(img) = self.committed.remove(&a) {
+                self.unflushed -= image_bytes(&img);
+                self.cache.insert(a, img);
+            }
         }
     }
 
@@ -560,10 +563,10 @@ mod tests {
         page::append(s.edit((1, 0)).unwrap(), &entry(10)).unwrap();
         s.publish(Vec::new());
         assert_eq!(s.held_twice(), 2 * one);
-        s.checkpointed(&job);
+        let names: Vec<_> = job.iter().map(|(a, p)| (*a, Arc::downgrade(p))).collect();
+        s.checkpointed(&names);
         drop(job);
         assert_eq!(s.held_twice(), 0);
-        assert_eq!(s.held_twice_peak, 2 * one);
         // No checkpoint holds the images now.
         page::append(s.edit((1, 1)).unwrap(), &entry(11)).unwrap();
         s.publish(Vec::new());

@@ -58,6 +58,8 @@ pub(super) struct TableCounters {
     pub(super) journal_sync_nanos: u64,
     /// (pages read, pages written) by the last block.
     pub(super) last_block: (u64, u64),
+    /// The most [`SozuTable::held_twice`] reached after a commit.
+    pub(super) held_twice_peak: u64,
 }
 
 /// The Sozu table (seed 000): layered buckets of one page, lazily allocated
@@ -246,6 +248,9 @@ impl SozuTable {
             memory += s.store.memory();
             summaries += s.store.published.summaries.read().bytes() as u64;
         }
+        // The store counts a replaced image until the checkpoint ends; the
+        // thread may have let it go already.
+        let memory = memory.saturating_sub(self.checkpointer.released());
         let t = &self.counters;
         let mut flow: Vec<LayerFlow> = c
             .flow
@@ -297,7 +302,7 @@ impl SozuTable {
             checkpoint_waits: t.checkpoint_waits,
             checkpoint_wait_nanos: t.checkpoint_wait_nanos,
             journal_sync_nanos: t.journal_sync_nanos,
-            held_twice_peak_bytes: self.shards.iter().map(|s| s.store.held_twice_peak).sum(),
+            held_twice_peak_bytes: t.held_twice_peak,
             ..SozuStats::default()
         }
     }
