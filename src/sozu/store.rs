@@ -194,7 +194,8 @@ pub(super) struct PageStore {
     pub(super) prefetches: u64,
     /// Bytes of committed images a commit replaced while a checkpoint in
     /// flight still held them: held twice (the checkpoint's copy and the
-    /// new one) until it finishes.
+    /// new one) until its thread lets them go, which the table learns from
+    /// [`super::checkpoint::Job::released`]; reset when it finishes.
     held_twice: u64,
 }
 
@@ -368,8 +369,8 @@ impl PageStore {
         self.unflushed
     }
 
-    /// Bytes of images a running checkpoint holds that commits have since
-    /// replaced.
+    /// Bytes of images a running checkpoint held when commits replaced
+    /// them (some it may have let go since: `SozuTable::held_twice`).
     pub(super) fn held_twice(&self) -> u64 {
         self.held_twice
     }
