@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 use super::files::{ckpt_file, journal_file, write_header_file};
 use super::geo::Addr;
 use super::header::Header;
-use super::journal::{self, Body, Extent, PageImage, Parsed, Record};
+use super::journal::{self, Body, Extent, PageImage, Record};
 use super::page;
 use super::records::{segment_file, split};
 use super::storage::Storage;
@@ -221,16 +221,14 @@ fn write_home(
         buf.resize(len, 0);
         st.read_at(ckpt, at, &mut buf)
             .map_err(|e| io_err(st, ckpt, e))?;
-        let Parsed::Ok(rec, _) = journal::parse(&buf, job.page_size) else {
+        let Some(images) = journal::images(&buf, job.page_size) else {
             return Err(super::store::corrupt(
                 st.path_of(ckpt),
                 at,
                 "checkpoint record read back differs from the one written",
             ));
         };
-        if let Body::Images(images) = &rec.body {
-            write_runs(st, images, job.page_size, &mut touched)?;
-        }
+        write_runs(st, &images, job.page_size, &mut touched)?;
     }
     for (s, records) in job.records.iter().enumerate() {
         for (location, data) in records {
@@ -249,29 +247,30 @@ fn write_home(
     Ok(())
 }
 
-/// Writes `images` (in shard and address order) to their page files,
-/// consecutive pages of one file in one write of up to [`MAX_RUN_BYTES`].
+/// Writes `images` (shard, address, bytes; in shard and address order) to
+/// their page files, consecutive pages of one file in one write of up to
+/// [`MAX_RUN_BYTES`].
 fn write_runs(
     st: &mut dyn Storage,
-    images: &[PageImage],
+    images: &[(u8, Addr, &[u8])],
     ps: usize,
     touched: &mut Vec<String>,
 ) -> Result<(), SozuError> {
     let mut i = 0;
     while i < images.len() {
-        let (shard, (layer, first)) = (images[i].shard, images[i].addr);
+        let (shard, (layer, first), _) = images[i];
         let mut j = i + 1;
         while j < images.len()
-            && (images[j].shard, images[j].addr) == (shard, (layer, first + (j - i) as u64))
+            && (images[j].0, images[j].1) == (shard, (layer, first + (j - i) as u64))
             && (j - i + 1) * ps <= MAX_RUN_BYTES
         {
             j += 1;
         }
         let mut buf = Vec::with_capacity((j - i) * ps);
-        for p in &images[i..j] {
-            page::seal_into(&p.image, ps, &mut buf).map_err(|_| SozuError::BucketFull {
-                layer: p.addr.0,
-                page: p.addr.1,
+        for &(_, addr, image) in &images[i..j] {
+            page::seal_into(image, ps, &mut buf).map_err(|_| SozuError::BucketFull {
+                layer: addr.0,
+                page: addr.1,
             })?;
         }
         let name = layer_file(shard, layer);

@@ -190,16 +190,11 @@ fn parse_body(c: &mut Cursor<'_>, kind: u8, n: usize, page_size: usize) -> Optio
         KIND_IMAGES => {
             let mut images = Vec::with_capacity(n.min(4096));
             for _ in 0..n {
-                let head = c.take(4)?;
-                let len = c.u32()? as usize;
-                let page = c.u64()?;
-                if head[2..] != [0, 0] || len > page_size {
-                    return None;
-                }
+                let (shard, addr, image) = image_at(c, page_size)?;
                 images.push(PageImage {
-                    shard: head[0],
-                    addr: (head[1], page),
-                    image: Arc::new(c.take(len)?.to_vec()),
+                    shard,
+                    addr,
+                    image: Arc::new(image.to_vec()),
                 });
             }
             Some(Body::Images(images))
@@ -208,13 +203,31 @@ fn parse_body(c: &mut Cursor<'_>, kind: u8, n: usize, page_size: usize) -> Optio
     }
 }
 
-/// Parses one record starting at the beginning of `b` (images longer than
-/// `page_size` are invalid).
-pub fn parse(b: &[u8], page_size: usize) -> Parsed {
-    parse_inner(b, page_size).map_or(Parsed::Invalid, |(r, n)| Parsed::Ok(r, n))
+/// One page image of a checkpoint record's body: shard, address, bytes.
+fn image_at<'a>(c: &mut Cursor<'a>, page_size: usize) -> Option<(u8, Addr, &'a [u8])> {
+    let head = c.take(4)?;
+    let len = c.u32()? as usize;
+    let page = c.u64()?;
+    if head[2..] != [0, 0] || len > page_size {
+        return None;
+    }
+    Some((head[0], (head[1], page), c.take(len)?))
 }
 
-fn parse_inner(b: &[u8], page_size: usize) -> Option<(Record, usize)> {
+/// A record's fixed head, checked with the whole record's checksum.
+struct Frame {
+    generation: u64,
+    seq: u64,
+    kind: u8,
+    /// Shards (kind 0) or page images (kind 1).
+    n: usize,
+    /// Records extents.
+    m: usize,
+    /// Where the checksum starts (the end of the header image).
+    end: usize,
+}
+
+fn frame(b: &[u8]) -> Option<Frame> {
     let generation = record_generation(b)?;
     let mut c = Cursor {
         b,
@@ -231,9 +244,44 @@ fn parse_inner(b: &[u8], page_size: usize) -> Option<(Record, usize)> {
     let total = body_len.checked_add(RECORD_HEADER_LEN + 4)?;
     let end = total.checked_sub(4).filter(|_| total <= b.len())?;
     let crc = u32::from_le_bytes([b[end], b[end + 1], b[end + 2], b[end + 3]]);
-    if crc != crc32fast::hash(&b[..end]) {
-        return None;
-    }
+    (crc == crc32fast::hash(&b[..end])).then_some(Frame {
+        generation,
+        seq,
+        kind,
+        n,
+        m,
+        end,
+    })
+}
+
+/// The page images of the checkpoint record at the start of `b`, borrowed
+/// from it (no copy), in record order: `None` unless `b` starts with a
+/// whole, checksummed record of kind 1 ([`parse`] checks the rest of it).
+pub fn images(b: &[u8], page_size: usize) -> Option<Vec<(u8, Addr, &[u8])>> {
+    let f = frame(b).filter(|f| f.kind == KIND_IMAGES)?;
+    let mut c = Cursor {
+        b,
+        at: RECORD_HEADER_LEN,
+        end: f.end,
+    };
+    (0..f.n).map(|_| image_at(&mut c, page_size)).collect()
+}
+
+/// Parses one record starting at the beginning of `b` (images longer than
+/// `page_size` are invalid).
+pub fn parse(b: &[u8], page_size: usize) -> Parsed {
+    parse_inner(b, page_size).map_or(Parsed::Invalid, |(r, n)| Parsed::Ok(r, n))
+}
+
+fn parse_inner(b: &[u8], page_size: usize) -> Option<(Record, usize)> {
+    let Frame {
+        generation,
+        seq,
+        kind,
+        n,
+        m,
+        end,
+    } = frame(b)?;
     let mut c = Cursor {
         b,
         at: RECORD_HEADER_LEN,
@@ -264,7 +312,7 @@ fn parse_inner(b: &[u8], page_size: usize) -> Option<(Record, usize)> {
             extents,
             header,
         },
-        total,
+        end + 4,
     ))
 }
 
@@ -320,5 +368,41 @@ mod tests {
         encode(&big, &mut b);
         assert!(matches!(parse(&b, 4096), Parsed::Ok(..)));
         assert!(matches!(parse(&b, 512), Parsed::Invalid));
+    }
+
+    /// [`images`] borrows exactly what [`parse`] copies, and refuses what
+    /// it refuses, and records of edits.
+    #[test]
+    fn images_borrowed_equal_images_parsed() {
+        let rec = Record {
+            body: Body::Images(vec![
+                PageImage {
+                    shard: 1,
+                    addr: (3, 70),
+                    image: Arc::new(vec![4; 300]),
+                },
+                PageImage {
+                    shard: 0,
+                    addr: (0, 2),
+                    image: Arc::new(vec![5; 10]),
+                },
+            ]),
+            ..sample()
+        };
+        let mut b = Vec::new();
+        encode(&rec, &mut b);
+        b.extend_from_slice(&[0xee; 9]); // whatever follows the record
+        let got = images(&b, 4096).expect("valid record");
+        assert_eq!(
+            got,
+            vec![(1, (3, 70), &[4u8; 300][..]), (0, (0, 2), &[5u8; 10][..])]
+        );
+        assert!(images(&b, 100).is_none());
+        assert!(images(&b[..b.len() - 10], 4096).is_none());
+        let mut flipped = b.clone();
+        flipped[70] ^= 1;
+        assert!(images(&flipped, 4096).is_none());
+        encode(&sample(), &mut b);
+        assert!(images(&b, 4096).is_none());
     }
 }
