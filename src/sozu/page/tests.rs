@@ -144,6 +144,39 @@ fn edits_in_place() {
     validate(&p).unwrap();
 }
 
+/// A page with one key twice is refused; keys that share their first 8
+/// bytes (one transaction's outputs) are not duplicates.
+#[test]
+fn duplicate_keys_refused_shared_prefixes_not() {
+    let same_tx = |vout: u32| {
+        let mut s = slot(7, 22);
+        s.entry.outpoint.vout = vout;
+        s
+    };
+    let ok = encode(&decoded(vec![
+        same_tx(1),
+        slot(2, 0),
+        same_tx(0),
+        same_tx(2),
+    ]))
+    .unwrap();
+    validate(&ok).unwrap();
+    let dup = encode(&decoded(vec![
+        same_tx(1),
+        slot(2, 0),
+        same_tx(0),
+        same_tx(1),
+    ]))
+    .unwrap();
+    assert_eq!(
+        validate(&dup).unwrap_err(),
+        PageError::Malformed {
+            at: PAGE_HEADER_LEN,
+            what: "duplicate key in bucket"
+        }
+    );
+}
+
 proptest::proptest! {
     /// The fuzz target's property, run on mutated valid pages in CI.
     #[test]
