@@ -46,8 +46,17 @@ struct Harness {
     sozu_purged: HashSet<OutPoint>,
     /// This run's configuration, given again at every reopen.
     cfg: SozuConfig,
-    /// Checkpoints of the disk layers only finished, over every open.
+    /// Counters summed over every open.
+    totals: Totals,
+}
+
+/// Counters of a run, summed over every open of its table.
+#[derive(Default)]
+struct Totals {
+    /// Checkpoints of the disk layers only finished.
     disk_only_checkpoints: u64,
+    /// Cold spends filed as spend markers.
+    spend_markers: u64,
 }
 
 impl Harness {
@@ -63,7 +72,7 @@ impl Harness {
             model_purged: HashSet::new(),
             sozu_purged: HashSet::new(),
             cfg,
-            disk_only_checkpoints: 0,
+            totals: Totals::default(),
         }
     }
 
@@ -71,7 +80,9 @@ impl Harness {
     /// stops), keeping its counters.
     fn close(&mut self) {
         if let Some(t) = self.table.take() {
-            self.disk_only_checkpoints += t.counters().disk_only_checkpoints;
+            let c = t.counters();
+            self.totals.disk_only_checkpoints += c.disk_only_checkpoints;
+            self.totals.spend_markers += c.spend_markers;
         }
     }
 
@@ -229,9 +240,8 @@ fn config(
     }
 }
 
-/// Runs `actions` against the model; returns the checkpoints of the disk
-/// layers only that finished.
-fn run(actions: Vec<Action>, cfg: SozuConfig) -> Result<u64, TestCaseError> {
+/// Runs `actions` against the model; returns its counters.
+fn run(actions: Vec<Action>, cfg: SozuConfig) -> Result<Totals, TestCaseError> {
     let mut h = Harness::new(cfg);
     for a in actions {
         match a {
@@ -279,7 +289,7 @@ fn run(actions: Vec<Action>, cfg: SozuConfig) -> Result<u64, TestCaseError> {
         "expected spills into deeper layers: {stats:?}"
     );
     h.close();
-    Ok(h.disk_only_checkpoints)
+    Ok(h.totals)
 }
 
 fn cases() -> u32 {
@@ -318,7 +328,12 @@ fn long_sequence_with_purges() {
             _ => Action::Extend(1, rng.next()),
         });
     }
-    run(actions.clone(), config(1, true, 1, 2, false)).expect("long sequence");
+    let two_pinned = run(actions.clone(), config(1, true, 1, 2, false)).expect("long sequence");
+    eprintln!("{} spend markers", two_pinned.spend_markers);
+    assert!(
+        two_pinned.spend_markers > 0,
+        "no spend of an entry below the pinned layers went through a spend marker"
+    );
     run(actions.clone(), config(2, true, 1, 2, false)).expect("long sequence, two shards");
     run(actions.clone(), config(1, false, 1, 2, false))
         .expect("long sequence, seed 000's literal spill");
@@ -343,7 +358,8 @@ fn long_sequence_with_purges() {
     )
     .expect("long sequence, a low α below the pinned layer");
     let disk_only = run(actions, config(2, true, 1, 2, true))
-        .expect("long sequence, checkpoints of the disk layers only");
+        .expect("long sequence, checkpoints of the disk layers only")
+        .disk_only_checkpoints;
     eprintln!("{disk_only} checkpoints of the disk layers only");
     assert!(
         disk_only > 0,

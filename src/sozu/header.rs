@@ -8,7 +8,9 @@ use super::types::{BlockId, CommitTag};
 
 /// Magic at byte 4 of the header.
 pub const HEADER_MAGIC: [u8; 8] = *b"SOZUTBL\0";
-/// Major format version: a mismatch refuses to open. 5: checkpoints of the
+/// Major format version: a mismatch refuses to open. 6: spend markers
+/// (an entry below the pinned layers is spent by a marker in the last
+/// pinned page of its path, carried down by the spills); 5: checkpoints of the
 /// disk layers only within a generation (the header names the last one's
 /// commit and first disk layer; checkpoint records are tagged with the
 /// commit they hold the state of); 4: pages edited in
@@ -17,7 +19,7 @@ pub const HEADER_MAGIC: [u8; 8] = *b"SOZUTBL\0";
 /// segments; 3: journal page deltas on the page files' images, checkpoints
 /// double-written inside a commit; 2: every page's first journal item in a
 /// generation was a whole image; 1: no written-children mask.
-pub const FORMAT_MAJOR: u16 = 5;
+pub const FORMAT_MAJOR: u16 = 6;
 /// Minor format version.
 pub const FORMAT_MINOR: u16 = 0;
 /// Size of the header image in bytes.
@@ -331,7 +333,7 @@ mod tests {
         };
         let b = h.encode();
         assert_eq!(&b[4..12], b"SOZUTBL\0");
-        assert_eq!(&b[12..14], &[5, 0]);
+        assert_eq!(&b[12..14], &[6, 0]);
         assert_eq!(&b[100..109], &[50, 0, 0, 0, 0, 0, 0, 0, 3]);
         let s1 = 128 + 320;
         assert_eq!(&b[s1 + 24..s1 + 32], &7u64.to_le_bytes());

@@ -11,8 +11,8 @@
 use std::sync::Arc;
 
 use super::geo::{Addr, Descent, Geo};
-use super::page::{self, EntryRef};
-use super::types::OutPointKey;
+use super::page::{self, EntryRef, Slot};
+use super::types::{Consumption, OutPointKey};
 use super::SozuError;
 
 /// One key to look up.
@@ -55,8 +55,36 @@ pub(super) struct LookupCounts {
     pub(super) deep_lookup_pages: u64,
 }
 
-/// Called with (query index, page, slot, entry) for each key found.
+/// Called with (query index, page, slot, entry) for each key found: first
+/// for each spend marker on the key's path (its descent goes on below),
+/// then for the entry, where the descent of that key ends.
 pub(super) type Found<'f> = dyn FnMut(usize, Addr, u16, EntryRef<'_>) -> Result<(), SozuError> + 'f;
+
+/// What a lookup found of one key: its entry, and the consumptions of the
+/// spend markers above it (`docs/sozu-format.md`, "Spend markers").
+#[derive(Clone, Debug, Default)]
+pub(super) struct Hit {
+    slot: Option<Slot>,
+    marked: Vec<Consumption>,
+}
+
+impl Hit {
+    /// Takes what [`Found`] was called with for this key.
+    pub(super) fn add(&mut self, e: EntryRef<'_>) {
+        if e.is_marker() {
+            self.marked.extend(e.consumptions());
+        } else {
+            self.slot = Some(e.to_slot());
+        }
+    }
+    /// The entry with its markers' consumptions merged in; `None` when no
+    /// entry was found (a marker alone is no entry).
+    pub(super) fn finish(self) -> Option<Slot> {
+        let mut slot = self.slot?;
+        slot.entry.merge_records(&[], &self.marked);
+        Some(slot)
+    }
+}
 
 struct Batch<'a, 'f> {
     geo: &'a Geo,
@@ -199,8 +227,10 @@ impl Batch<'_, '_> {
             }
             for (k, &(_, qi)) in group.iter().enumerate() {
                 if !hit[k] && page::key_eq(&self.queries[qi].key, e.key()) {
-                    hit[k] = true;
-                    left -= 1;
+                    if !e.is_marker() {
+                        hit[k] = true;
+                        left -= 1;
+                    }
                     (self.found)(qi, addr, slot as u16, e)?;
                 }
             }

@@ -356,7 +356,7 @@ fn spill(
     let mut at = 0;
     while at < moved.len() {
         let len = page::entry_len(&moved, at).map_err(edit_err(from))?;
-        page::append(dest, &moved[at..at + len]).map_err(edit_err(to))?;
+        page::arrive(dest, &moved[at..at + len]).map_err(edit_err(to))?;
         at += len;
     }
     let h = page::head(dest);

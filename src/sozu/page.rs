@@ -34,14 +34,19 @@
 //! 36  key: txid (32, internal order) + vout (4, big-endian)
 //! 8   value (sats)
 //! 4   coin height
-//! 1   flags: bit 0 coinbase, bit 1 script stored out of line
-//! 1   number of productions (1..=255)
+//! 1   flags: bit 0 coinbase, bit 1 script stored out of line, bit 2 spend marker
+//! 1   number of productions (1..=255; 0 for a spend marker)
 //! 1   number of consumptions (0..=255)
 //! 2   script length in bytes (0..=10,000)
 //! ..  inline: the script bytes; out of line: location (8) + crc32 (4) + reserved (4)
 //! 8×p productions sorted: block id (4) + height (4)
 //! 40×c consumptions sorted: block id (4) + spending txid (32) + input index (4)
 //! ```
+//!
+//! A *spend marker* (flags = 4, format 6) carries the consumptions of an
+//! entry that lives deeper on its key's path: value, coin height, script
+//! length and production count are 0, consumptions 1..=255
+//! (`docs/sozu-format.md`, "Spend markers").
 
 use bitcoin::hashes::Hash;
 use bitcoin::{Amount, Txid};
@@ -59,6 +64,9 @@ pub const CHILDREN_GROUP_BITS: u32 = 48;
 /// Largest `growth_bits` g the page format holds: a bucket's child mask has
 /// 16 bits, one per child, so 2^g ≤ 16.
 pub const MAX_GROWTH_BITS: u8 = 4;
+/// Flags bit of a spend marker: the consumptions of an entry deeper on
+/// its key's path (no coin, no production).
+pub const FLAG_MARKER: u8 = 4;
 /// Fixed part of an encoded entry, in bytes.
 pub const ENTRY_FIXED_LEN: usize = 53;
 /// Size of an out-of-line script reference inside an entry, in bytes.
@@ -240,6 +248,12 @@ impl<'a> EntryRef<'a> {
     pub fn key(&self) -> &'a [u8] {
         &self.0[..36]
     }
+    /// The key as an array.
+    pub fn key_array(&self) -> OutPointKey {
+        let mut key = [0u8; 36];
+        key.copy_from_slice(self.key());
+        key
+    }
     /// Value in sats.
     pub fn value(&self) -> u64 {
         u64_at(self.0, 36)
@@ -251,6 +265,10 @@ impl<'a> EntryRef<'a> {
     /// The flags byte.
     pub fn flags(&self) -> u8 {
         self.0[48]
+    }
+    /// Whether it is a spend marker ([`FLAG_MARKER`]).
+    pub fn is_marker(&self) -> bool {
+        self.flags() & FLAG_MARKER != 0
     }
     /// Number of productions.
     pub fn np(&self) -> usize {
@@ -354,10 +372,23 @@ impl<'a> EntryRef<'a> {
     /// set, unsorted or duplicate lifecycle records.
     pub fn validate(&self) -> Result<(), PageError> {
         let flags = self.flags();
-        if flags & !3 != 0 {
+        if flags & !(3 | FLAG_MARKER) != 0 {
             return Err(bad(48, "unknown flag bits"));
         }
-        if self.np() == 0 {
+        if flags & FLAG_MARKER != 0 {
+            if flags != FLAG_MARKER {
+                return Err(bad(48, "spend marker with coin flags"));
+            }
+            if self.value() != 0 || self.coin_height() != 0 || self.script_len() != 0 {
+                return Err(bad(36, "spend marker with a coin"));
+            }
+            if self.np() != 0 {
+                return Err(bad(49, "spend marker with a production"));
+            }
+            if self.nc() == 0 {
+                return Err(bad(50, "spend marker without consumption"));
+            }
+        } else if self.np() == 0 {
             return Err(bad(49, "entry without production"));
         }
         if self.script_len() > MAX_SCRIPT_LEN {
@@ -486,6 +517,43 @@ pub fn append(page: &mut Vec<u8>, entry: &[u8]) -> Result<(), PageError> {
     let n = head(page).count as usize + 1;
     set_count(page, n)?;
     page.extend_from_slice(entry);
+    Ok(())
+}
+
+/// Appends one entry arriving by a spill (`entry` exactly one whole
+/// entry), merging spend markers: a marker whose key the page holds adds
+/// its consumptions to that entry or marker; an entry arriving where its
+/// marker is takes the marker's place and consumptions.
+///
+/// # Errors
+/// [`PageError::Malformed`] when `entry` is not one entry, when the page
+/// already holds the arriving entry's key as an entry, or when a merge
+/// passes 255 consumptions.
+pub fn arrive(page: &mut Vec<u8>, entry: &[u8]) -> Result<(), PageError> {
+    let new = EntryRef::parse(entry)?;
+    let Some((slot, (at, old))) = entries(page)
+        .enumerate()
+        .find(|(_, (_, e))| key_eq(e.key(), new.key()))
+    else {
+        return append(page, entry);
+    };
+    let (into, at, records) = match (new.is_marker(), old.is_marker()) {
+        (true, _) => (
+            slot as u16,
+            Some(at),
+            new.consumptions().collect::<Vec<_>>(),
+        ),
+        (false, true) => {
+            let records: Vec<Consumption> = old.consumptions().collect();
+            remove(page, &[slot as u16])?;
+            append(page, entry)?;
+            (head(page).count - 1, None, records)
+        }
+        (false, false) => return Err(bad(PAGE_HEADER_LEN, "duplicate key in bucket")),
+    };
+    for c in &records {
+        insert_consumption(page, (into, at), &consumption_bytes(c))?;
+    }
     Ok(())
 }
 
@@ -798,6 +866,31 @@ fn used_len(page: &[u8]) -> Result<usize, PageError> {
         at += entry_len(page, at)?;
     }
     Ok(at)
+}
+
+/// Appends a spend marker for `key` holding `consumed` (sorted and
+/// deduplicated here) to `out`.
+///
+/// # Errors
+/// [`EncodeError::EntryBounds`] for no consumption or more than 255.
+pub fn encode_marker(
+    key: &OutPointKey,
+    consumed: &[Consumption],
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    let mut consumed = consumed.to_vec();
+    consumed.sort();
+    consumed.dedup();
+    if consumed.is_empty() || consumed.len() > 255 {
+        return Err(EncodeError::EntryBounds);
+    }
+    out.extend_from_slice(key);
+    out.extend_from_slice(&[0u8; 12]);
+    out.extend_from_slice(&[FLAG_MARKER, 0, consumed.len() as u8, 0, 0]);
+    for c in &consumed {
+        out.extend_from_slice(&consumption_bytes(c));
+    }
+    Ok(())
 }
 
 /// The on-disk image of a page: its used bytes, zero padding to

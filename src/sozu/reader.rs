@@ -9,7 +9,6 @@ use parking_lot::Mutex;
 use super::files::HEADER_FILE;
 use super::geo::{Addr, Descent, Geo};
 use super::lookup::{self, PageView, Query};
-use super::page::Slot;
 use super::records;
 use super::stats::{file_bytes, LayerScan, SozuStats};
 use super::storage::Storage;
@@ -140,7 +139,7 @@ impl SozuReader {
     ) -> Result<(), SozuError> {
         let published = &self.shards[s as usize];
         let queries: Vec<Query> = qs.iter().map(|(_, q)| *q).collect();
-        let mut slots: Vec<Option<Slot>> = vec![None; queries.len()];
+        let mut hits = vec![lookup::Hit::default(); queries.len()];
         let mut view = View {
             st: &mut *st,
             shard: s,
@@ -152,13 +151,15 @@ impl SozuReader {
             &queries,
             &mut view,
             &mut |qi, _, _, e| {
-                slots[qi] = Some(e.to_slot());
+                hits[qi].add(e);
                 Ok(())
             },
             None,
         )?;
-        for ((i, q), slot) in qs.iter().zip(slots) {
-            let Some(mut slot) = slot else { continue };
+        for ((i, q), hit) in qs.iter().zip(hits) {
+            let Some(mut slot) = hit.finish() else {
+                continue;
+            };
             if let Some((ext, len)) = slot.external {
                 slot.entry.coin.script_pubkey =
                     records::read_script(st, (s, published), None, &q.key, ext, len as usize)?;

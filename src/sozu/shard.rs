@@ -47,6 +47,8 @@ pub(super) struct Counters {
     /// was reached).
     pub(super) purge_checks: u64,
     pub(super) records_moved: u64,
+    /// Cold spends filed as spend markers.
+    pub(super) spend_markers: u64,
     /// Page-file reads a spill into an existing child made (to learn its
     /// purge hint and append to it).
     pub(super) spill_file_reads: u64,
@@ -68,6 +70,7 @@ impl Counters {
         self.purges += o.purges;
         self.purge_checks += o.purge_checks;
         self.records_moved += o.records_moved;
+        self.spend_markers += o.spend_markers;
         self.spill_file_reads += o.spill_file_reads;
         self.spill_reads_avoidable += o.spill_reads_avoidable;
         for (a, b) in self.flow.iter_mut().zip(&o.flow) {
@@ -175,14 +178,16 @@ impl Shard {
         geo: &Geo,
         queries: &[Query],
     ) -> Result<Vec<Option<Entry>>, SozuError> {
-        let mut slots = vec![None; queries.len()];
+        let mut hits = vec![lookup::Hit::default(); queries.len()];
         let mut at = Vec::new();
         self.locate(
             geo,
             queries,
             &mut |qi, addr, _, e| {
-                slots[qi] = Some(e.to_slot());
-                at.push((qi, addr));
+                hits[qi].add(e);
+                if !e.is_marker() {
+                    at.push((qi, addr));
+                }
                 Ok(())
             },
             None,
@@ -192,10 +197,9 @@ impl Shard {
         }
         self.located
             .extend(at.into_iter().map(|(qi, addr)| (queries[qi].key, addr)));
-        slots
-            .into_iter()
+        hits.into_iter()
             .zip(queries)
-            .map(|(s, q)| match s {
+            .map(|(h, q)| match h.finish() {
                 Some(mut s) => {
                     if let Some((ext, len)) = s.external {
                         s.entry.coin.script_pubkey = records::read_script(

@@ -7,6 +7,9 @@ use super::types::OutPointKey;
 /// One entry of an overflowing bucket, as the spill policy sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct SpillEntry {
+    /// A spend marker: markers flow before any entry, to meet their
+    /// entries below (`docs/sozu-format.md`, "Spend markers").
+    pub(super) marker: bool,
     /// Consumed by a block of the best chain (the seed's first key).
     pub(super) consumed_on_best: bool,
     /// Its highest production height (the seed's second key: oldest first).
@@ -38,9 +41,9 @@ pub(super) struct SpillInput<'a> {
 
 /// The indices (into `entries`, ascending) of the entries that flow down:
 ///
-/// 1. the seed's order — consumed on the best chain first (or last, with
-///    `consumed_first` off), then oldest highest production height, then
-///    key — gives the seed's spill prefix:
+/// 1. spend markers first, then the seed's order — consumed on the best
+///    chain first (or last, with `consumed_first` off), then oldest
+///    highest production height, then key — give the seed's spill prefix:
 ///    the entries it would move until the bucket holds `target` bytes;
 ///    count that prefix's bytes per child;
 /// 2. choose children — those already written first, then by decreasing
@@ -58,8 +61,9 @@ pub(super) fn choose(input: &SpillInput<'_>) -> Vec<usize> {
         let (x, y) = (&e[a], &e[b]);
         // The first key: the entries that flow first sort first.
         let first = |s: &SpillEntry| s.consumed_on_best == input.consumed_first;
-        first(y)
-            .cmp(&first(x))
+        y.marker
+            .cmp(&x.marker)
+            .then(first(y).cmp(&first(x)))
             .then(x.max_height.cmp(&y.max_height))
             .then_with(|| x.key.cmp(&y.key))
     });
@@ -126,6 +130,7 @@ mod tests {
 
     fn entry(i: u8, consumed: bool, h: u32, child: usize, len: usize) -> SpillEntry {
         SpillEntry {
+            marker: false,
             consumed_on_best: consumed,
             max_height: h,
             key: [i; 36],
@@ -194,6 +199,20 @@ mod tests {
             ..input(&e, 200, 0)
         };
         assert_eq!(choose(&literal), vec![0, 1, 2]);
+    }
+
+    /// Step 1: spend markers flow before everything else, the seed's
+    /// order after them.
+    #[test]
+    fn markers_flow_first() {
+        let mut e = vec![
+            entry(1, true, 10, 0, 100),
+            entry(2, false, 90, 0, 100),
+            entry(3, false, 5, 0, 100),
+        ];
+        e[1].marker = true;
+        assert_eq!(choose(&input(&e, 200, 0)), vec![1]);
+        assert_eq!(choose(&input(&e, 100, 0)), vec![0, 1]);
     }
 
     /// Step 2: a child that already has a page is chosen first, and a

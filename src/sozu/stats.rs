@@ -101,6 +101,10 @@ pub struct SozuStats {
     pub purge_checks: u64,
     /// Out-of-line script records moved by compaction since open.
     pub records_moved: u64,
+    /// Spends of entries below the pinned layers filed as spend markers
+    /// in the last pinned layer since open (`docs/sozu-format.md`, "Spend
+    /// markers").
+    pub spend_markers: u64,
     /// Commits since open.
     pub commits: u64,
     /// Checkpoints completed since open.

@@ -2,6 +2,7 @@
 //! [`UtxoTable`] operations. The module docs of [`crate::sozu`] give the
 //! design; `docs/sozu-format.md` the bytes.
 
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use super::storage::{FsStorage, Storage};
 use super::store::{io_err, read_existing_page, PageStore, Published};
 use super::summary::PageSummary;
 use super::types::{
-    outpoint_key, BlockOracle, BlockWrite, CommitTag, Entry, OutPointKey, PURGE_DEPTH,
+    outpoint_key, BlockOracle, BlockWrite, CommitTag, Consumption, Entry, OutPointKey, PURGE_DEPTH,
 };
 use super::walk::walk;
 use super::workers::Workers;
@@ -285,6 +286,7 @@ impl SozuTable {
             purges: c.purges,
             purge_checks: c.purge_checks,
             records_moved: c.records_moved,
+            spend_markers: c.spend_markers,
             spill_file_reads: c.spill_file_reads,
             spill_reads_avoidable: c.spill_reads_avoidable,
             disk_read_nanos: self.shards.iter().map(|s| s.store.file_read_nanos).sum(),
@@ -589,10 +591,25 @@ impl UtxoTable for SozuTable {
         self.check_poison()?;
         let geo = self.geo.clone();
         for s in &mut self.shards {
+            // The walk goes layer by layer from the top, so a key's spend
+            // markers come before its entry (`docs/sozu-format.md`, "Spend
+            // markers"); a marker whose entry is gone is nothing.
+            let mut marked: FxHashMap<OutPointKey, Vec<Consumption>> = FxHashMap::default();
             walk(&geo, geo.max_layer, &mut |a| {
                 let p = s.store.page(a)?;
                 for (_, e) in super::page::entries(&p) {
-                    f(&s.resolve(e)?);
+                    if e.is_marker() {
+                        marked
+                            .entry(e.key_array())
+                            .or_default()
+                            .extend(e.consumptions());
+                        continue;
+                    }
+                    let mut entry = s.resolve(e)?;
+                    if let Some(c) = marked.remove(&e.key_array()) {
+                        entry.merge_records(&[], &c);
+                    }
+                    f(&entry);
                 }
                 Ok(p)
             })?;

@@ -168,6 +168,24 @@ pub fn is_purgeable(
         })
 }
 
+/// The hard-delete rule of a spend marker (`docs/sozu-format.md`, "Spend
+/// markers"): every consumption it carries is on a block off the best
+/// chain at least [`PURGE_DEPTH`] below the tip `tip`. A consumption on the
+/// best chain keeps it until it meets its entry, whatever its depth: the
+/// entry below would otherwise read as unspent.
+pub fn is_dead_marker(
+    mut consumed: impl Iterator<Item = Consumption>,
+    oracle: &dyn BlockOracle,
+    tip: u32,
+) -> bool {
+    consumed.all(|c| {
+        oracle.best_height(c.block).is_none()
+            && oracle
+                .height(c.block)
+                .is_some_and(|h| h.saturating_add(PURGE_DEPTH) <= tip)
+    })
+}
+
 /// Depth in blocks after which spent and dead entries are hard-deleted and
 /// beyond which reorgs are refused (seed 000 suggests 100, the coinbase
 /// maturity).

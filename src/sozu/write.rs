@@ -24,8 +24,8 @@ use super::records;
 use super::shard::{op_err, vanished, Shard};
 use super::spill::{self, SpillEntry, SpillInput};
 use super::types::{
-    is_purgeable, BlockId, BlockOracle, Coin, Consumption, Entry, OutPointKey, Production,
-    PURGE_DEPTH,
+    is_dead_marker, is_purgeable, BlockId, BlockOracle, Coin, Consumption, Entry, OutPointKey,
+    Production, PURGE_DEPTH,
 };
 use super::SozuError;
 
@@ -72,6 +72,19 @@ struct PageWork {
 }
 
 type Work = Vec<BTreeMap<u64, PageWork>>;
+
+/// An insert (its index) that takes the place of a spend marker of its key
+/// (the marker's slot, its consumptions).
+type Absorbed = (usize, u16, Vec<Consumption>);
+
+/// A page's walk for its work: the merges, the inserts to append (by
+/// index), and those of them that absorb a marker.
+#[derive(Default)]
+struct PagePlan {
+    merges: Vec<EntryEdit>,
+    absent: Vec<usize>,
+    absorbed: Vec<Absorbed>,
+}
 
 /// The records one entry of a page lacks, found by the page's walk.
 struct EntryEdit {
@@ -160,10 +173,16 @@ impl Shard {
         // (BIP30): the lookup stops where nothing that recent went below.
         let floor = ctx.tip.min(ctx.height).saturating_sub(PURGE_DEPTH);
         let mut at: Vec<Option<(Addr, Vec<u64>)>> = (0..ops.len()).map(|_| None).collect();
-        // Spends the last lookups found need no new lookup.
+        // Spends the last lookups found need no new lookup, unless their
+        // entry is below the pinned layers: the marker needs the path.
+        let pinned = |a: &Addr| marker_layer(geo).is_none_or(|t| a.0 <= t);
         for (op, at) in ops.iter().zip(at.iter_mut()) {
             if op.create.is_none() {
-                *at = self.located.get(&op.key).map(|a| (*a, Vec::new()));
+                *at = self
+                    .located
+                    .get(&op.key)
+                    .filter(|a| pinned(a))
+                    .map(|a| (*a, Vec::new()));
             }
         }
         let idx: Vec<usize> = (0..ops.len())
@@ -182,8 +201,10 @@ impl Shard {
         self.locate(
             geo,
             &queries,
-            &mut |qi, addr, _, _| {
-                found[qi] = Some(addr);
+            &mut |qi, addr, _, e| {
+                if !e.is_marker() {
+                    found[qi] = Some(addr);
+                }
                 Ok(())
             },
             Some(&mut paths),
@@ -211,6 +232,12 @@ impl Shard {
         at: Option<(Addr, Vec<u64>)>,
         production: Production,
     ) -> Result<(), SozuError> {
+        if let (Some((addr, path)), None) = (&at, &op.create) {
+            if cold(ctx.geo, addr.0) {
+                self.counters.spend_markers += 1;
+                return file_marker(ctx.geo, work, &op, *addr, path);
+            }
+        }
         match (at, op.create) {
             (Some(((layer, page), path)), create) => {
                 if create.is_some() {
@@ -315,17 +342,13 @@ impl Shard {
 
     /// The records to add to each merged entry (an inserted key already
     /// present counts as a merge of the new entry's records), found by one
-    /// walk over the page, and the indexes of the inserts whose key is
-    /// absent.
-    fn plan_page(
-        &mut self,
-        addr: Addr,
-        w: &PageWork,
-    ) -> Result<(Vec<EntryEdit>, Vec<usize>), SozuError> {
+    /// walk over the page, and the indexes of the inserts to append.
+    fn plan_page(&mut self, addr: Addr, w: &PageWork) -> Result<PagePlan, SozuError> {
         let mut merges = Vec::new();
+        let mut absorbed = Vec::new();
         if w.merges.is_empty() && w.inserts.is_empty() {
             // Only spilled into: nothing to find in the page.
-            return Ok((merges, Vec::new()));
+            return Ok(PagePlan::default());
         }
         let p = self.store.page(addr)?;
         let mut present = vec![false; w.inserts.len()];
@@ -354,10 +377,17 @@ impl Shard {
                     });
                 }
             }
-            for (bytes, present) in w.inserts.iter().zip(present.iter_mut()) {
+            for (i, (bytes, present)) in w.inserts.iter().zip(present.iter_mut()).enumerate() {
                 if !*present && page::key_eq(&bytes[..36], e.key()) {
                     *present = true;
                     let new = page::EntryRef::parse(bytes).map_err(|_| vanished(addr.0, addr.1))?;
+                    if e.is_marker() && !new.is_marker() {
+                        // An entry inserted where a marker of its key is (a
+                        // marker whose entry was purged): it takes the
+                        // marker's place and consumptions.
+                        absorbed.push((i, slot as u16, e.consumptions().collect()));
+                        continue;
+                    }
                     let (produced, consumed) =
                         new_records(e, new.productions(), new.consumptions());
                     merges.push(EntryEdit {
@@ -372,15 +402,25 @@ impl Shard {
         if seen.iter().any(|s| !s) {
             return Err(vanished(addr.0, addr.1));
         }
-        let absent = (0..w.inserts.len()).filter(|&i| !present[i]).collect();
-        Ok((merges, absent))
+        let absent = (0..w.inserts.len())
+            .filter(|&i| !present[i] || absorbed.iter().any(|a: &Absorbed| a.0 == i))
+            .collect();
+        Ok(PagePlan {
+            merges,
+            absent,
+            absorbed,
+        })
     }
 
     /// Applies a page's merges (from the last entry up, so the offsets of
     /// the entries not yet edited stay valid) and appends its new entries;
     /// whether a record was added.
     fn merge_and_insert(&mut self, addr: Addr, w: &PageWork) -> Result<bool, SozuError> {
-        let (mut merges, absent) = self.plan_page(addr, w)?;
+        let PagePlan {
+            mut merges,
+            absent,
+            absorbed,
+        } = self.plan_page(addr, w)?;
         merges.sort_unstable_by_key(|m| std::cmp::Reverse(m.at));
         let mut added = !absent.is_empty();
         for m in merges {
@@ -395,8 +435,20 @@ impl Shard {
                 self.apply_at(Op::Consume { slot, record }, at)?;
             }
         }
+        if !absorbed.is_empty() {
+            let mut slots: Vec<u16> = absorbed.iter().map(|a| a.1).collect();
+            slots.sort_unstable();
+            self.apply(Op::Delete(slots.into()))?;
+        }
         for i in absent {
-            self.apply(Op::Insert(&w.inserts[i]))?;
+            match absorbed.iter().find(|a| a.0 == i) {
+                Some((_, _, consumed)) => {
+                    let bytes = with_consumptions(&w.inserts[i], consumed)
+                        .map_err(|_| vanished(addr.0, addr.1))?;
+                    self.apply(Op::Insert(&bytes))?;
+                }
+                None => self.apply(Op::Insert(&w.inserts[i]))?,
+            }
         }
         Ok(added)
     }
@@ -462,7 +514,13 @@ impl Shard {
         let mut hint = NO_PURGE;
         let mut dead = Vec::new();
         for (slot, (_, e)) in page::entries(&p).enumerate() {
-            if is_purgeable(e.productions(), e.consumptions(), ctx.oracle, ctx.tip) {
+            if e.is_marker() {
+                if is_dead_marker(e.consumptions(), ctx.oracle, ctx.tip) {
+                    slots.push(slot as u16);
+                } else {
+                    hint = hint.min(purge::entry_hint(e, ctx.oracle, ctx.tip));
+                }
+            } else if is_purgeable(e.productions(), e.consumptions(), ctx.oracle, ctx.tip) {
                 slots.push(slot as u16);
                 if let Some(ext) = e.external() {
                     records::mark_dead(&mut self.state.records, ext, e.script_len());
@@ -501,6 +559,7 @@ impl Shard {
                 let mut key = [0u8; 36];
                 key.copy_from_slice(e.key());
                 SpillEntry {
+                    marker: e.is_marker(),
                     consumed_on_best: e
                         .consumptions()
                         .any(|c| ctx.oracle.best_height(c.block).is_some()),
@@ -526,7 +585,17 @@ impl Shard {
                 .entry(entries[i].child)
                 .or_insert((Vec::new(), NO_PURGE, 0));
             c.0.push(i as u16);
-            c.1 = c.1.min(purge::entry_hint(all[i], ctx.oracle, ctx.tip));
+            // A marker whose spend is settled on the best chain makes the
+            // entry it meets purgeable: the child tests its entries now.
+            let e = all[i];
+            let hint = if e.is_marker()
+                && is_purgeable(std::iter::empty(), e.consumptions(), ctx.oracle, ctx.tip)
+            {
+                ctx.tip
+            } else {
+                purge::entry_hint(e, ctx.oracle, ctx.tip)
+            };
+            c.1 = c.1.min(hint);
             c.2 = c.2.max(entries[i].max_height);
         }
         drop(all);
@@ -597,6 +666,69 @@ impl Shard {
             children: children | (u64::from(mask) << page::CHILDREN_GROUP_BITS),
         })
     }
+}
+
+/// The layer that takes the spend markers of cold spends: the last pinned
+/// layer, if any layer is pinned (`docs/sozu-format.md`, "Spend markers").
+fn marker_layer(geo: &Geo) -> Option<u8> {
+    geo.ram_layers.checked_sub(1)
+}
+
+/// Whether a spend of an entry in `layer` is cold: below the layer that
+/// takes spend markers.
+fn cold(geo: &Geo, layer: u8) -> bool {
+    marker_layer(geo).is_some_and(|t| layer > t)
+}
+
+/// Files a cold spend of the entry at `at` as a spend marker in the last
+/// pinned page of its key's path (`path`, one page per layer above `at`),
+/// instead of an edit of the disk page that holds the entry; that page's
+/// walk merges it into a marker of the key already there.
+fn file_marker(
+    geo: &Geo,
+    work: &mut Work,
+    op: &KeyOp,
+    at: Addr,
+    path: &[u64],
+) -> Result<(), SozuError> {
+    let t = marker_layer(geo).unwrap_or(0);
+    let page = *path.get(t as usize).ok_or_else(|| vanished(at.0, at.1))?;
+    if op.consumed.is_empty() {
+        return Ok(());
+    }
+    let mut bytes = Vec::with_capacity(page::ENTRY_FIXED_LEN + 40 * op.consumed.len());
+    page::encode_marker(&op.key, &op.consumed, &mut bytes).map_err(|_| {
+        op_err(super::ops::OpError::Decode {
+            at: 0,
+            what: "spend marker over 255 consumptions",
+        })
+    })?;
+    work[t as usize]
+        .entry(page)
+        .or_default()
+        .inserts
+        .push(bytes);
+    Ok(())
+}
+
+/// The encoded entry `bytes` with `consumed` added to its consumptions.
+///
+/// # Errors
+/// `bytes` not one entry, or over 255 consumptions.
+fn with_consumptions(bytes: &[u8], consumed: &[Consumption]) -> Result<Vec<u8>, page::PageError> {
+    let slot = page::EntryRef::parse(bytes)?.to_slot();
+    let mut entry = slot.entry;
+    entry.merge_records(&[], consumed);
+    let field = match slot.external {
+        Some((ext, len)) => ScriptField::External(ext, len),
+        None => ScriptField::Inline(&entry.coin.script_pubkey),
+    };
+    let mut out = Vec::with_capacity(bytes.len() + 40 * consumed.len());
+    page::encode_entry(&entry, field, &mut out).map_err(|_| page::PageError::Malformed {
+        at: 50,
+        what: "more than 255 lifecycle records",
+    })?;
+    Ok(out)
 }
 
 /// The records of `produced` and `consumed` that entry `e` lacks, in order

@@ -177,6 +177,68 @@ fn duplicate_keys_refused_shared_prefixes_not() {
     );
 }
 
+/// Spend markers: encoded as the format says, checked, and merged when a
+/// spill brings a marker to its entry (or an entry to its marker).
+#[test]
+fn spend_markers_merge_on_arrival() {
+    let c = |b: u32| Consumption {
+        block: BlockId(b),
+        txid: Txid::from_byte_array([b as u8; 32]),
+        vin: b,
+    };
+    let e = slot(3, 22);
+    let key = outpoint_key(&e.entry.outpoint);
+    let marker = |cs: &[Consumption]| {
+        let mut m = Vec::new();
+        encode_marker(&key, cs, &mut m).unwrap();
+        m
+    };
+    let m = marker(&[c(8), c(7), c(8)]);
+    assert_eq!(m.len(), ENTRY_FIXED_LEN + 2 * CONSUMPTION_LEN);
+    let r = EntryRef::parse(&m).unwrap();
+    assert!(r.is_marker());
+    assert_eq!(r.np(), 0);
+    assert_eq!(r.consumptions().collect::<Vec<_>>(), vec![c(7), c(8)]);
+    r.validate().unwrap();
+    assert!(encode_marker(&key, &[], &mut Vec::new()).is_err());
+    // A marker with a coin or a production is malformed.
+    let mut bad = m.clone();
+    bad[36] = 1;
+    assert!(EntryRef::parse(&bad).unwrap().validate().is_err());
+    let other = encode(&decoded(vec![slot(1, 0)])).unwrap();
+    // Marker onto its entry: the entry gains the consumptions.
+    let mut p = encode(&decoded(vec![slot(1, 0), e.clone()])).unwrap();
+    arrive(&mut p, &m).unwrap();
+    validate(&p).unwrap();
+    let d = decode(&p);
+    assert_eq!(d.slots.len(), 2);
+    let mut want = e.entry.clone();
+    want.merge_records(&[], &[c(7), c(8)]);
+    assert_eq!(d.slots[1].entry, want);
+    // Marker onto a marker: one marker with both lists.
+    let mut p = other.clone();
+    append(&mut p, &marker(&[c(9)])).unwrap();
+    arrive(&mut p, &m).unwrap();
+    validate(&p).unwrap();
+    let (_, r) = entries(&p).nth(1).unwrap();
+    assert!(r.is_marker());
+    assert_eq!(r.consumptions().collect::<Vec<_>>(), vec![c(7), c(8), c(9)]);
+    // Entry onto its marker: the entry takes its place and consumptions.
+    let mut p = other.clone();
+    append(&mut p, &m).unwrap();
+    let bytes = encode(&decoded(vec![e.clone()])).unwrap();
+    arrive(&mut p, &bytes[PAGE_HEADER_LEN..]).unwrap();
+    validate(&p).unwrap();
+    let d = decode(&p);
+    assert_eq!(d.slots.len(), 2);
+    assert_eq!(d.slots[1].entry, want);
+    // An entry onto its own key is refused, the page unchanged.
+    let mut p = encode(&decoded(vec![e.clone()])).unwrap();
+    let before = p.clone();
+    assert!(arrive(&mut p, &bytes[PAGE_HEADER_LEN..]).is_err());
+    assert_eq!(p, before);
+}
+
 proptest::proptest! {
     /// The fuzz target's property, run on mutated valid pages in CI.
     #[test]
