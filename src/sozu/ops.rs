@@ -353,12 +353,7 @@ fn spill(
     } else {
         pages.edit(to).map_err(load)?
     };
-    let mut at = 0;
-    while at < moved.len() {
-        let len = page::entry_len(&moved, at).map_err(edit_err(from))?;
-        page::arrive(dest, &moved[at..at + len]).map_err(edit_err(to))?;
-        at += len;
-    }
+    page::arrive_all(dest, &moved).map_err(edit_err(to))?;
     let h = page::head(dest);
     page::set_head(dest, h.max_child_height, hint, h.children_field()).map_err(edit_err(to))
 }

@@ -520,6 +520,33 @@ pub fn append(page: &mut Vec<u8>, entry: &[u8]) -> Result<(), PageError> {
     Ok(())
 }
 
+/// Appends the entries `moved` (whole entries, concatenated) that one
+/// spill brings, as [`arrive`] does each; when neither they nor the page
+/// hold a spend marker (one walk of each), no key is searched for.
+///
+/// # Errors
+/// As [`arrive`]; the page may then hold some of the entries.
+pub fn arrive_all(page: &mut Vec<u8>, moved: &[u8]) -> Result<(), PageError> {
+    let mut spans = Vec::new();
+    let mut markers = false;
+    let mut at = 0;
+    while at < moved.len() {
+        let len = entry_len(moved, at)?;
+        markers |= EntryRef(&moved[at..at + len]).is_marker();
+        spans.push(at..at + len);
+        at += len;
+    }
+    markers |= entries(page).any(|(_, e)| e.is_marker());
+    for span in spans {
+        if markers {
+            arrive(page, &moved[span])?;
+        } else {
+            append(page, &moved[span])?;
+        }
+    }
+    Ok(())
+}
+
 /// Appends one entry arriving by a spill (`entry` exactly one whole
 /// entry), merging spend markers: a marker whose key the page holds adds
 /// its consumptions to that entry or marker; an entry arriving where its

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use bitcoin::OutPoint;
 
-use super::geo::{Addr, Geo};
+use super::geo::{Addr, Descent, Geo};
 use super::lookup::Query;
 use super::ops::Op;
 use super::page::{self, ScriptField, NO_PURGE};
@@ -173,16 +173,10 @@ impl Shard {
         // (BIP30): the lookup stops where nothing that recent went below.
         let floor = ctx.tip.min(ctx.height).saturating_sub(PURGE_DEPTH);
         let mut at: Vec<Option<(Addr, Vec<u64>)>> = (0..ops.len()).map(|_| None).collect();
-        // Spends the last lookups found need no new lookup, unless their
-        // entry is below the pinned layers: the marker needs the path.
-        let pinned = |a: &Addr| marker_layer(geo).is_none_or(|t| a.0 <= t);
+        // Spends the last lookups found need no new lookup.
         for (op, at) in ops.iter().zip(at.iter_mut()) {
             if op.create.is_none() {
-                *at = self
-                    .located
-                    .get(&op.key)
-                    .filter(|a| pinned(a))
-                    .map(|a| (*a, Vec::new()));
+                *at = self.located.get(&op.key).map(|a| (*a, Vec::new()));
             }
         }
         let idx: Vec<usize> = (0..ops.len())
@@ -233,9 +227,16 @@ impl Shard {
         production: Production,
     ) -> Result<(), SozuError> {
         if let (Some((addr, path)), None) = (&at, &op.create) {
-            if cold(ctx.geo, addr.0) {
+            if let Some(t) = cold(ctx.geo, addr.0) {
+                // The page of layer t on the key's path: from the lookup,
+                // or (a spend found by the last `get`) down the pinned
+                // layers' headers.
+                let page = match path.get(t as usize) {
+                    Some(&p) => p,
+                    None => self.pinned_path(ctx.geo, op.h, (t, *addr))?,
+                };
                 self.counters.spend_markers += 1;
-                return file_marker(ctx.geo, work, &op, *addr, path);
+                return file_marker(work, &op, (t, page));
             }
         }
         match (at, op.create) {
@@ -294,6 +295,23 @@ impl Shard {
             len: script.len(),
         })?;
         Ok(out)
+    }
+
+    /// The page of layer `t` (pinned) on the path of a key of hash `h`
+    /// whose entry is at `at`, below `t`: read from the headers of the
+    /// pinned pages above it, no file read.
+    ///
+    /// # Errors
+    /// [`SozuError::Corrupt`] when the path ends above layer `t`.
+    fn pinned_path(&mut self, geo: &Geo, h: u64, (t, at): (u8, Addr)) -> Result<u64, SozuError> {
+        let mut page = geo.layer0_page(h);
+        for layer in 0..t {
+            let d = Descent::of(&page::head(&self.store.page((layer, page))?));
+            page = geo
+                .child_of(d, h, layer, 0)
+                .ok_or_else(|| vanished(at.0, at.1))?;
+        }
+        Ok(page)
     }
 
     fn apply(&mut self, op: Op<'_>) -> Result<(), SozuError> {
@@ -443,8 +461,7 @@ impl Shard {
         for i in absent {
             match absorbed.iter().find(|a| a.0 == i) {
                 Some((_, _, consumed)) => {
-                    let bytes = with_consumptions(&w.inserts[i], consumed)
-                        .map_err(|_| vanished(addr.0, addr.1))?;
+                    let bytes = with_consumptions(&w.inserts[i], consumed)?;
                     self.apply(Op::Insert(&bytes))?;
                 }
                 None => self.apply(Op::Insert(&w.inserts[i]))?,
@@ -668,41 +685,23 @@ impl Shard {
     }
 }
 
-/// The layer that takes the spend markers of cold spends: the last pinned
-/// layer, if any layer is pinned (`docs/sozu-format.md`, "Spend markers").
-fn marker_layer(geo: &Geo) -> Option<u8> {
-    geo.ram_layers.checked_sub(1)
+/// For a spend of an entry in `layer`, the layer that takes its spend
+/// marker if the spend is cold: the last pinned layer, when `layer` is
+/// below it (`docs/sozu-format.md`, "Spend markers"; no pinned layer, no
+/// marker).
+fn cold(geo: &Geo, layer: u8) -> Option<u8> {
+    geo.ram_layers.checked_sub(1).filter(|&t| layer > t)
 }
 
-/// Whether a spend of an entry in `layer` is cold: below the layer that
-/// takes spend markers.
-fn cold(geo: &Geo, layer: u8) -> bool {
-    marker_layer(geo).is_some_and(|t| layer > t)
-}
-
-/// Files a cold spend of the entry at `at` as a spend marker in the last
-/// pinned page of its key's path (`path`, one page per layer above `at`),
-/// instead of an edit of the disk page that holds the entry; that page's
-/// walk merges it into a marker of the key already there.
-fn file_marker(
-    geo: &Geo,
-    work: &mut Work,
-    op: &KeyOp,
-    at: Addr,
-    path: &[u64],
-) -> Result<(), SozuError> {
-    let t = marker_layer(geo).unwrap_or(0);
-    let page = *path.get(t as usize).ok_or_else(|| vanished(at.0, at.1))?;
+/// Files a cold spend as a spend marker in page `page` of layer `t` on its
+/// key's path, instead of an edit of the disk page that holds the entry;
+/// that page's walk merges it into a marker of the key already there.
+fn file_marker(work: &mut Work, op: &KeyOp, (t, page): (u8, u64)) -> Result<(), SozuError> {
     if op.consumed.is_empty() {
         return Ok(());
     }
     let mut bytes = Vec::with_capacity(page::ENTRY_FIXED_LEN + 40 * op.consumed.len());
-    page::encode_marker(&op.key, &op.consumed, &mut bytes).map_err(|_| {
-        op_err(super::ops::OpError::Decode {
-            at: 0,
-            what: "spend marker over 255 consumptions",
-        })
-    })?;
+    page::encode_marker(&op.key, &op.consumed, &mut bytes).map_err(|_| too_many_records())?;
     work[t as usize]
         .entry(page)
         .or_default()
@@ -711,12 +710,24 @@ fn file_marker(
     Ok(())
 }
 
-/// The encoded entry `bytes` with `consumed` added to its consumptions.
+/// An entry or marker that would pass 255 consumptions: refused as any
+/// page edit the page cannot take.
+fn too_many_records() -> SozuError {
+    op_err(super::ops::OpError::Decode {
+        at: 0,
+        what: "more than 255 consumptions",
+    })
+}
+
+/// The encoded entry `bytes` (one whole entry, built by this writer) with
+/// `consumed` added to its consumptions.
 ///
 /// # Errors
-/// `bytes` not one entry, or over 255 consumptions.
-fn with_consumptions(bytes: &[u8], consumed: &[Consumption]) -> Result<Vec<u8>, page::PageError> {
-    let slot = page::EntryRef::parse(bytes)?.to_slot();
+/// More than 255 consumptions.
+fn with_consumptions(bytes: &[u8], consumed: &[Consumption]) -> Result<Vec<u8>, SozuError> {
+    let slot = page::EntryRef::parse(bytes)
+        .map_err(|_| too_many_records())?
+        .to_slot();
     let mut entry = slot.entry;
     entry.merge_records(&[], consumed);
     let field = match slot.external {
@@ -724,10 +735,7 @@ fn with_consumptions(bytes: &[u8], consumed: &[Consumption]) -> Result<Vec<u8>, 
         None => ScriptField::Inline(&entry.coin.script_pubkey),
     };
     let mut out = Vec::with_capacity(bytes.len() + 40 * consumed.len());
-    page::encode_entry(&entry, field, &mut out).map_err(|_| page::PageError::Malformed {
-        at: 50,
-        what: "more than 255 lifecycle records",
-    })?;
+    page::encode_entry(&entry, field, &mut out).map_err(|_| too_many_records())?;
     Ok(out)
 }
 

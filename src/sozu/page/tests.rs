@@ -232,6 +232,15 @@ fn spend_markers_merge_on_arrival() {
     let d = decode(&p);
     assert_eq!(d.slots.len(), 2);
     assert_eq!(d.slots[1].entry, want);
+    // One spill's entries at once: the marker merged, the other appended.
+    let mut p = encode(&decoded(vec![e.clone()])).unwrap();
+    let mut moved = m.clone();
+    moved.extend_from_slice(&other[PAGE_HEADER_LEN..]);
+    arrive_all(&mut p, &moved).unwrap();
+    validate(&p).unwrap();
+    let d = decode(&p);
+    assert_eq!(d.slots.len(), 2);
+    assert_eq!(d.slots[0].entry, want);
     // An entry onto its own key is refused, the page unchanged.
     let mut p = encode(&decoded(vec![e.clone()])).unwrap();
     let before = p.clone();
