@@ -346,8 +346,7 @@ impl<'a> EntryRef<'a> {
     }
     /// The whole entry, decoded (script empty when out of line).
     pub fn to_slot(&self) -> Slot {
-        let mut key = [0u8; 36];
-        key.copy_from_slice(self.key());
+        let key = self.key_array();
         let external = self.external().map(|ext| (ext, self.script_len() as u16));
         Slot {
             entry: Entry {

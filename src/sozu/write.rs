@@ -483,10 +483,8 @@ impl Shard {
             Some(_) => self.resolve(e)?.coin.script_pubkey == coin.script_pubkey,
         };
         if e.value() != coin.value.to_sat() || !same_script {
-            let mut key = [0u8; 36];
-            key.copy_from_slice(e.key());
             return Err(SozuError::CoinMismatch {
-                outpoint: super::types::key_outpoint(&key),
+                outpoint: super::types::key_outpoint(&e.key_array()),
             });
         }
         Ok(())
@@ -573,8 +571,7 @@ impl Shard {
         let entries: Vec<SpillEntry> = all
             .iter()
             .map(|e| {
-                let mut key = [0u8; 36];
-                key.copy_from_slice(e.key());
+                let key = e.key_array();
                 SpillEntry {
                     marker: e.is_marker(),
                     consumed_on_best: e
