@@ -161,11 +161,17 @@ pub fn is_purgeable(
     // tested first: a recent production cannot be dead, and most entries
     // a write looks at are recent, so most need no oracle call.
     produced.clone().next().is_some()
-        && produced.all(|p| {
-            deep(p.height)
-                && oracle.best_height(p.block).is_none()
-                && oracle.height(p.block).is_some_and(deep)
-        })
+        && produced.all(|p| deep(p.height) && settled_off_best(p.block, oracle, tip))
+}
+
+/// Whether `block` is off the best chain at least [`PURGE_DEPTH`] below
+/// the tip `tip`: no allowed reorg can bring it back (an unknown block
+/// never is).
+fn settled_off_best(block: BlockId, oracle: &dyn BlockOracle, tip: u32) -> bool {
+    oracle.best_height(block).is_none()
+        && oracle
+            .height(block)
+            .is_some_and(|h| h.saturating_add(PURGE_DEPTH) <= tip)
 }
 
 /// The hard-delete rule of a spend marker (`docs/sozu-format.md`, "Spend
@@ -178,12 +184,7 @@ pub fn is_dead_marker(
     oracle: &dyn BlockOracle,
     tip: u32,
 ) -> bool {
-    consumed.all(|c| {
-        oracle.best_height(c.block).is_none()
-            && oracle
-                .height(c.block)
-                .is_some_and(|h| h.saturating_add(PURGE_DEPTH) <= tip)
-    })
+    consumed.all(|c| settled_off_best(c.block, oracle, tip))
 }
 
 /// Depth in blocks after which spent and dead entries are hard-deleted and
