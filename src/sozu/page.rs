@@ -519,28 +519,62 @@ pub fn append(page: &mut Vec<u8>, entry: &[u8]) -> Result<(), PageError> {
     Ok(())
 }
 
-/// Appends the entries `moved` (whole entries, concatenated) that one
-/// spill brings, as [`arrive`] does each; when neither they nor the page
-/// hold a spend marker (one walk of each), no key is searched for.
+/// Appends the entries `moved` (whole entries, concatenated, of distinct
+/// keys: one bucket's, invariant 1) that one spill brings, with the result
+/// of [`arrive`] on each in turn, in one walk of each: an arriving marker
+/// is merged into the page's entry or marker of its key, found in that
+/// walk; an arriving entry is searched for only among the page's markers
+/// (an entry arriving onto its marker, the rare case, goes through
+/// [`arrive`]); everything else is appended in `moved`'s order. Merges are
+/// made from the page's end backwards, so the offsets of that walk stay
+/// true, and before any append, so the bytes are those of [`arrive`] on
+/// each entry in turn (replay of a `Spill` op journaled by an older build
+/// gives the same page).
 ///
 /// # Errors
-/// As [`arrive`]; the page may then hold some of the entries.
+/// [`PageError::Malformed`] for bytes of `moved` that are not whole
+/// entries or a merge past 255 consumptions; as [`arrive`] for an entry
+/// arriving onto its marker. The page may then hold some of the entries.
 pub fn arrive_all(page: &mut Vec<u8>, moved: &[u8]) -> Result<(), PageError> {
-    let mut spans = Vec::new();
-    let mut markers = false;
+    let mut arriving = Vec::new();
     let mut at = 0;
     while at < moved.len() {
         let len = entry_len(moved, at)?;
-        markers |= EntryRef(&moved[at..at + len]).is_marker();
-        spans.push(at..at + len);
+        arriving.push(EntryRef(&moved[at..at + len]));
         at += len;
     }
-    markers |= entries(page).any(|(_, e)| e.is_marker());
-    for span in spans {
-        if markers {
-            arrive(page, &moved[span])?;
+    let markers: Vec<usize> = (0..arriving.len())
+        .filter(|&i| arriving[i].is_marker())
+        .collect();
+    // The page's markers, and where each arriving marker merges.
+    let mut page_markers = Vec::new();
+    let mut merges = Vec::new();
+    for (slot, (at, e)) in entries(page).enumerate() {
+        if e.is_marker() {
+            page_markers.push(e.key_array());
+        }
+        if let Some(&i) = markers
+            .iter()
+            .find(|&&i| key_eq(arriving[i].key(), e.key()))
+        {
+            merges.push((slot as u16, at, i));
+        }
+    }
+    let mut merged = vec![false; arriving.len()];
+    for &(slot, at, i) in merges.iter().rev() {
+        merged[i] = true;
+        for c in arriving[i].consumptions() {
+            insert_consumption(page, (slot, Some(at)), &consumption_bytes(&c))?;
+        }
+    }
+    for (e, merged) in arriving.into_iter().zip(merged) {
+        if merged {
+            continue;
+        }
+        if !e.is_marker() && page_markers.iter().any(|k| key_eq(k, e.key())) {
+            arrive(page, e.0)?;
         } else {
-            append(page, &moved[span])?;
+            append(page, e.0)?;
         }
     }
     Ok(())

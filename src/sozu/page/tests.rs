@@ -345,3 +345,65 @@ fn expected_find(d: &Decoded, keys: &[OutPointKey]) -> PageFind {
             .collect(),
     }
 }
+
+/// [`arrive`] on each entry in turn: what [`arrive_all`] must equal.
+fn arrive_each(page: &mut Vec<u8>, moved: &[u8]) -> Result<(), PageError> {
+    let mut at = 0;
+    while at < moved.len() {
+        let len = entry_len(moved, at)?;
+        arrive(page, &moved[at..at + len])?;
+        at += len;
+    }
+    Ok(())
+}
+
+proptest::proptest! {
+    /// One spill's entries at once give the bytes of one entry at a time:
+    /// markers onto entries and onto markers, entries onto markers, and
+    /// keys the page does not hold, in any order (keys distinct within the
+    /// page and within the spill, as invariant 1 has them).
+    #[test]
+    fn arrive_all_equals_arrive_on_each(
+        page_items in proptest::collection::btree_map(0u8..40, proptest::prelude::any::<bool>(), 0..20),
+        moved_items in proptest::collection::btree_map(0u8..40, (proptest::prelude::any::<bool>(), 1u32..4), 0..16),
+        order in proptest::prelude::any::<u64>(),
+    ) {
+        let c = |b: u32| Consumption {
+            block: BlockId(b),
+            txid: Txid::from_byte_array([b as u8; 32]),
+            vin: b,
+        };
+        let key = |i: u8| outpoint_key(&slot(i, 0).entry.outpoint);
+        let entry_bytes = |i: u8| encode(&decoded(vec![slot(i, 3 + i as usize % 5)])).unwrap()[PAGE_HEADER_LEN..].to_vec();
+        let marker_bytes = |i: u8, n: u32| {
+            let mut m = Vec::new();
+            encode_marker(&key(i), &(0..n).map(|k| c(10 + k + i as u32)).collect::<Vec<_>>(), &mut m).unwrap();
+            m
+        };
+        // Page: entries and markers.
+        let mut page = new_page();
+        for (&i, &is_marker) in &page_items {
+            let bytes = if is_marker { marker_bytes(i, 1) } else { entry_bytes(i) };
+            append(&mut page, &bytes).unwrap();
+        }
+        // Spill: a marker, or an entry unless the page holds that key as an entry.
+        let mut items: Vec<Vec<u8>> = Vec::new();
+        for (&i, &(is_marker, n)) in &moved_items {
+            let page_entry = page_items.get(&i) == Some(&false);
+            if is_marker || page_entry {
+                items.push(marker_bytes(i, n));
+            } else {
+                items.push(entry_bytes(i));
+            }
+        }
+        let len = items.len().max(1);
+        items.rotate_left(order as usize % len);
+        let moved: Vec<u8> = items.concat();
+        let mut want = page.clone();
+        arrive_each(&mut want, &moved).unwrap();
+        let mut got = page;
+        arrive_all(&mut got, &moved).unwrap();
+        validate(&got).unwrap();
+        proptest::prop_assert_eq!(got, want);
+    }
+}
