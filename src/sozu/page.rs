@@ -694,15 +694,23 @@ fn cmp_consumption(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
 /// the caller knows it), in order; false if it was already there.
 ///
 /// # Errors
-/// [`PageError::Malformed`]: no such slot, or 255 productions already.
+/// [`PageError::Malformed`]: no such slot, a spend marker there (a marker
+/// holds no production: format 6), or 255 productions already.
 pub fn insert_production(
     page: &mut Vec<u8>,
-    slot: (u16, Option<usize>),
+    (slot, at): (u16, Option<usize>),
     record: &[u8; PRODUCTION_LEN],
 ) -> Result<bool, PageError> {
+    let at = match at {
+        Some(at) => at,
+        None => slot_span(page, slot)?.0,
+    };
+    if EntryRef(&page[at..at + entry_len(page, at)?]).is_marker() {
+        return Err(bad(at + 49, "production into a spend marker"));
+    }
     insert_record(
         page,
-        slot,
+        (slot, Some(at)),
         record,
         |e| (e.lists_at(), e.np(), 49),
         cmp_production,

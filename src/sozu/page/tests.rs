@@ -241,6 +241,19 @@ fn spend_markers_merge_on_arrival() {
     let d = decode(&p);
     assert_eq!(d.slots.len(), 2);
     assert_eq!(d.slots[0].entry, want);
+    // A production into a marker is refused, the page unchanged (found by
+    // the `bucket_page` fuzz target on 2026-11-28).
+    let mut p = other.clone();
+    append(&mut p, &m).unwrap();
+    let before = p.clone();
+    let record = encode_production(&Production {
+        block: BlockId(4),
+        height: 8,
+    });
+    assert!(insert_production(&mut p, (1, None), &record).is_err());
+    assert_eq!(p, before);
+    assert!(insert_production(&mut p, (0, None), &record).unwrap());
+    validate(&p).unwrap();
     // An entry onto its own key is refused, the page unchanged.
     let mut p = encode(&decoded(vec![e.clone()])).unwrap();
     let before = p.clone();
