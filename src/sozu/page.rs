@@ -629,12 +629,7 @@ fn insert_record(
     place: impl Fn(EntryRef<'_>) -> (usize, usize, usize),
     cmp: impl Fn(&[u8], &[u8]) -> std::cmp::Ordering,
 ) -> Result<bool, PageError> {
-    let at = match at {
-        Some(at) => at,
-        None => slot_span(page, slot)?.0,
-    };
-    let len = entry_len(page, at)?;
-    let e = EntryRef(&page[at..at + len]);
+    let (at, e) = entry_at(page, (slot, at))?;
     let (list_at, n, count_at) = place(e);
     if n == 255 {
         return Err(bad(at + count_at, "more than 255 lifecycle records"));
@@ -690,6 +685,23 @@ fn cmp_consumption(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     (u32_at(a, 0), &a[4..36], u32_at(a, 36)).cmp(&(u32_at(b, 0), &b[4..36], u32_at(b, 36)))
 }
 
+/// Entry `slot` of a page and its byte offset (`at` when the caller knows
+/// it).
+///
+/// # Errors
+/// [`PageError::Malformed`]: no such slot, or an entry overrunning the page.
+fn entry_at(
+    page: &[u8],
+    (slot, at): (u16, Option<usize>),
+) -> Result<(usize, EntryRef<'_>), PageError> {
+    let at = match at {
+        Some(at) => at,
+        None => slot_span(page, slot)?.0,
+    };
+    let len = entry_len(page, at)?;
+    Ok((at, EntryRef(&page[at..at + len])))
+}
+
 /// Adds a production record (8 bytes) to entry `slot` (at byte `at` when
 /// the caller knows it), in order; false if it was already there.
 ///
@@ -701,11 +713,8 @@ pub fn insert_production(
     (slot, at): (u16, Option<usize>),
     record: &[u8; PRODUCTION_LEN],
 ) -> Result<bool, PageError> {
-    let at = match at {
-        Some(at) => at,
-        None => slot_span(page, slot)?.0,
-    };
-    if EntryRef(&page[at..at + entry_len(page, at)?]).is_marker() {
+    let (at, e) = entry_at(page, (slot, at))?;
+    if e.is_marker() {
         return Err(bad(at + 49, "production into a spend marker"));
     }
     insert_record(
