@@ -32,7 +32,7 @@ use super::journal::{self, Body, Extent, PageImage, Record};
 use super::page;
 use super::records::{segment_file, split};
 use super::storage::Storage;
-use super::store::{io_err, layer_file};
+use super::store::{image_bytes, io_err, layer_file};
 use super::SozuError;
 
 /// Page images per record of the checkpoint file (bounds the memory one
@@ -75,33 +75,45 @@ pub(super) struct Job {
 /// them; the thread holds them until step 1 has written them.
 pub(super) type Images = Vec<Vec<(Addr, Arc<Vec<u8>>)>>;
 
+/// What a checkpoint is asked to write, by name ([`Job::new`] makes the
+/// job and its thread's images of it).
+pub(super) struct Plan {
+    /// As [`Job::generation`].
+    pub(super) generation: u64,
+    /// As [`Job::header`].
+    pub(super) header: Header,
+    /// As [`Job::disk_only`].
+    pub(super) disk_only: bool,
+    /// Per shard, the pages to write with their images, in address order.
+    pub(super) pages: Images,
+    /// As [`Job::records`].
+    pub(super) records: Vec<Vec<(u64, Arc<Vec<u8>>)>>,
+    /// As [`Job::delete`].
+    pub(super) delete: Vec<String>,
+    /// Page size in bytes.
+    pub(super) page_size: usize,
+}
+
 impl Job {
-    /// A job writing `pages` (per shard, in address order, with their
-    /// images), and the images for its thread.
-    pub(super) fn new(
-        generation: u64,
-        header: Header,
-        disk_only: bool,
-        pages: Images,
-        records: Vec<Vec<(u64, Arc<Vec<u8>>)>>,
-        delete: Vec<String>,
-        page_size: usize,
-    ) -> (Self, Images) {
-        let names = pages
+    /// The job of `plan` (its pages named by weak references), and the
+    /// images for its thread.
+    pub(super) fn new(plan: Plan) -> (Self, Images) {
+        let names = plan
+            .pages
             .iter()
             .map(|v| v.iter().map(|(a, p)| (*a, Arc::downgrade(p))).collect())
             .collect();
         let job = Job {
-            generation,
-            header,
-            disk_only,
+            generation: plan.generation,
+            header: plan.header,
+            disk_only: plan.disk_only,
             pages: names,
-            records,
-            delete,
-            page_size,
+            records: plan.records,
+            delete: plan.delete,
+            page_size: plan.page_size,
             released: AtomicU64::new(0),
         };
-        (job, pages)
+        (job, plan.pages)
     }
 
     /// Bytes of replaced images the thread has let go so far.
@@ -199,12 +211,12 @@ fn release(job: &Job, body: Body) {
     let Body::Images(images) = body else {
         return;
     };
-    let freed: usize = images
+    let freed: u64 = images
         .into_iter()
         .filter_map(|p| Arc::into_inner(p.image))
-        .map(|v| v.capacity())
+        .map(|v| image_bytes(&v))
         .sum();
-    job.released.fetch_add(freed as u64, Ordering::Relaxed);
+    job.released.fetch_add(freed, Ordering::Relaxed);
 }
 
 /// Step 3: the images read back from the checkpoint file, a record at a
@@ -426,15 +438,15 @@ mod tests {
             .map(|(_, p)| p.capacity() as u64)
             .sum();
         let expect: Vec<(Addr, Vec<u8>)> = images.iter().map(|(a, p)| (*a, p.to_vec())).collect();
-        let (job, images) = Job::new(
-            2,
-            header(),
-            false,
-            vec![images],
-            vec![Vec::new()],
-            Vec::new(),
-            4096,
-        );
+        let (job, images) = Job::new(Plan {
+            generation: 2,
+            header: header(),
+            disk_only: false,
+            pages: vec![images],
+            records: vec![Vec::new()],
+            delete: Vec::new(),
+            page_size: 4096,
+        });
         let mut st = MemStorage::new();
         run(&mut st, &job, images).unwrap();
         assert_eq!(job.released(), replaced);

@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use super::checkpoint::{Images, Job};
+use super::checkpoint::{Images, Job, Plan};
 use super::config::{JOURNAL_FLOOR, JOURNAL_SHARE};
 use super::files::journal_file;
 use super::journal::{self, Body, Extent, Record};
@@ -171,15 +171,15 @@ impl SozuTable {
         self.journal.other = self.journal.pos;
         self.journal.pos = 0;
         self.journal.truncate = true;
-        self.start(Job::new(
+        self.start(Job::new(Plan {
             generation,
             header,
-            false,
+            disk_only: false,
             pages,
             records,
             delete,
-            self.geo.page_size,
-        ))
+            page_size: self.geo.page_size,
+        }))
     }
 
     /// Whether the next checkpoint may write the disk layers only: no
@@ -204,28 +204,28 @@ impl SozuTable {
             pages.push(s.store.take_disk_pages());
             records.push(unwritten_records(s));
         }
-        self.start(Job::new(
-            self.base,
+        self.start(Job::new(Plan {
+            generation: self.base,
             header,
-            true,
+            disk_only: true,
             pages,
             records,
-            Vec::new(),
-            self.geo.page_size,
-        ))
+            delete: Vec::new(),
+            page_size: self.geo.page_size,
+        }))
     }
 
     /// Starts the checkpoint recovery found unfinished.
     fn start_pending(&mut self, p: PendingCheckpoint) -> Result<(), SozuError> {
-        self.start(Job::new(
-            p.header.generation,
-            p.header,
-            false,
-            p.pages,
-            p.records,
-            Vec::new(),
-            self.geo.page_size,
-        ))
+        self.start(Job::new(Plan {
+            generation: p.header.generation,
+            header: p.header,
+            disk_only: false,
+            pages: p.pages,
+            records: p.records,
+            delete: Vec::new(),
+            page_size: self.geo.page_size,
+        }))
     }
 
     fn start(&mut self, job: (Job, Images)) -> Result<(), SozuError> {

@@ -85,8 +85,9 @@ pub(super) fn edit_capacity(page_size: usize) -> usize {
 /// (a page edited in memory keeps [`edit_capacity`] bytes whatever it
 /// holds). Every account of this store (`memory`, `unflushed`,
 /// `held_twice`, the cache's weight) counts pages by it, so `ram_mib`
-/// bounds the memory the pages take, not their payload.
-fn image_bytes(page: &Arc<Vec<u8>>) -> u64 {
+/// bounds the memory the pages take, not their payload; so does the
+/// checkpoint thread's count of the images it lets go.
+pub(super) fn image_bytes(page: &Vec<u8>) -> u64 {
     page.capacity() as u64
 }
 
@@ -440,7 +441,8 @@ impl PageStore {
     /// cached, and the checkpoint's copies of images replaced since it
     /// started), by their allocations ([`image_bytes`]).
     pub(super) fn memory(&self) -> u64 {
-        let sum = |m: &FxHashMap<Addr, Arc<Vec<u8>>>| m.values().map(image_bytes).sum::<u64>();
+        let sum =
+            |m: &FxHashMap<Addr, Arc<Vec<u8>>>| m.values().map(|p| image_bytes(p)).sum::<u64>();
         sum(&self.committed) + sum(&self.dirty) + self.cache.weight() + self.held_twice
     }
 }
