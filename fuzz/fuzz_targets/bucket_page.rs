@@ -126,18 +126,18 @@ fn spill(page: &[u8], moved: &[u8], (keep, marks): (u8, u8)) {
 /// spend of block `marks` (so a merge onto its key adds bytes, and the
 /// offsets after it move).
 fn as_marker(e: page::EntryRef<'_>, marks: u8, i: usize) -> Vec<u8> {
-    let mut out = Vec::new();
+    if (marks >> (i % 8)) & 1 == 0 || e.is_marker() {
+        return e.bytes().to_vec();
+    }
     let mut consumed: Vec<Consumption> = e.consumptions().collect();
     consumed.push(Consumption {
         block: BlockId(u32::from(marks)),
         txid: Txid::from_byte_array([marks; 32]),
         vin: i as u32,
     });
-    if (marks >> (i % 8)) & 1 == 0
-        || e.is_marker()
-        || page::encode_marker(&e.key_array(), &consumed, &mut out).is_err()
-    {
-        return e.bytes().to_vec();
+    let mut out = Vec::new();
+    match page::encode_marker(&e.key_array(), &consumed, &mut out) {
+        Ok(()) => out,
+        Err(_) => e.bytes().to_vec(),
     }
-    out
 }
