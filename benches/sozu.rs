@@ -23,7 +23,9 @@
 //! table's own share of its files, `JOURNAL_SHARE`, usually ends it first), `SOZU_BENCH_GROWTH_BITS` (g: 2^g children per bucket, default that of
 //! `SozuConfig::default()`),
 //! `SOZU_BENCH_ALPHA_DEEP` (α of layers 2 and deeper, default that of
-//! `SozuConfig::default()`), `SOZU_BENCH_ALPHA_DISK` (α of the layers
+//! `SozuConfig::default()`), `SOZU_BENCH_CAPACITY_DEEP` (capacity of
+//! layers 2 and deeper, bytes, clamped to a page's payload; default that
+//! of `SozuConfig::default()`), `SOZU_BENCH_ALPHA_DISK` (α of the layers
 //! the budget does not pin, `SozuConfig::disk_alpha`; a number, or `none`
 //! for the α of the layers list; default that of `SozuConfig::default()`),
 //! `SOZU_BENCH_SPILL_CONSUMED` (`first`, `last-into-disk` or `last`:
@@ -639,6 +641,14 @@ fn sozu_config() -> SozuConfig {
     {
         for l in layers.iter_mut().skip(2) {
             l.alpha = a;
+        }
+    }
+    if let Some(c) = std::env::var("SOZU_BENCH_CAPACITY_DEEP")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        for l in layers.iter_mut().skip(2) {
+            l.capacity = c;
         }
     }
     SozuConfig {
