@@ -75,7 +75,8 @@ pub struct SozuStats {
     /// (`posix_fadvise(WILLNEED)`), so that reads overlap: those a batch of
     /// lookups is about to read from a disk layer, and the written children
     /// of the pages a write pass will spill (pages in memory are not
-    /// announced).
+    /// announced, nor any batch after one whose reads all came from the
+    /// OS's memory, until a read waits for the device again).
     pub disk_page_prefetches: u64,
     /// Page reads from the files that a spill into an existing child made
     /// since open (the child's purge hint and its bytes to append to).

@@ -49,6 +49,16 @@ pub trait Storage: Send {
     /// and nothing changes if it is ignored (the default), and a missing
     /// file is not created.
     fn prefetch(&mut self, _name: &str, _offset: u64, _len: u64) {}
+    /// Reads exactly `buf.len()` bytes at `offset` only if the medium can
+    /// give them without waiting for a device: `true` if it did (on Linux,
+    /// `preadv2(RWF_NOWAIT)`: the bytes were in the OS page cache),
+    /// `false` if they would need the device, the file is missing or short,
+    /// or the storage cannot tell (the default: every read then counts as
+    /// one that waited). Never an error: a caller that gets `false` reads
+    /// with [`Storage::read_at`], which reports what is wrong.
+    fn read_cached(&mut self, _name: &str, _offset: u64, _buf: &mut [u8]) -> bool {
+        false
+    }
     /// Writes `data` at `offset`, creating the file if needed.
     ///
     /// # Errors
@@ -94,6 +104,9 @@ pub trait Storage: Send {
 pub struct FsStorage {
     dir: PathBuf,
     files: HashMap<String, File>,
+    /// The file system refused `RWF_NOWAIT` once: [`Storage::read_cached`]
+    /// is not tried again.
+    no_nowait: bool,
 }
 
 impl FsStorage {
@@ -106,6 +119,7 @@ impl FsStorage {
         Ok(Self {
             dir: dir.to_path_buf(),
             files: HashMap::new(),
+            no_nowait: false,
         })
     }
 
@@ -165,6 +179,26 @@ impl Storage for FsStorage {
         }
         #[cfg(not(target_os = "linux"))]
         let _ = (name, offset, len);
+    }
+    #[cfg(target_os = "linux")]
+    fn read_cached(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> bool {
+        use rustix::io::{preadv2, Errno, ReadWriteFlags};
+        if self.no_nowait {
+            return false;
+        }
+        let Ok(f) = self.file_opt(name, false) else {
+            return false;
+        };
+        let mut bufs = [std::io::IoSliceMut::new(buf)];
+        let want = bufs[0].len();
+        match preadv2(&*f, &mut bufs, offset, ReadWriteFlags::NOWAIT) {
+            Ok(n) => n == want,
+            Err(Errno::OPNOTSUPP | Errno::INVAL | Errno::NOSYS) => {
+                self.no_nowait = true;
+                false
+            }
+            Err(_) => false,
+        }
     }
     fn write_at(&mut self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;

@@ -112,30 +112,36 @@ type PageCache = quick_cache::unsync::Cache<
 
 /// Reads page `addr` of shard `shard` from its file and checks it:
 /// `None` when the page was never written (past the end, or a hole).
+/// Sets `waited` when its bytes were not in the OS's memory (or the storage
+/// cannot tell: [`Storage::read_cached`]).
 ///
 /// # Errors
 /// [`SozuError::Corrupt`] for a written page that fails its checks, I/O.
-pub(super) fn read_page_file(
+fn read_page_file(
     st: &mut dyn Storage,
     shard: u8,
     (layer, page_no): Addr,
     page_size: usize,
+    waited: &mut bool,
 ) -> Result<Option<Vec<u8>>, SozuError> {
     let name = layer_file(shard, layer);
     let offset = page_no.saturating_mul(page_size as u64);
     READ_BUF.with_borrow_mut(|buf| {
         buf.resize(page_size, 0);
-        match st.read_at(&name, offset, buf) {
-            Ok(()) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::NotFound
-                ) =>
-            {
-                return Ok(None)
+        if !st.read_cached(&name, offset, buf) {
+            *waited = true;
+            match st.read_at(&name, offset, buf) {
+                Ok(()) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::NotFound
+                    ) =>
+                {
+                    return Ok(None)
+                }
+                Err(e) => return Err(io_err(st, &name, e)),
             }
-            Err(e) => return Err(io_err(st, &name, e)),
         }
         if buf.iter().all(|&b| b == 0) {
             return Ok(None);
@@ -160,7 +166,18 @@ pub(super) fn read_existing_page(
     addr: Addr,
     page_size: usize,
 ) -> Result<Vec<u8>, SozuError> {
-    read_page_file(st, shard, addr, page_size)?.ok_or_else(|| {
+    read_existing_page_noting(st, shard, addr, page_size, &mut false)
+}
+
+/// [`read_existing_page`], setting `waited` as [`read_page_file`] does.
+fn read_existing_page_noting(
+    st: &mut dyn Storage,
+    shard: u8,
+    addr: Addr,
+    page_size: usize,
+    waited: &mut bool,
+) -> Result<Vec<u8>, SozuError> {
+    read_page_file(st, shard, addr, page_size, waited)?.ok_or_else(|| {
         corrupt(
             st.path_of(&layer_file(shard, addr.0)),
             addr.1.saturating_mul(page_size as u64),
@@ -193,6 +210,10 @@ pub(super) struct PageStore {
     /// Pages announced to the storage before a batch of reads
     /// ([`PageStore::prefetch`]).
     pub(super) prefetches: u64,
+    /// A page read from the files since the last batch was announced
+    /// waited for the device (or the storage cannot tell): the next batch
+    /// is announced.
+    waited: bool,
     /// Bytes of committed images a commit replaced while a checkpoint in
     /// flight still held them: held twice (the checkpoint's copy and the
     /// new one) until its thread lets them go, which the table learns from
@@ -243,6 +264,7 @@ impl PageStore {
             file_reads_by_layer: [0; MAX_LAYERS],
             file_read_nanos: 0,
             prefetches: 0,
+            waited: true,
             held_twice: 0,
         }
     }
@@ -285,7 +307,13 @@ impl PageStore {
             *n += 1;
         }
         let start = std::time::Instant::now();
-        let p = read_existing_page(self.storage.as_mut(), self.shard, addr, self.page_size)?;
+        let p = read_existing_page_noting(
+            self.storage.as_mut(),
+            self.shard,
+            addr,
+            self.page_size,
+            &mut self.waited,
+        )?;
         if addr.0 >= self.ram_layers && !self.published.summaries.read().contains(addr) {
             let s = PageSummary::of(&p, &self.signature_key);
             self.published.summaries.write().set(addr, s);
@@ -296,8 +324,16 @@ impl PageStore {
 
     /// Hints that the pages `addrs` are about to be read: those in no
     /// map or cache of this store are announced to the storage
-    /// ([`Storage::prefetch`]), so their file reads overlap.
+    /// ([`Storage::prefetch`]), so their file reads overlap — unless every
+    /// page read from the files since the last batch came from the OS's
+    /// memory ([`Storage::read_cached`]): the page files are then cached,
+    /// an announcement would only cost a system call per page, and none is
+    /// made until a read waits for the device again (that read's batch
+    /// goes unannounced; the next one is announced).
     pub(super) fn prefetch(&mut self, addrs: &[Addr]) {
+        if !std::mem::replace(&mut self.waited, false) {
+            return;
+        }
         let ps = self.page_size as u64;
         for &addr in addrs {
             if !self.dirty.contains_key(&addr)
