@@ -112,8 +112,9 @@ type PageCache = quick_cache::unsync::Cache<
 
 /// Reads page `addr` of shard `shard` from its file and checks it:
 /// `None` when the page was never written (past the end, or a hole).
-/// Sets `waited` when its bytes were not in the OS's memory (or the storage
-/// cannot tell: [`Storage::read_cached`]).
+/// With `waited`, asks the OS's memory first ([`Storage::read_cached`]) and
+/// sets it when the bytes were not there (or the storage cannot tell);
+/// without, reads at once.
 ///
 /// # Errors
 /// [`SozuError::Corrupt`] for a written page that fails its checks, I/O.
@@ -122,14 +123,17 @@ fn read_page_file(
     shard: u8,
     (layer, page_no): Addr,
     page_size: usize,
-    waited: &mut bool,
+    waited: Option<&mut bool>,
 ) -> Result<Option<Vec<u8>>, SozuError> {
     let name = layer_file(shard, layer);
     let offset = page_no.saturating_mul(page_size as u64);
     READ_BUF.with_borrow_mut(|buf| {
         buf.resize(page_size, 0);
-        if !st.read_cached(&name, offset, buf) {
-            *waited = true;
+        let cached = waited.is_some() && st.read_cached(&name, offset, buf);
+        if !cached {
+            if let Some(w) = waited {
+                *w = true;
+            }
             match st.read_at(&name, offset, buf) {
                 Ok(()) => {}
                 Err(e)
@@ -166,16 +170,18 @@ pub(super) fn read_existing_page(
     addr: Addr,
     page_size: usize,
 ) -> Result<Vec<u8>, SozuError> {
-    read_existing_page_noting(st, shard, addr, page_size, &mut false)
+    read_existing_page_noting(st, shard, addr, page_size, None)
 }
 
-/// [`read_existing_page`], setting `waited` as [`read_page_file`] does.
+/// [`read_existing_page`], asking the OS's memory first and setting
+/// `waited` as [`read_page_file`] does (the writer's reads: only they
+/// decide whether to announce).
 fn read_existing_page_noting(
     st: &mut dyn Storage,
     shard: u8,
     addr: Addr,
     page_size: usize,
-    waited: &mut bool,
+    waited: Option<&mut bool>,
 ) -> Result<Vec<u8>, SozuError> {
     read_page_file(st, shard, addr, page_size, waited)?.ok_or_else(|| {
         corrupt(
@@ -312,7 +318,7 @@ impl PageStore {
             self.shard,
             addr,
             self.page_size,
-            &mut self.waited,
+            Some(&mut self.waited),
         )?;
         if addr.0 >= self.ram_layers && !self.published.summaries.read().contains(addr) {
             let s = PageSummary::of(&p, &self.signature_key);
