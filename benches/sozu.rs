@@ -635,21 +635,15 @@ fn sozu_config() -> SozuConfig {
         Ok(v) => v.parse::<f64>().ok(),
         Err(_) => SozuConfig::default().disk_alpha,
     };
-    if let Some(a) = std::env::var("SOZU_BENCH_ALPHA_DEEP")
+    let alpha_deep = std::env::var("SOZU_BENCH_ALPHA_DEEP")
         .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-    {
-        for l in layers.iter_mut().skip(2) {
-            l.alpha = a;
-        }
-    }
-    if let Some(c) = std::env::var("SOZU_BENCH_CAPACITY_DEEP")
+        .and_then(|v| v.parse::<f64>().ok());
+    let capacity_deep = std::env::var("SOZU_BENCH_CAPACITY_DEEP")
         .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        for l in layers.iter_mut().skip(2) {
-            l.capacity = c;
-        }
+        .and_then(|v| v.parse::<usize>().ok());
+    for l in layers.iter_mut().skip(2) {
+        l.alpha = alpha_deep.unwrap_or(l.alpha);
+        l.capacity = capacity_deep.unwrap_or(l.capacity);
     }
     SozuConfig {
         layers,
