@@ -894,6 +894,102 @@ fn lookups_announce_the_pages_they_read_unless_cached() {
     assert!(announced <= reads, "announced {announced}, read {reads}");
 }
 
+/// The concurrent reader announces as the writer does, by handle: a batch
+/// after one read wholly from the OS's memory announces nothing; once the
+/// files are dropped from the page cache, a read that waits turns the
+/// announcements back on for the next batch of the same lookup.
+#[cfg(target_os = "linux")]
+#[test]
+fn concurrent_reads_announce_the_pages_they_read_unless_cached() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let seed = 12u64;
+    let blocks: Vec<BlockWrite> = (1..=120).map(|h| kill_block(seed, h)).collect();
+    let old = never_spent(&blocks, 30);
+    assert!(old.len() > 50, "{} keys", old.len());
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let mut t = SozuTable::open(dir.path(), kill_config()).expect("open");
+    for w in &blocks {
+        t.write_block(w, &Linear(w.height), &mut |_| {})
+            .expect("write");
+        t.commit(tag(w.height, w.height)).expect("commit");
+    }
+    t.checkpoint_now().expect("checkpoint");
+    drop(t);
+    let announced = std::sync::Arc::new(AtomicU64::new(0));
+    let fs = FsStorage::new(dir.path()).expect("storage");
+    let storage = Counting(Box::new(fs), announced.clone());
+    let t = SozuTable::open_with_storage(Box::new(storage), kill_config()).expect("reopen");
+    let reader = t.reader();
+    // (pages announced) by one batch, every key found.
+    let lookup = |keys: &[(OutPoint, Amount)]| {
+        let before = announced.load(Ordering::Relaxed);
+        let ops: Vec<OutPoint> = keys.iter().map(|(o, _)| *o).collect();
+        let got = reader.get_batch(&ops).expect("get_batch");
+        for ((op, value), e) in keys.iter().zip(got) {
+            assert_eq!(e.map(|e| e.coin.value), Some(*value), "{op}");
+        }
+        announced.load(Ordering::Relaxed) - before
+    };
+    let (first, second) = old.split_at(old.len() / 2);
+    lookup(first);
+    assert_eq!(lookup(second), 0, "announced while the files are cached");
+    drop_from_page_cache(dir.path());
+    assert!(lookup(&old) > 0, "no announcement once reads waited");
+}
+
+/// A storage that counts the pages announced to it
+/// ([`Storage::prefetch`]), its clones included.
+struct Counting(
+    Box<dyn Storage>,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+);
+
+impl Storage for Counting {
+    fn exists(&mut self, name: &str) -> std::io::Result<bool> {
+        self.0.exists(name)
+    }
+    fn len(&mut self, name: &str) -> std::io::Result<u64> {
+        self.0.len(name)
+    }
+    fn allocated(&mut self, name: &str) -> std::io::Result<u64> {
+        self.0.allocated(name)
+    }
+    fn read_at(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0.read_at(name, offset, buf)
+    }
+    fn prefetch(&mut self, name: &str, offset: u64, len: u64) {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.prefetch(name, offset, len);
+    }
+    fn read_cached(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> bool {
+        self.0.read_cached(name, offset, buf)
+    }
+    fn write_at(&mut self, name: &str, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0.write_at(name, offset, data)
+    }
+    fn set_len(&mut self, name: &str, len: u64) -> std::io::Result<()> {
+        self.0.set_len(name, len)
+    }
+    fn sync(&mut self, name: &str) -> std::io::Result<()> {
+        self.0.sync(name)
+    }
+    fn remove(&mut self, name: &str) -> std::io::Result<()> {
+        self.0.remove(name)
+    }
+    fn rename(&mut self, from: &str, to: &str) -> std::io::Result<()> {
+        self.0.rename(from, to)
+    }
+    fn sync_dir(&mut self) -> std::io::Result<()> {
+        self.0.sync_dir()
+    }
+    fn path_of(&self, name: &str) -> std::path::PathBuf {
+        self.0.path_of(name)
+    }
+    fn try_clone(&self) -> std::io::Result<Box<dyn Storage>> {
+        Ok(Box::new(Counting(self.0.try_clone()?, self.1.clone())))
+    }
+}
+
 /// Asks the kernel to drop the (clean, synced) cached pages of every file
 /// in `dir` (`posix_fadvise(DONTNEED)`).
 #[cfg(target_os = "linux")]

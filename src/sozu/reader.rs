@@ -12,7 +12,7 @@ use super::lookup::{self, PageView, Query};
 use super::records;
 use super::stats::{file_bytes, LayerScan, SozuStats};
 use super::storage::Storage;
-use super::store::{io_err, layer_file, read_existing_page, Published};
+use super::store::{io_err, layer_file, read_existing_page_noting, Published};
 use super::types::{outpoint_key, Entry};
 use super::walk::walk;
 use super::{SozuError, UtxoReader};
@@ -33,7 +33,7 @@ pub struct SozuReader {
     geo: Geo,
     shards: Vec<Arc<Published>>,
     /// Idle storage handles, reused across calls (a call takes one).
-    handles: Mutex<Vec<Box<dyn Storage>>>,
+    handles: Mutex<Vec<Handle>>,
     /// Cloned for a call when no idle handle is left.
     template: Mutex<Box<dyn Storage>>,
 }
@@ -49,9 +49,21 @@ impl std::fmt::Debug for SozuReader {
 /// Idle handles a [`SozuReader`] keeps for reuse.
 const IDLE_HANDLES: usize = 16;
 
+/// A storage handle of a [`SozuReader`], with the state of its
+/// announcements, kept as the writer's `PageStore` keeps it
+/// (`docs/sozu-format.md`, "Batched reads").
+struct Handle {
+    st: Box<dyn Storage>,
+    /// A page read through this handle since its last announced batch
+    /// waited for the device (or the storage cannot tell): the next batch
+    /// is announced. A new handle starts so.
+    waited: bool,
+}
+
 /// One shard's committed pages as a reader sees them.
 struct View<'a> {
     st: &'a mut dyn Storage,
+    waited: &'a mut bool,
     shard: u8,
     page_size: usize,
     published: &'a Published,
@@ -73,14 +85,25 @@ impl PageView for View<'_> {
             if let Some(p) = self.published.page(&addr) {
                 return Ok(p);
             }
-            let r = read_existing_page(self.st, self.shard, addr, self.page_size);
+            let r = read_existing_page_noting(
+                self.st,
+                self.shard,
+                addr,
+                self.page_size,
+                Some(&mut *self.waited),
+            );
             if before == self.published.epoch() || tries >= MAX_RETRIES {
                 return r.map(Arc::new);
             }
             tries += 1;
         }
     }
+    /// Announces the pages not in memory, unless every page this handle
+    /// read since its last announced batch came from the OS's memory.
     fn prefetch(&mut self, addrs: &[Addr]) {
+        if !std::mem::replace(self.waited, false) {
+            return;
+        }
         let ps = self.page_size as u64;
         let cold: Vec<Addr> = {
             let pages = self.published.pages.read();
@@ -109,21 +132,23 @@ impl SozuReader {
 
     fn with_handle<R>(
         &self,
-        f: impl FnOnce(&mut dyn Storage) -> Result<R, SozuError>,
+        f: impl FnOnce(&mut Handle) -> Result<R, SozuError>,
     ) -> Result<R, SozuError> {
         let popped = self.handles.lock().pop();
-        let mut st = match popped {
+        let mut h = match popped {
             Some(h) => h,
             None => {
                 let t = self.template.lock();
-                t.try_clone()
-                    .map_err(|e| io_err(t.as_ref(), HEADER_FILE, e))?
+                let st = t
+                    .try_clone()
+                    .map_err(|e| io_err(t.as_ref(), HEADER_FILE, e))?;
+                Handle { st, waited: true }
             }
         };
-        let r = f(st.as_mut());
+        let r = f(&mut h);
         let mut idle = self.handles.lock();
         if idle.len() < IDLE_HANDLES {
-            idle.push(st);
+            idle.push(h);
         }
         r
     }
@@ -132,7 +157,7 @@ impl SozuReader {
     /// query)` pairs) into `out`.
     fn lookup_shard(
         &self,
-        st: &mut dyn Storage,
+        h: &mut Handle,
         s: u8,
         qs: &[(usize, Query)],
         out: &mut [Option<Entry>],
@@ -141,7 +166,8 @@ impl SozuReader {
         let queries: Vec<Query> = qs.iter().map(|(_, q)| *q).collect();
         let mut hits = vec![lookup::Hit::default(); queries.len()];
         let mut view = View {
-            st: &mut *st,
+            st: h.st.as_mut(),
+            waited: &mut h.waited,
             shard: s,
             page_size: self.geo.page_size,
             published,
@@ -161,19 +187,21 @@ impl SozuReader {
                 continue;
             };
             if let Some((ext, len)) = slot.external {
-                slot.entry.coin.script_pubkey =
-                    records::read_script(st, (s, published), None, &q.key, ext, len as usize)?;
+                slot.entry.coin.script_pubkey = records::read_script(
+                    h.st.as_mut(),
+                    (s, published),
+                    None,
+                    &q.key,
+                    ext,
+                    len as usize,
+                )?;
             }
             out[*i] = Some(slot.entry);
         }
         Ok(())
     }
 
-    fn lookup(
-        &self,
-        st: &mut dyn Storage,
-        keys: &[OutPoint],
-    ) -> Result<Vec<Option<Entry>>, SozuError> {
+    fn lookup(&self, h: &mut Handle, keys: &[OutPoint]) -> Result<Vec<Option<Entry>>, SozuError> {
         let mut by_shard: Vec<Vec<(usize, Query)>> = vec![Vec::new(); self.shards.len()];
         for (i, k) in keys.iter().enumerate() {
             let key = outpoint_key(k);
@@ -190,7 +218,7 @@ impl SozuReader {
         let mut out = vec![None; keys.len()];
         for (s, qs) in by_shard.iter().enumerate() {
             if !qs.is_empty() {
-                self.lookup_shard(st, s as u8, qs, &mut out)?;
+                self.lookup_shard(h, s as u8, qs, &mut out)?;
             }
         }
         Ok(out)
@@ -199,7 +227,7 @@ impl SozuReader {
 
 impl UtxoReader for SozuReader {
     fn get_batch(&self, keys: &[OutPoint]) -> Result<Vec<Option<Entry>>, SozuError> {
-        self.with_handle(|st| self.lookup(st, keys))
+        self.with_handle(|h| self.lookup(h, keys))
     }
 
     /// Layers, payload and bytes on disk from a walk over the committed
@@ -207,12 +235,13 @@ impl UtxoReader for SozuReader {
     /// counters are the writer's ([`super::UtxoTable::sozu_counters`]) and
     /// are 0 here.
     fn scan_stats(&self) -> Result<Option<SozuStats>, SozuError> {
-        self.with_handle(|st| {
+        self.with_handle(|h| {
             let geo = &self.geo;
             let mut scan = LayerScan::default();
             for (s, published) in self.shards.iter().enumerate() {
                 let mut view = View {
-                    st: &mut *st,
+                    st: h.st.as_mut(),
+                    waited: &mut h.waited,
                     shard: s as u8,
                     page_size: geo.page_size,
                     published,
@@ -224,7 +253,7 @@ impl UtxoReader for SozuReader {
                 })?;
             }
             let states: Vec<_> = self.shards.iter().map(|p| *p.state.read()).collect();
-            let files = file_bytes(st, geo, &states)?;
+            let files = file_bytes(h.st.as_mut(), geo, &states)?;
             Ok(Some(scan.finish(geo, files, SozuStats::default())))
         })
     }

@@ -174,9 +174,10 @@ pub(super) fn read_existing_page(
 }
 
 /// [`read_existing_page`], asking the OS's memory first and setting
-/// `waited` as [`read_page_file`] does (the writer's reads: only they
-/// decide whether to announce).
-fn read_existing_page_noting(
+/// `waited` as [`read_page_file`] does (the reads of the writer and of a
+/// concurrent reader's handle: each decides by its own whether to
+/// announce).
+pub(super) fn read_existing_page_noting(
     st: &mut dyn Storage,
     shard: u8,
     addr: Addr,
