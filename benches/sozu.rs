@@ -754,12 +754,13 @@ fn print_block_figures(
         (stats.purges - m.purges) as f64 / nb,
     );
     println!(
-        "  per measured block: {:.0} page reads from files, {:.0} lookups below the RAM layers, {:.0} spends filed as spend markers, {:.0} page images checkpointed ({:.0} of the pinned layers); checkpoints in the measured blocks: {} (of the disk layers only: {})",
+        "  per measured block: {:.0} page reads from files, {:.0} lookups below the RAM layers, {:.0} spends filed as spend markers, {:.0} page images checkpointed ({:.0} of the pinned layers), {:.2} ms of checkpoint thread CPU; checkpoints in the measured blocks: {} (of the disk layers only: {})",
         (stats.disk_page_reads - m.disk_page_reads) as f64 / nb,
         (stats.deep_lookups - m.deep_lookups) as f64 / nb,
         (stats.spend_markers - m.spend_markers) as f64 / nb,
         (stats.checkpoint_pages - m.checkpoint_pages) as f64 / nb,
         (stats.checkpoint_pinned_pages - m.checkpoint_pinned_pages) as f64 / nb,
+        (stats.checkpoint_cpu_nanos - m.checkpoint_cpu_nanos) as f64 / nb / 1e6,
         stats.checkpoints - m.checkpoints,
         stats.disk_only_checkpoints - m.disk_only_checkpoints,
     );

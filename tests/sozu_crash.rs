@@ -862,6 +862,7 @@ fn lookups_announce_the_pages_they_read_unless_cached() {
         t.commit(tag(w.height, w.height)).expect("commit");
     }
     t.checkpoint_now().expect("checkpoint");
+    assert!(t.counters().checkpoint_cpu_nanos > 0, "{:?}", t.counters());
     drop(t);
     // (pages announced, pages read from the files) by one batch.
     let lookup = |t: &mut SozuTable, old: &[(OutPoint, Amount)]| {

@@ -279,6 +279,7 @@ impl SozuTable {
             }
         }
         self.counters.checkpoints += 1;
+        self.counters.checkpoint_cpu_nanos += job.cpu_nanos();
         Ok(())
     }
 

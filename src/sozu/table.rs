@@ -51,6 +51,9 @@ pub(super) struct TableCounters {
     pub(super) journal_bytes: u64,
     /// Page images handed to checkpoints: (all, of the pinned layers).
     pub(super) checkpoint_pages: (u64, u64),
+    /// CPU time of the threads that ran the finished checkpoints, in
+    /// nanoseconds.
+    pub(super) checkpoint_cpu_nanos: u64,
     /// Commits that waited for the running checkpoint (memory bound).
     pub(super) checkpoint_waits: u64,
     /// Time those commits waited, in nanoseconds.
@@ -299,6 +302,7 @@ impl SozuTable {
             journal_bound_bytes: self.journal_bound,
             checkpoint_pages: t.checkpoint_pages.0,
             checkpoint_pinned_pages: t.checkpoint_pages.1,
+            checkpoint_cpu_nanos: t.checkpoint_cpu_nanos,
             memory_bytes: memory + summaries,
             summary_bytes: summaries,
             checkpoint_waits: t.checkpoint_waits,
