@@ -57,6 +57,8 @@ struct Totals {
     disk_only_checkpoints: u64,
     /// Cold spends filed as spend markers.
     spend_markers: u64,
+    /// Entries inserted onto a spend marker of their key.
+    markers_absorbed: u64,
 }
 
 impl Harness {
@@ -83,6 +85,7 @@ impl Harness {
             let c = t.counters();
             self.totals.disk_only_checkpoints += c.disk_only_checkpoints;
             self.totals.spend_markers += c.spend_markers;
+            self.totals.markers_absorbed += c.markers_absorbed;
         }
     }
 
@@ -97,13 +100,29 @@ impl Harness {
         self.table = Some(t);
     }
 
-    /// Adds, writes and commits one block on `parent`.
+    /// Adds, writes and commits one random block on `parent`.
     fn block(&mut self, parent: u32, rng: &mut Rng, commit: bool) -> Result<(), TestCaseError> {
+        self.add(parent, commit, |model, view, id, height| {
+            gen_block(rng, model, view, id, height, 4)
+        })
+        .map(|_| ())
+    }
+
+    /// Adds one block on `parent` whose write `make` builds (from the
+    /// model, the block's view, id and height), writes it to the table and
+    /// the model, and commits it (or, without `commit`, crashes before the
+    /// commit); returns its id.
+    fn add(
+        &mut self,
+        parent: u32,
+        commit: bool,
+        make: impl FnOnce(&mut ModelTable, &sozu_common::View, u32, u32) -> BlockWrite,
+    ) -> Result<u32, TestCaseError> {
         let prev_best = self.chain.best;
         let id = self.chain.add(parent);
         let height = self.chain.height[id as usize];
         let view = self.chain.view(id);
-        let w = gen_block(rng, &mut self.model, &view, id, height, 4);
+        let w = make(&mut self.model, &view, id, height);
         let chain = self.chain.clone();
         let mut mp = Vec::new();
         self.model
@@ -136,7 +155,7 @@ impl Harness {
             self.model.crash();
             self.chain.forget(id, prev_best);
         }
-        Ok(())
+        Ok(id)
     }
 
     fn check(&mut self) -> Result<(), TestCaseError> {
@@ -329,7 +348,10 @@ fn long_sequence_with_purges() {
         });
     }
     let two_pinned = run(actions.clone(), config(1, true, 1, 2, false)).expect("long sequence");
-    eprintln!("{} spend markers", two_pinned.spend_markers);
+    eprintln!(
+        "{} spend markers, {} absorbed",
+        two_pinned.spend_markers, two_pinned.markers_absorbed
+    );
     assert!(
         two_pinned.spend_markers > 0,
         "no spend of an entry below the pinned layers went through a spend marker"
@@ -365,6 +387,120 @@ fn long_sequence_with_purges() {
         disk_only > 0,
         "no checkpoint of the disk layers only ran: replay up to one went untested"
     );
+}
+
+/// An output produced again long after its branch was abandoned lands
+/// where a spend marker of its key still is (`plan_page`'s absorption):
+/// with layer 0 alone pinned, a spend of an output below it files its
+/// marker in layer 0, where inserts go. Branch A produces K, pushes it
+/// below layer 0 with other outputs, and spends it (a marker); branch B,
+/// from genesis, leaves A more than 100 blocks behind with empty blocks
+/// (no page is rewritten, so the marker stays), then re-mines K's
+/// transaction: K's old entry is below the re-production's height floor
+/// and not found, so K is inserted onto its marker and takes its place.
+/// The table must agree with the model then, after K is spent on B, and
+/// after a reopen (the journal's replay of the absorption).
+#[test]
+fn a_re_mined_output_absorbs_its_spend_marker() {
+    use bitcoin::hashes::Hash;
+    use bitcoin::{Amount, Txid};
+    let mut h = Harness::new(config(1, true, 1, 1, false));
+    let k = OutPoint {
+        txid: Txid::from_byte_array([7; 32]),
+        vout: 0,
+    };
+    let coin = Coin {
+        value: Amount::from_sat(5_000),
+        script_pubkey: vec![0x51; 22],
+        height: 1,
+        coinbase: false,
+    };
+    let write = |id: u32, height: u32, created: Vec<NewOutput>, spent| BlockWrite {
+        block: BlockId(id),
+        height,
+        created,
+        spent,
+    };
+    let spend = |id: u32, tag: u8| {
+        vec![(
+            k,
+            Consumption {
+                block: BlockId(id),
+                txid: Txid::from_byte_array([tag; 32]),
+                vin: 0,
+            },
+        )]
+    };
+    let k_out = |known_absent| NewOutput {
+        outpoint: k,
+        coin: coin.clone(),
+        known_absent,
+    };
+    // Branch A.
+    let mut tip = h
+        .add(0, true, |_, _, id, height| {
+            write(id, height, vec![k_out(true)], Vec::new())
+        })
+        .expect("A: K");
+    for b in 0..10u8 {
+        tip = h
+            .add(tip, true, |_, _, id, height| {
+                let created = (0..100)
+                    .map(|vout| NewOutput {
+                        outpoint: OutPoint {
+                            txid: Txid::from_byte_array([b + 10; 32]),
+                            vout,
+                        },
+                        coin: Coin {
+                            height,
+                            ..coin.clone()
+                        },
+                        known_absent: true,
+                    })
+                    .collect();
+                write(id, height, created, Vec::new())
+            })
+            .expect("A: fillers");
+    }
+    let markers = h.table().counters().spend_markers;
+    h.add(tip, true, |_, _, id, height| {
+        write(id, height, Vec::new(), spend(id, 1))
+    })
+    .expect("A: K spent");
+    assert_eq!(
+        h.table().counters().spend_markers,
+        markers + 1,
+        "K's spend was not filed as a marker: K still in layer 0"
+    );
+    h.check().expect("after A");
+    // Branch B: empty blocks past the purge depth, then K re-mined.
+    let mut tip = 0;
+    for _ in 0..115 {
+        tip = h
+            .add(tip, true, |_, _, id, height| {
+                write(id, height, Vec::new(), Vec::new())
+            })
+            .expect("B: empty");
+    }
+    h.check().expect("after B's empty blocks");
+    tip = h
+        .add(tip, true, |_, _, id, height| {
+            write(id, height, vec![k_out(false)], Vec::new())
+        })
+        .expect("B: K re-mined");
+    assert_eq!(
+        h.table().counters().markers_absorbed,
+        1,
+        "K did not meet its marker"
+    );
+    h.check().expect("after K re-mined");
+    h.add(tip, true, |_, _, id, height| {
+        write(id, height, Vec::new(), spend(id, 2))
+    })
+    .expect("B: K spent");
+    h.check().expect("after K spent on B");
+    h.reopen();
+    h.check().expect("after a reopen");
 }
 
 /// Typed refusals: a spend of an unknown outpoint, a re-production with

@@ -49,6 +49,10 @@ pub(super) struct Counters {
     pub(super) records_moved: u64,
     /// Cold spends filed as spend markers.
     pub(super) spend_markers: u64,
+    /// Entries inserted where a spend marker of their key was (its entry
+    /// purged below, the output produced again): the entry took the
+    /// marker's place and consumptions.
+    pub(super) markers_absorbed: u64,
     /// Page-file reads a spill into an existing child made (to learn its
     /// purge hint and append to it).
     pub(super) spill_file_reads: u64,
@@ -71,6 +75,7 @@ impl Counters {
         self.purge_checks += o.purge_checks;
         self.records_moved += o.records_moved;
         self.spend_markers += o.spend_markers;
+        self.markers_absorbed += o.markers_absorbed;
         self.spill_file_reads += o.spill_file_reads;
         self.spill_reads_avoidable += o.spill_reads_avoidable;
         for (a, b) in self.flow.iter_mut().zip(&o.flow) {

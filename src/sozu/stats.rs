@@ -106,6 +106,11 @@ pub struct SozuStats {
     /// in the last pinned layer since open (`docs/sozu-format.md`, "Spend
     /// markers").
     pub spend_markers: u64,
+    /// Entries inserted where a spend marker of their key was, since open:
+    /// the output produced again (a transaction of an abandoned branch
+    /// re-mined) after its entry below was purged; the entry takes the
+    /// marker's place and consumptions.
+    pub markers_absorbed: u64,
     /// Commits since open.
     pub commits: u64,
     /// Checkpoints completed since open.

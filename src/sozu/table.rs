@@ -290,6 +290,7 @@ impl SozuTable {
             purge_checks: c.purge_checks,
             records_moved: c.records_moved,
             spend_markers: c.spend_markers,
+            markers_absorbed: c.markers_absorbed,
             spill_file_reads: c.spill_file_reads,
             spill_reads_avoidable: c.spill_reads_avoidable,
             disk_read_nanos: self.shards.iter().map(|s| s.store.file_read_nanos).sum(),

@@ -454,6 +454,7 @@ impl Shard {
             }
         }
         if !absorbed.is_empty() {
+            self.counters.markers_absorbed += absorbed.len() as u64;
             let mut slots: Vec<u16> = absorbed.iter().map(|a| a.1).collect();
             slots.sort_unstable();
             self.apply(Op::Delete(slots.into()))?;
