@@ -848,22 +848,8 @@ fn never_spent(blocks: &[BlockWrite], n: usize) -> Vec<(OutPoint, Amount)> {
 #[cfg(target_os = "linux")]
 #[test]
 fn lookups_announce_the_pages_they_read_unless_cached() {
-    let seed = 11u64;
-    let blocks: Vec<BlockWrite> = (1..=120).map(|h| kill_block(seed, h)).collect();
-    let old = never_spent(&blocks, 30);
-    assert!(old.len() > 50, "{} keys", old.len());
-    // On the project's file system (a tmpfs cannot drop its pages).
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let (dir, old) = table_on_disk(11);
     let cfg = kill_config();
-    let mut t = SozuTable::open(dir.path(), cfg.clone()).expect("open");
-    for w in &blocks {
-        t.write_block(w, &Linear(w.height), &mut |_| {})
-            .expect("write");
-        t.commit(tag(w.height, w.height)).expect("commit");
-    }
-    t.checkpoint_now().expect("checkpoint");
-    assert!(t.counters().checkpoint_cpu_nanos > 0, "{:?}", t.counters());
-    drop(t);
     // (pages announced, pages read from the files) by one batch.
     let lookup = |t: &mut SozuTable, old: &[(OutPoint, Amount)]| {
         let before = t.counters();
@@ -903,19 +889,7 @@ fn lookups_announce_the_pages_they_read_unless_cached() {
 #[test]
 fn concurrent_reads_announce_the_pages_they_read_unless_cached() {
     use std::sync::atomic::{AtomicU64, Ordering};
-    let seed = 12u64;
-    let blocks: Vec<BlockWrite> = (1..=120).map(|h| kill_block(seed, h)).collect();
-    let old = never_spent(&blocks, 30);
-    assert!(old.len() > 50, "{} keys", old.len());
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let mut t = SozuTable::open(dir.path(), kill_config()).expect("open");
-    for w in &blocks {
-        t.write_block(w, &Linear(w.height), &mut |_| {})
-            .expect("write");
-        t.commit(tag(w.height, w.height)).expect("commit");
-    }
-    t.checkpoint_now().expect("checkpoint");
-    drop(t);
+    let (dir, old) = table_on_disk(12);
     let announced = std::sync::Arc::new(AtomicU64::new(0));
     let fs = FsStorage::new(dir.path()).expect("storage");
     let storage = Counting(Box::new(fs), announced.clone());
@@ -936,6 +910,27 @@ fn concurrent_reads_announce_the_pages_they_read_unless_cached() {
     assert_eq!(lookup(second), 0, "announced while the files are cached");
     drop_from_page_cache(dir.path());
     assert!(lookup(&old) > 0, "no announcement once reads waited");
+}
+
+/// A table of 120 `kill_block(seed, _)` blocks written, committed and
+/// checkpointed in real files (on the project's file system: a tmpfs
+/// cannot drop its pages), closed; with its outputs never spent in the
+/// first 30 blocks (more than 50).
+#[cfg(target_os = "linux")]
+fn table_on_disk(seed: u64) -> (tempfile::TempDir, Vec<(OutPoint, Amount)>) {
+    let blocks: Vec<BlockWrite> = (1..=120).map(|h| kill_block(seed, h)).collect();
+    let old = never_spent(&blocks, 30);
+    assert!(old.len() > 50, "{} keys", old.len());
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let mut t = SozuTable::open(dir.path(), kill_config()).expect("open");
+    for w in &blocks {
+        t.write_block(w, &Linear(w.height), &mut |_| {})
+            .expect("write");
+        t.commit(tag(w.height, w.height)).expect("commit");
+    }
+    t.checkpoint_now().expect("checkpoint");
+    assert!(t.counters().checkpoint_cpu_nanos > 0, "{:?}", t.counters());
+    (dir, old)
 }
 
 /// A storage that counts the pages announced to it
