@@ -60,6 +60,20 @@ struct Handle {
     waited: bool,
 }
 
+impl Handle {
+    /// Shard `shard`'s committed pages (`published`) as read through this
+    /// handle.
+    fn view<'a>(&'a mut self, shard: u8, page_size: usize, published: &'a Published) -> View<'a> {
+        View {
+            st: self.st.as_mut(),
+            waited: &mut self.waited,
+            shard,
+            page_size,
+            published,
+        }
+    }
+}
+
 /// One shard's committed pages as a reader sees them.
 struct View<'a> {
     st: &'a mut dyn Storage,
@@ -165,13 +179,7 @@ impl SozuReader {
         let published = &self.shards[s as usize];
         let queries: Vec<Query> = qs.iter().map(|(_, q)| *q).collect();
         let mut hits = vec![lookup::Hit::default(); queries.len()];
-        let mut view = View {
-            st: h.st.as_mut(),
-            waited: &mut h.waited,
-            shard: s,
-            page_size: self.geo.page_size,
-            published,
-        };
+        let mut view = h.view(s, self.geo.page_size, published);
         lookup::descend(
             &self.geo,
             &queries,
@@ -239,13 +247,7 @@ impl UtxoReader for SozuReader {
             let geo = &self.geo;
             let mut scan = LayerScan::default();
             for (s, published) in self.shards.iter().enumerate() {
-                let mut view = View {
-                    st: h.st.as_mut(),
-                    waited: &mut h.waited,
-                    shard: s as u8,
-                    page_size: geo.page_size,
-                    published,
-                };
+                let mut view = h.view(s as u8, geo.page_size, published);
                 walk(geo, geo.max_layer, &mut |a| {
                     let p = view.read(a)?;
                     scan.add(a, &p);
