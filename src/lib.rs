@@ -13,6 +13,7 @@ pub mod config;
 pub mod filters;
 pub mod http;
 pub mod import;
+pub mod mempool;
 pub mod muhash;
 pub mod node;
 pub mod p2p;
