@@ -18,71 +18,11 @@ use bitcoin::script::Instruction;
 use bitcoin::{Address, Network, Script, Transaction};
 
 use super::hex;
+use crate::mempool::policy::solver::{multisig_keys, pay_to_pubkey_key, solver};
 
 /// Core's `GetTxnOutputType` name of a scriptPubKey (`Solver`).
 pub(crate) fn output_type(s: &Script) -> &'static str {
-    if s.is_p2pk() {
-        "pubkey"
-    } else if s.is_p2pkh() {
-        "pubkeyhash"
-    } else if s.is_p2sh() {
-        "scripthash"
-    } else if s.is_p2wpkh() {
-        "witness_v0_keyhash"
-    } else if s.is_p2wsh() {
-        "witness_v0_scripthash"
-    } else if s.is_p2tr() {
-        "witness_v1_taproot"
-    } else if s.as_bytes() == [0x51, 0x02, 0x4e, 0x73] {
-        "anchor"
-    } else if s.is_witness_program() {
-        "witness_unknown"
-    } else if is_nulldata(s) {
-        "nulldata"
-    } else if multisig(s).is_some() {
-        "multisig"
-    } else {
-        "nonstandard"
-    }
-}
-
-/// `OP_RETURN` followed by pushes only (Core's `TxoutType::NULL_DATA`, any size).
-fn is_nulldata(s: &Script) -> bool {
-    s.as_bytes().first() == Some(&op::OP_RETURN.to_u8())
-        && s.instructions().skip(1).all(|i| match i {
-            Ok(Instruction::PushBytes(_)) => true,
-            Ok(Instruction::Op(o)) => o.to_u8() <= op::OP_PUSHNUM_16.to_u8(),
-            Err(_) => false,
-        })
-}
-
-/// `OP_k <pubkey>… OP_n OP_CHECKMULTISIG` with 1 ≤ k ≤ n ≤ 16 and n keys of
-/// 33 or 65 bytes: (k, keys).
-fn multisig(s: &Script) -> Option<(u8, Vec<&[u8]>)> {
-    let ins: Vec<Instruction> = s.instructions().collect::<Result<_, _>>().ok()?;
-    let small = |i: &Instruction| match i {
-        Instruction::Op(o)
-            if (op::OP_PUSHNUM_1.to_u8()..=op::OP_PUSHNUM_16.to_u8()).contains(&o.to_u8()) =>
-        {
-            Some(o.to_u8() - op::OP_PUSHNUM_1.to_u8() + 1)
-        }
-        _ => None,
-    };
-    let (first, rest) = ins.split_first()?;
-    let (last, rest) = rest.split_last()?;
-    let (count, keys) = rest.split_last()?;
-    if *last != Instruction::Op(op::OP_CHECKMULTISIG) {
-        return None;
-    }
-    let (k, n) = (small(first)?, small(count)?);
-    let keys: Vec<&[u8]> = keys
-        .iter()
-        .map(|i| match i {
-            Instruction::PushBytes(b) if matches!(b.len(), 33 | 65) => Some(b.as_bytes()),
-            _ => None,
-        })
-        .collect::<Option<_>>()?;
-    (k <= n && usize::from(n) == keys.len()).then_some((k, keys))
+    solver(s).name()
 }
 
 /// Core's `CScriptNum` value of a push of ≤ 4 bytes (little-endian,
@@ -211,9 +151,9 @@ pub(crate) fn descriptor_checksum(desc: &str) -> Option<String> {
 /// Core's `InferDescriptor(script, DUMMY_SIGNING_PROVIDER)->ToString()`.
 pub(crate) fn infer_descriptor(s: &Script, network: Network) -> String {
     let b = s.as_bytes();
-    let body = if s.is_p2pk() {
-        format!("pk({})", hex(&b[1..b.len() - 1]))
-    } else if let Some((k, keys)) = multisig(s) {
+    let body = if let Some(key) = pay_to_pubkey_key(s) {
+        format!("pk({})", hex(key))
+    } else if let Some((k, keys)) = multisig_keys(s) {
         let keys: Vec<String> = keys.iter().map(|k| hex(k)).collect();
         format!("multi({k},{})", keys.join(","))
     } else if s.is_p2tr() {

@@ -22,6 +22,12 @@ pub enum TxRejectClass {
     Consensus,
     /// Valid by consensus but refused by relay policy (`TX_NOT_STANDARD`).
     NotStandard,
+    /// Spends an output in a way relay policy refuses: a nonstandard or
+    /// future-witness-version output, a P2SH redeem script with too many
+    /// sigops, too many legacy sigops (`TX_INPUTS_NOT_STANDARD`). Core
+    /// remembers such a transaction by txid as well as wtxid, since no
+    /// other witness can make it standard.
+    InputsNotStandard,
     /// An input is neither in the UTXO set nor in the mempool
     /// (`TX_MISSING_INPUTS`): an orphan, perhaps valid later.
     MissingInputs,

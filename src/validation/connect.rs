@@ -140,7 +140,11 @@ pub fn connect_block(
             if ctx.height >= ctx.params.csv_height && tx.version.0 as u32 >= 2 {
                 check_sequence_locks(tx, txid, &inputs, ctx)?;
             }
-            tx_sigops += input_sigops(tx, &inputs, flags);
+            tx_sigops += sigops::input_sigop_cost(
+                tx,
+                inputs.iter().map(|c| Script::from_bytes(&c.script_pubkey)),
+                flags,
+            );
             for ((vin, input), coin) in tx.input.iter().enumerate().zip(inputs) {
                 view.spent.insert(input.previous_output);
                 spent.push(SpentOutput {
@@ -243,24 +247,6 @@ fn outputs_value(tx: &Transaction) -> u64 {
         .iter()
         .try_fold(0u64, |acc, o| acc.checked_add(o.value.to_sat()))
         .unwrap_or(u64::MAX)
-}
-
-/// The P2SH (× 4) and witness sigop cost of `tx`'s inputs, which need the
-/// spent scripts, under the block's script `flags`.
-fn input_sigops(tx: &Transaction, inputs: &[Coin], flags: script::ScriptFlags) -> u64 {
-    let p2sh_active = flags.contains(script::ScriptFlags::P2SH);
-    let segwit_active = flags.contains(script::ScriptFlags::WITNESS);
-    let mut cost = 0;
-    for (input, coin) in tx.input.iter().zip(inputs) {
-        let script = Script::from_bytes(&coin.script_pubkey);
-        if p2sh_active {
-            cost += sigops::p2sh_sigops(input, script) * WITNESS_SCALE_FACTOR;
-        }
-        if segwit_active {
-            cost += sigops::witness_sigops(input, script);
-        }
-    }
-    cost
 }
 
 /// The coinbase pays at most the subsidy plus the block's `fees`, sats

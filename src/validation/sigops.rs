@@ -20,6 +20,8 @@
 use bitcoin::script::Instruction;
 use bitcoin::{Script, Transaction, TxIn};
 
+use super::script::ScriptFlags;
+
 /// Weight units per byte of base data, and the factor legacy and P2SH
 /// sigops are multiplied by (BIP141 `WITNESS_SCALE_FACTOR`).
 pub const WITNESS_SCALE_FACTOR: u64 = 4;
@@ -128,6 +130,30 @@ pub fn witness_sigops(input: &TxIn, spent_script: &Script) -> u64 {
         }
     }
     0
+}
+
+/// The sigop cost of `tx`'s inputs that needs the outputs they spend:
+/// P2SH sigops × 4 when `flags` has P2SH, plus witness sigops when it has
+/// WITNESS (the part of Core's `GetTransactionSigOpCost` after the legacy
+/// count). `spent_scripts` yields the spent scriptPubKeys in input order;
+/// inputs beyond its end count 0.
+pub fn input_sigop_cost<'a>(
+    tx: &Transaction,
+    spent_scripts: impl IntoIterator<Item = &'a Script>,
+    flags: ScriptFlags,
+) -> u64 {
+    let p2sh_active = flags.contains(ScriptFlags::P2SH);
+    let segwit_active = flags.contains(ScriptFlags::WITNESS);
+    let mut cost = 0;
+    for (input, script) in tx.input.iter().zip(spent_scripts) {
+        if p2sh_active {
+            cost += p2sh_sigops(input, script) * WITNESS_SCALE_FACTOR;
+        }
+        if segwit_active {
+            cost += witness_sigops(input, script);
+        }
+    }
+    cost
 }
 
 /// `WitnessSigOps` for a script already known to be a witness program
