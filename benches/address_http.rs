@@ -271,6 +271,7 @@ fn serve(cs: &Chainstate) -> tcommon::HttpServer {
     let state = AppState {
         snapshots: cs.snapshots(),
         p2p: None,
+        mempool: None,
     };
     tcommon::spawn_http(state, HttpConfig::default())
 }

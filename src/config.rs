@@ -41,6 +41,12 @@
 //!
 //! [archive]
 //! filter_cache_mib = 256         # cache of the archive's epoch filters, MiB (0..=1048576)
+//!
+//! [mempool]
+//! max_mib = 300                  # mempool memory limit, MiB (5..=1048576), as -maxmempool
+//! expiry_hours = 336             # entries older than this leave, hours (1..=1000000), as -mempoolexpiry
+//! persist = true                 # save mempool.dat at a clean stop, reload at start, as -persistmempool
+//! min_relay_feerate = 100        # sats per 1,000 vbytes (0..=100000000), as -minrelaytxfee
 //! ```
 //!
 //! Unknown keys are refused (`deny_unknown_fields`): a typo must not be
@@ -71,6 +77,14 @@ pub const DEFAULT_SOZU_SHARDS: u8 = 2;
 pub const SOZU_RAM_MIB_RANGE: std::ops::RangeInclusive<usize> = 16..=1 << 20;
 /// Smallest and largest `index.cache_mib`, MiB.
 pub const INDEX_CACHE_MIB_RANGE: std::ops::RangeInclusive<usize> = 8..=1 << 20;
+/// Smallest and largest `mempool.max_mib`, MiB (Core refuses a
+/// `-maxmempool` under about 5 MB: 40 times the descendant size limit).
+pub const MEMPOOL_MAX_MIB_RANGE: std::ops::RangeInclusive<usize> = 5..=1 << 20;
+/// Smallest and largest `mempool.expiry_hours`.
+pub const MEMPOOL_EXPIRY_HOURS_RANGE: std::ops::RangeInclusive<u64> = 1..=1_000_000;
+/// Smallest and largest `mempool.min_relay_feerate`, sats per 1,000
+/// vbytes (1 BTC/kvB at most).
+pub const MIN_RELAY_FEERATE_RANGE: std::ops::RangeInclusive<u64> = 0..=100_000_000;
 /// Smallest and largest `index.rows_memory_mib`, MiB.
 pub const ROWS_MEMORY_MIB_RANGE: std::ops::RangeInclusive<usize> = 1..=1 << 16;
 /// Smallest and largest `index.filter_cache_mib` and
@@ -210,6 +224,50 @@ pub fn parse_filter_cache_mib(s: &str) -> Result<usize, String> {
     parse_mib_in(s, &FILTER_CACHE_MIB_RANGE)
 }
 
+/// Parses `mempool.max_mib`, within [`MEMPOOL_MAX_MIB_RANGE`].
+///
+/// # Errors
+/// A message naming the accepted range.
+pub fn parse_mempool_max_mib(s: &str) -> Result<usize, String> {
+    parse_mib_in(s, &MEMPOOL_MAX_MIB_RANGE)
+}
+
+/// Parses `mempool.expiry_hours`, within [`MEMPOOL_EXPIRY_HOURS_RANGE`].
+///
+/// # Errors
+/// A message naming the accepted range.
+pub fn parse_expiry_hours(s: &str) -> Result<u64, String> {
+    parse_u64_in(s, "hours", &MEMPOOL_EXPIRY_HOURS_RANGE)
+}
+
+/// Parses `mempool.min_relay_feerate` (sats per 1,000 vbytes), within
+/// [`MIN_RELAY_FEERATE_RANGE`].
+///
+/// # Errors
+/// A message naming the accepted range.
+pub fn parse_min_relay_feerate(s: &str) -> Result<u64, String> {
+    parse_u64_in(s, "sats per 1,000 vbytes", &MIN_RELAY_FEERATE_RANGE)
+}
+
+/// Parses a whole number of `unit` within `range`.
+fn parse_u64_in(s: &str, unit: &str, range: &std::ops::RangeInclusive<u64>) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => Err(format!(
+            "bad value {s:?} (expected {unit} from {} to {})",
+            range.start(),
+            range.end()
+        )),
+    }
+}
+
+/// Parses `true` or `false`.
+fn parse_bool(s: &str) -> Result<bool, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not true or false"))
+}
+
 /// Parses a memory size in MiB within `range`.
 fn parse_mib_in(s: &str, range: &std::ops::RangeInclusive<usize>) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
@@ -331,6 +389,14 @@ pub struct Layer {
     pub index_filter_cache_mib: Option<usize>,
     /// Cache of the archive's epoch filters, MiB.
     pub archive_filter_cache_mib: Option<usize>,
+    /// Mempool memory limit, MiB.
+    pub mempool_max_mib: Option<usize>,
+    /// Mempool expiry, hours.
+    pub mempool_expiry_hours: Option<u64>,
+    /// Save and reload `mempool.dat`.
+    pub mempool_persist: Option<bool>,
+    /// Minimum relay feerate, sats per 1,000 vbytes.
+    pub min_relay_feerate: Option<u64>,
     /// `KAKEHI_*` variables no option reads (e.g. `KAKEHI_LONG`, which the
     /// long test modes use): not an error, the binary logs a warning naming
     /// them so a typo is visible.
@@ -358,6 +424,41 @@ struct FileConfig {
     index: FileIndex,
     #[serde(default)]
     archive: FileArchive,
+    #[serde(default)]
+    mempool: FileMempool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileMempool {
+    #[serde(default, deserialize_with = "de_mempool_max_mib")]
+    max_mib: Option<usize>,
+    #[serde(default, deserialize_with = "de_expiry_hours")]
+    expiry_hours: Option<u64>,
+    persist: Option<bool>,
+    #[serde(default, deserialize_with = "de_min_relay_feerate")]
+    min_relay_feerate: Option<u64>,
+}
+
+fn de_mempool_max_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    let n = i64::deserialize(d)?;
+    parse_mempool_max_mib(&n.to_string())
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn de_expiry_hours<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let n = i64::deserialize(d)?;
+    parse_expiry_hours(&n.to_string())
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn de_min_relay_feerate<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let n = i64::deserialize(d)?;
+    parse_min_relay_feerate(&n.to_string())
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -513,6 +614,10 @@ impl Layer {
             rows_memory_mib: file.index.rows_memory_mib,
             index_filter_cache_mib: file.index.filter_cache_mib,
             archive_filter_cache_mib: file.archive.filter_cache_mib,
+            mempool_max_mib: file.mempool.max_mib,
+            mempool_expiry_hours: file.mempool.expiry_hours,
+            mempool_persist: file.mempool.persist,
+            min_relay_feerate: file.mempool.min_relay_feerate,
             unknown_env: Vec::new(),
         })
     }
@@ -540,6 +645,10 @@ impl Layer {
     /// | `KAKEHI_INDEX_ROWS_MEMORY_MIB` | `index.rows_memory_mib` |
     /// | `KAKEHI_INDEX_FILTER_CACHE_MIB` | `index.filter_cache_mib` |
     /// | `KAKEHI_ARCHIVE_FILTER_CACHE_MIB` | `archive.filter_cache_mib` |
+    /// | `KAKEHI_MEMPOOL_MAX_MIB` | `mempool.max_mib` |
+    /// | `KAKEHI_MEMPOOL_EXPIRY_HOURS` | `mempool.expiry_hours` |
+    /// | `KAKEHI_MEMPOOL_PERSIST` (`true`/`false`) | `mempool.persist` |
+    /// | `KAKEHI_MIN_RELAY_FEERATE` | `mempool.min_relay_feerate` |
     ///
     /// # Errors
     /// [`ConfigError::Env`] for a bad value. Unknown `KAKEHI_*` variables
@@ -610,6 +719,16 @@ impl Layer {
                     layer.archive_filter_cache_mib =
                         Some(parse_filter_cache_mib(&value).map_err(bad)?)
                 }
+                "MEMPOOL_MAX_MIB" => {
+                    layer.mempool_max_mib = Some(parse_mempool_max_mib(&value).map_err(bad)?)
+                }
+                "MEMPOOL_EXPIRY_HOURS" => {
+                    layer.mempool_expiry_hours = Some(parse_expiry_hours(&value).map_err(bad)?)
+                }
+                "MEMPOOL_PERSIST" => layer.mempool_persist = Some(parse_bool(&value).map_err(bad)?),
+                "MIN_RELAY_FEERATE" => {
+                    layer.min_relay_feerate = Some(parse_min_relay_feerate(&value).map_err(bad)?)
+                }
                 _ => layer.unknown_env.push(var.clone()),
             }
         }
@@ -671,6 +790,39 @@ pub struct Config {
     pub index: IndexSection,
     /// `[archive]` section.
     pub archive: ArchiveSection,
+    /// `[mempool]` section.
+    pub mempool: MempoolSection,
+}
+
+/// `[mempool]`: the knobs of [`crate::mempool::MempoolConfig`] an operator
+/// sets (the rest keeps Core 30.0's defaults).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MempoolSection {
+    /// Memory limit, MiB (as `-maxmempool`). Default 300.
+    pub max_mib: usize,
+    /// Entries older than this leave, hours (as `-mempoolexpiry`).
+    /// Default 336.
+    pub expiry_hours: u64,
+    /// Save `mempool.dat` at a clean stop and reload it at start (as
+    /// `-persistmempool`). Default true.
+    pub persist: bool,
+    /// Lowest feerate relayed, sats per 1,000 vbytes (as
+    /// `-minrelaytxfee`). Default 100.
+    pub min_relay_feerate: u64,
+}
+
+impl MempoolSection {
+    /// The mempool's settings: these knobs over Core's defaults.
+    pub fn mempool_config(&self) -> crate::mempool::MempoolConfig {
+        let mut m = crate::mempool::MempoolConfig {
+            max_mib: self.max_mib as u64,
+            expiry_hours: self.expiry_hours,
+            persist: self.persist,
+            ..Default::default()
+        };
+        m.policy.min_relay_feerate = self.min_relay_feerate;
+        m
+    }
 }
 
 /// `[archive]`.
@@ -814,6 +966,22 @@ impl Config {
                 filter_cache_mib: pick(layers, |l| l.archive_filter_cache_mib.as_ref())
                     .unwrap_or(DEFAULT_ARCHIVE_FILTER_CACHE_MIB),
             },
+            mempool: Self::mempool_section(layers),
+        }
+    }
+
+    /// The `[mempool]` section: Core's defaults, overridden by the layers.
+    fn mempool_section(layers: &[&Layer]) -> MempoolSection {
+        fn pick<T: Copy>(layers: &[&Layer], f: impl Fn(&Layer) -> Option<T>) -> Option<T> {
+            layers.iter().find_map(|l| f(l))
+        }
+        let d = crate::mempool::MempoolConfig::default();
+        MempoolSection {
+            max_mib: pick(layers, |l| l.mempool_max_mib).unwrap_or(d.max_mib as usize),
+            expiry_hours: pick(layers, |l| l.mempool_expiry_hours).unwrap_or(d.expiry_hours),
+            persist: pick(layers, |l| l.mempool_persist).unwrap_or(d.persist),
+            min_relay_feerate: pick(layers, |l| l.min_relay_feerate)
+                .unwrap_or(d.policy.min_relay_feerate),
         }
     }
 

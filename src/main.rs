@@ -21,6 +21,7 @@ use kakehi::chain::assumevalid::AssumeValid;
 use kakehi::chain::index::IndexLoadError;
 use kakehi::chain::ChainParams;
 use kakehi::config::{self, Config, Layer, LogFormat, PeerAddress};
+use kakehi::mempool::Mempool;
 use kakehi::node::DataDir;
 use kakehi::pipeline::{Chainstate, GroupLimits, PipelineError};
 use kakehi::sozu::{SozuConfig, SozuTable};
@@ -120,6 +121,8 @@ enum Command {
         /// before serving, in order (repeatable).
         #[arg(long, value_name = "FILE", num_args = 1..)]
         import: Vec<PathBuf>,
+        #[command(flatten)]
+        mempool: MempoolArgs,
     },
     /// Import blk-framed block files (Bitcoin Core blk*.dat framing) through
     /// the validation pipeline. A bad file (truncated, garbage, another
@@ -152,6 +155,32 @@ enum Command {
     /// Archival proof commands (docs/archive.md).
     #[command(subcommand)]
     Proof(ProofCommand),
+}
+
+/// The mempool's options of `kakehi run` (docs/mempool.md).
+#[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Mempool options")]
+struct MempoolArgs {
+    /// Memory limit of the mempool, MiB; past it the lowest-feerate
+    /// packages are evicted and the minimum feerate rises (as bitcoind
+    /// -maxmempool). [default: 300] [env: KAKEHI_MEMPOOL_MAX_MIB]
+    #[arg(long, value_name = "MIB", value_parser = config::parse_mempool_max_mib)]
+    mempool_max_mib: Option<usize>,
+    /// Unconfirmed transactions older than this leave the mempool, hours
+    /// (as bitcoind -mempoolexpiry). [default: 336]
+    /// [env: KAKEHI_MEMPOOL_EXPIRY_HOURS]
+    #[arg(long, value_name = "HOURS", value_parser = config::parse_expiry_hours)]
+    mempool_expiry_hours: Option<u64>,
+    /// Do not save the mempool to <datadir>/mempool.dat at a clean stop
+    /// nor reload it at start (as bitcoind -persistmempool=0).
+    /// [default: saved] [env: KAKEHI_MEMPOOL_PERSIST=false]
+    #[arg(long)]
+    no_persist_mempool: bool,
+    /// Lowest feerate a transaction must pay to enter the mempool and be
+    /// relayed, sats per 1,000 vbytes (as bitcoind -minrelaytxfee, which
+    /// is in BTC/kvB). [default: 100] [env: KAKEHI_MIN_RELAY_FEERATE]
+    #[arg(long, value_name = "SAT_PER_KVB", value_parser = config::parse_min_relay_feerate)]
+    min_relay_feerate: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -202,9 +231,14 @@ impl Cli {
             listen,
             connect,
             addnode,
+            mempool,
             ..
         } = &self.command
         {
+            l.mempool_max_mib = mempool.mempool_max_mib;
+            l.mempool_expiry_hours = mempool.mempool_expiry_hours;
+            l.mempool_persist = mempool.no_persist_mempool.then_some(false);
+            l.min_relay_feerate = mempool.min_relay_feerate;
             l.http = *http;
             l.listen = *listen;
             l.connect = (!connect.is_empty()).then(|| connect.clone());
@@ -526,9 +560,11 @@ fn run_node(
     spawn_group_flusher(runtime, chain.clone(), stop.clone());
     let addr = config.http.address;
     let snapshots = chain.lock().snapshots();
+    let mempool = start_mempool(&snapshots, config, &p2p, stop.clone())?;
     let state = kakehi::http::AppState {
         snapshots,
         p2p: Some(p2p),
+        mempool: Some(mempool.clone()),
     };
     let stop2 = stop.clone();
     let chain2 = chain.clone();
@@ -554,11 +590,52 @@ fn run_node(
         Ok(Err(e)) => tracing::error!("P2P layer: {e}"),
         Err(e) => tracing::error!("P2P task: {e}"),
     }
+    stop.store(true, Ordering::SeqCst);
+    if config.mempool.persist {
+        match mempool.save() {
+            Ok(n) => tracing::info!(transactions = n, "mempool saved to mempool.dat"),
+            Err(e) => tracing::error!("saving the mempool: {e}"),
+        }
+    }
     if let Some(e) = chain.lock().write_failure() {
         anyhow::bail!("stopped on a storage failure: {e}");
     }
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The mempool: reloaded from `mempool.dat` when `mempool.persist` is on,
+/// following the chain's tip on a thread of its own, and announcing every
+/// accepted transaction to peers.
+fn start_mempool(
+    snapshots: &kakehi::snapshot::Snapshots,
+    config: &Config,
+    p2p: &kakehi::p2p::P2pHandle,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Arc<Mempool>> {
+    let mempool = Arc::new(Mempool::new(
+        snapshots.clone(),
+        config.mempool.mempool_config(),
+    ));
+    if config.mempool.persist {
+        match mempool.load_saved() {
+            Ok((0, 0)) => {}
+            Ok((accepted, refused)) => {
+                tracing::info!(accepted, refused, "mempool reloaded from mempool.dat")
+            }
+            Err(e) => tracing::warn!("mempool.dat not loaded, starting empty: {e}"),
+        }
+    }
+    let relay = p2p.clone();
+    mempool.on_accepted(Box::new(move |entry| {
+        if let Err(e) = relay.relay_transaction((*entry.tx).clone()) {
+            tracing::debug!(txid = %entry.txid, "not announced: {e}");
+        }
+    }));
+    mempool
+        .spawn_follower(stop)
+        .context("starting the mempool's follower thread")?;
+    Ok(mempool)
 }
 
 /// The idle tick of group commit: a group of blocks connected while

@@ -338,6 +338,7 @@ async fn serve(chain: Arc<Mutex<Chainstate>>) -> std::net::SocketAddr {
         .with_state(AppState {
             snapshots: chain.lock().snapshots(),
             p2p: None,
+            mempool: None,
         });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -32,9 +32,15 @@ fn server() -> &'static Server {
         let summary = node.import(&[data("regtest-a/blocks.dat")]);
         assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
         let TestNode { dir, chain, .. } = node;
+        let snapshots = chain.lock().snapshots();
+        let mempool = std::sync::Arc::new(kakehi::mempool::Mempool::new(
+            snapshots.clone(),
+            kakehi::mempool::MempoolConfig::default(),
+        ));
         let state = AppState {
-            snapshots: chain.lock().snapshots(),
+            snapshots,
             p2p: None,
+            mempool: Some(mempool),
         };
         let http = common::spawn_http(state.clone(), config());
         Server {
@@ -494,17 +500,59 @@ fn bad_input_gets_json_4xx_never_5xx() {
 }
 
 #[test]
-fn post_tx_decodes_then_says_relay_is_unavailable() {
-    let tx = &chain().blocks[300].txdata[1];
-    let hexed = hex(&bitcoin::consensus::serialize(tx));
-    let (st, _, body) = request("POST", "/tx", hexed.as_bytes());
-    assert_eq!(st, 503, "{}", String::from_utf8_lossy(&body));
+fn post_tx_goes_through_mempool_acceptance_with_bitcoinds_errors() {
+    // A confirmed transaction: outputs still unspent give Core's -27, all
+    // spent its missing inputs (-25), as sendrawtransaction answers.
+    for tx in [
+        &chain().blocks[300].txdata[1],
+        &chain().blocks[1400].txdata[1],
+    ] {
+        let txid = tx.compute_txid();
+        let hexed = hex(&bitcoin::consensus::serialize(tx));
+        let (_, _, outspends) = get(&format!("/tx/{txid}/outspends"));
+        let outspends: serde_json::Value = serde_json::from_slice(&outspends).unwrap();
+        let unspent = outspends
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(&tx.output)
+            .any(|(o, out)| o["spent"] == false && !out.script_pubkey.is_op_return());
+        let (st, _, body) = request("POST", "/tx", hexed.as_bytes());
+        assert_eq!(st, 400);
+        let want = if unspent {
+            r#"sendrawtransaction RPC error: {"code":-27,"message":"Transaction outputs already in utxo set"}"#
+        } else {
+            r#"sendrawtransaction RPC error: {"code":-25,"message":"bad-txns-inputs-missingorspent"}"#
+        };
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["message"], want, "{txid}");
+    }
+    // A coinbase: Core's "coinbase" (-26).
+    let cb = hex(&bitcoin::consensus::serialize(
+        &chain().blocks[300].txdata[0],
+    ));
+    let (st, _, body) = request("POST", "/tx", cb.as_bytes());
+    assert_eq!(st, 400);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert!(v["message"].as_str().unwrap().contains("relay"));
+    assert_eq!(
+        v["message"],
+        r#"sendrawtransaction RPC error: {"code":-26,"message":"coinbase"}"#
+    );
+    // Bodies that are not a transaction: the API's JSON errors.
     let (st, _, _) = request("POST", "/tx", b"zz");
     assert_eq!(st, 400);
     let (st, _, _) = request("POST", "/tx", b"0100");
     assert_eq!(st, 400);
+    // Nothing entered the mempool.
+    let (_, _, body) = get("/mempool");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["count"], 0);
+    assert_eq!(v["fee_histogram"], serde_json::json!([]));
+    let (_, _, body) = get("/rest/mempool/info.json");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["size"], 0);
+    assert_eq!(v["minrelaytxfee"], 0.000001);
+    assert_eq!(v["maxmempool"], 300u64 << 20);
 }
 
 #[test]

@@ -62,6 +62,7 @@ fn node() -> &'static Node {
                 let state = AppState {
                     snapshots,
                     p2p: Some(p2p),
+                    mempool: None,
                 };
                 let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
                 kakehi::http::serve_listener(listener, state, config, std::future::pending())

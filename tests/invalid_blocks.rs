@@ -51,6 +51,7 @@ fn run(
         AppState {
             snapshots: chain.lock().snapshots(),
             p2p: Some(p2p.handle.clone()),
+            mempool: None,
         },
         HttpConfig::default(),
     );

@@ -156,6 +156,7 @@ impl World {
         let state = AppState {
             snapshots: node.chain.lock().snapshots(),
             p2p: None,
+            mempool: None,
         };
         let http = common::spawn_http(state, kakehi::http::HttpConfig::default());
         World {

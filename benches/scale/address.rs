@@ -22,6 +22,7 @@ pub fn time_routes(chain: &Chainstate) {
         AppState {
             snapshots: chain.snapshots(),
             p2p: None,
+            mempool: None,
         },
         HttpConfig::default(),
     );

@@ -265,6 +265,7 @@ fn compare_http(a: &Node, b: &Node) {
         let state = AppState {
             snapshots: n.chain.lock().snapshots(),
             p2p: None,
+            mempool: None,
         };
         tcommon::spawn_http(state, HttpConfig::default())
     };

@@ -304,23 +304,6 @@ pub(super) async fn scripthash_utxo(
     utxo(s, cache, Subject::ScriptHash(h)).await
 }
 
-/// `GET /mempool`: Esplora's mempool summary, empty (kakehi keeps no
-/// mempool).
-pub(super) async fn mempool() -> Response {
-    Json(serde_json::json!({
-        "count": 0,
-        "vsize": 0,
-        "total_fee": 0,
-        "fee_histogram": [],
-    }))
-    .into_response()
-}
-
-/// `GET /mempool/txids` and `/mempool/recent`: `[]`.
-pub(super) async fn mempool_empty_list() -> Response {
-    Json(Vec::<()>::new()).into_response()
-}
-
 /// The route table of this module: (method, path, handler).
 pub(super) fn route_table() -> Vec<super::RouteEntry> {
     use axum::routing::get;
@@ -357,8 +340,8 @@ pub(super) fn route_table() -> Vec<super::RouteEntry> {
             get(scripthash_txs_mempool),
         ),
         ("get", "/scripthash/{scripthash}/utxo", get(scripthash_utxo)),
-        ("get", "/mempool", get(mempool)),
-        ("get", "/mempool/txids", get(mempool_empty_list)),
-        ("get", "/mempool/recent", get(mempool_empty_list)),
+        ("get", "/mempool", get(super::mempool::summary)),
+        ("get", "/mempool/txids", get(super::mempool::txids)),
+        ("get", "/mempool/recent", get(super::mempool::recent)),
     ]
 }

@@ -2,26 +2,26 @@
 //! Esplora (`Blockstream/esplora` `API.md`, served by `Blockstream/electrs`
 //! `src/rest.rs`), so BDK's `esplora-client` works unchanged.
 //!
-//! Only the confirmed part of the API exists (kakehi has no mempool): a
-//! transaction is found through the txid index (`tx_by_txid_prefix`,
+//! A transaction is found through the txid index (`tx_by_txid_prefix`,
 //! candidates checked against the stored block) in the block of the active
-//! chain that holds it; a transaction only in stale blocks is 404, like a
-//! transaction Esplora dropped from its mempool.
+//! chain that holds it, else in the mempool (`status: {"confirmed":
+//! false}`, its prevouts and fee from the mempool entry); a transaction
+//! only in stale blocks and not in the mempool is 404.
 //!
 //! Outspends come from the spend index (`spend_by_outpoint_prefix`, written
 //! at connect; the spender is read from the spent-output record of the
 //! candidate block on the active chain), then from the UTXO table's records.
 //! An output the table purged and no spend row names is reported
 //! `spent: true` without the spender (`txid`, `vin`, `status` absent),
-//! which Esplora's shape allows.
+//! which Esplora's shape allows. An output no block spends but a mempool
+//! transaction does is `spent: true` with that spender and an unconfirmed
+//! status.
 
-use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bitcoin::consensus::encode::{deserialize, serialize, serialize_hex};
-use bitcoin::hex::FromHex;
 use bitcoin::merkle_tree::MerkleBlock;
 use bitcoin::{Address, Block, Network, Script, Transaction, Txid};
 use serde::Serialize;
@@ -29,16 +29,14 @@ use serde::Serialize;
 use super::address::TXS_PER_PAGE;
 use super::{hex, parse_hash, read, text, ApiError, ApiResult, AppState};
 use crate::chain::index::IndexEntry;
+use crate::mempool::{MempoolEntry, MempoolSnapshot};
 use crate::snapshot::ChainSnapshot;
 use crate::sozu::ViewStatus;
 use crate::validation::SpentOutput;
+use std::sync::Arc;
 
 /// Blocks per page of `/blocks[/:start_height]` (Esplora's `BLOCK_LIMIT`).
 pub const BLOCKS_PER_PAGE: u32 = 10;
-
-/// Largest transaction `POST /tx` accepts, bytes of hex (Core's
-/// `MAX_STANDARD_TX_WEIGHT` / 4 = 100,000 bytes, twice for hex).
-pub const MAX_TX_HEX: usize = 200_000;
 
 /// Esplora's block summary (`BlockValue` in electrs `rest.rs`).
 #[derive(Serialize)]
@@ -82,7 +80,7 @@ impl TxStatus {
     }
 
     /// Not confirmed on the active chain.
-    fn unconfirmed() -> Self {
+    pub(super) fn unconfirmed() -> Self {
         TxStatus {
             confirmed: false,
             block_height: None,
@@ -271,6 +269,38 @@ fn load_tx<'a>(cs: &'a ChainSnapshot, txid: &Txid) -> ApiResult<(&'a IndexEntry,
     }
 }
 
+/// A transaction found on the active chain or in the mempool.
+enum Found<'a> {
+    /// In block `.0` at position `.2` of the block `.1`.
+    Confirmed(&'a IndexEntry, Block, usize),
+    /// In the mempool.
+    Unconfirmed(Arc<MempoolEntry>),
+}
+
+impl Found<'_> {
+    fn tx(&self) -> &Transaction {
+        match self {
+            Found::Confirmed(_, block, pos) => &block.txdata[*pos],
+            Found::Unconfirmed(e) => &e.tx,
+        }
+    }
+}
+
+/// `txid` on the active chain, else in the mempool snapshot `mempool`.
+fn find_tx<'a>(
+    cs: &'a ChainSnapshot,
+    mempool: Option<&MempoolSnapshot>,
+    txid: &Txid,
+) -> ApiResult<Found<'a>> {
+    match load_tx(cs, txid) {
+        Ok((e, block, pos)) => Ok(Found::Confirmed(e, block, pos)),
+        Err(not_found) => match mempool.and_then(|m| m.pool.get(txid)) {
+            Some(entry) => Ok(Found::Unconfirmed(entry.clone())),
+            None => Err(not_found),
+        },
+    }
+}
+
 /// The spent outputs of block `e`, for the prevouts of its transactions;
 /// 503 when the block has none recorded (not connected).
 pub(super) fn block_spent(cs: &ChainSnapshot, e: &IndexEntry) -> ApiResult<Vec<SpentOutput>> {
@@ -318,6 +348,39 @@ pub(super) fn tx_value_with(
         }
     }
     let out_sum: u64 = tx.output.iter().map(|o| o.value.to_sat()).sum();
+    let fee = if tx.is_coinbase() {
+        0
+    } else {
+        in_sum.saturating_sub(out_sum)
+    };
+    tx_value_parts(tx, prevouts, fee, TxStatus::confirmed_in(e), network)
+}
+
+/// Esplora's JSON of a mempool transaction: prevouts and fee from its
+/// entry, `status: {"confirmed": false}`.
+pub(super) fn tx_value_unconfirmed(entry: &MempoolEntry, network: Network) -> TransactionValue {
+    let prevouts = entry
+        .prevouts
+        .iter()
+        .map(|o| Some(txout_value(&o.script_pubkey, o.value.to_sat(), network)))
+        .collect();
+    tx_value_parts(
+        &entry.tx,
+        prevouts,
+        entry.fee,
+        TxStatus::unconfirmed(),
+        network,
+    )
+}
+
+/// Esplora's JSON of `tx` from its parts.
+fn tx_value_parts(
+    tx: &Transaction,
+    prevouts: Vec<Option<TxOutValue>>,
+    fee: u64,
+    status: TxStatus,
+    network: Network,
+) -> TransactionValue {
     let vin = tx
         .input
         .iter()
@@ -339,19 +402,15 @@ pub(super) fn tx_value_with(
         .map(|o| txout_value(&o.script_pubkey, o.value.to_sat(), network))
         .collect();
     TransactionValue {
-        txid: txid.to_string(),
+        txid: tx.compute_txid().to_string(),
         version: tx.version.0,
         locktime: tx.lock_time.to_consensus_u32(),
         vin,
         vout,
         size: tx.total_size(),
         weight: tx.weight().to_wu(),
-        fee: if tx.is_coinbase() {
-            0
-        } else {
-            in_sum.saturating_sub(out_sum)
-        },
-        status: TxStatus::confirmed_in(e),
+        fee,
+        status,
     }
 }
 
@@ -362,6 +421,56 @@ fn unspendable(s: &Script) -> bool {
 }
 
 fn outspends_of(
+    cs: &ChainSnapshot,
+    mempool: Option<&MempoolSnapshot>,
+    found: &Found<'_>,
+    vouts: &[u32],
+) -> ApiResult<Vec<SpendingValue>> {
+    let tx = found.tx();
+    let txid = tx.compute_txid();
+    let confirmed = match found {
+        Found::Confirmed(..) => confirmed_outspends(cs, tx, vouts)?,
+        // Outputs of a mempool transaction: no block spends them.
+        Found::Unconfirmed(_) => vouts.iter().map(|_| SpendingValue::unspent()).collect(),
+    };
+    Ok(confirmed
+        .into_iter()
+        .zip(vouts)
+        .map(|(v, &vout)| {
+            let op = bitcoin::OutPoint { txid, vout };
+            match mempool.and_then(|m| Some((m, m.pool.spender(&op)?))) {
+                Some((m, spender)) if !v.spent => {
+                    let vin = m
+                        .pool
+                        .get(&spender)
+                        .and_then(|e| e.tx.input.iter().position(|i| i.previous_output == op));
+                    SpendingValue {
+                        spent: true,
+                        txid: Some(spender.to_string()),
+                        vin: vin.map(|i| i as u32),
+                        status: Some(TxStatus::unconfirmed()),
+                    }
+                }
+                _ => v,
+            }
+        })
+        .collect())
+}
+
+impl SpendingValue {
+    fn unspent() -> Self {
+        SpendingValue {
+            spent: false,
+            txid: None,
+            vin: None,
+            status: None,
+        }
+    }
+}
+
+/// The spending status of outputs `vouts` of `tx` (confirmed on the
+/// active chain) by the chain alone.
+fn confirmed_outspends(
     cs: &ChainSnapshot,
     tx: &Transaction,
     vouts: &[u32],
@@ -380,12 +489,7 @@ fn outspends_of(
             .output
             .get(*vout as usize)
             .map(|o| o.script_pubkey.as_script());
-        let unspent = SpendingValue {
-            spent: false,
-            txid: None,
-            vin: None,
-            status: None,
-        };
+        let unspent = SpendingValue::unspent();
         let op = bitcoin::OutPoint { txid, vout: *vout };
         if let Some((block, spend)) = cs.active_spender(&op).map_err(ApiError::internal)? {
             out.push(SpendingValue {
@@ -618,9 +722,13 @@ pub(super) async fn block_raw(
 
 pub(super) async fn tx(State(s): State<AppState>, Path(txid): Path<String>) -> ApiResult<Response> {
     let txid = parse_txid(&txid)?;
+    let mempool = super::mempool::snapshot(&s);
     read(&s, move |cs| {
-        let (e, block, pos) = load_tx(cs, &txid)?;
-        Ok(Json(tx_value(cs, e, &block.txdata[pos])?).into_response())
+        let value = match find_tx(cs, mempool.as_deref(), &txid)? {
+            Found::Confirmed(e, block, pos) => tx_value(cs, e, &block.txdata[pos])?,
+            Found::Unconfirmed(entry) => tx_value_unconfirmed(&entry, cs.params().network),
+        };
+        Ok(Json(value).into_response())
     })
     .await
 }
@@ -630,9 +738,10 @@ pub(super) async fn tx_hex(
     Path(txid): Path<String>,
 ) -> ApiResult<Response> {
     let txid = parse_txid(&txid)?;
+    let mempool = super::mempool::snapshot(&s);
     read(&s, move |cs| {
-        let (_, block, pos) = load_tx(cs, &txid)?;
-        Ok(text(serialize_hex(&block.txdata[pos])))
+        let found = find_tx(cs, mempool.as_deref(), &txid)?;
+        Ok(text(serialize_hex(found.tx())))
     })
     .await
 }
@@ -642,11 +751,12 @@ pub(super) async fn tx_raw(
     Path(txid): Path<String>,
 ) -> ApiResult<Response> {
     let txid = parse_txid(&txid)?;
+    let mempool = super::mempool::snapshot(&s);
     read(&s, move |cs| {
-        let (_, block, pos) = load_tx(cs, &txid)?;
+        let found = find_tx(cs, mempool.as_deref(), &txid)?;
         Ok((
             [(header::CONTENT_TYPE, "application/octet-stream")],
-            serialize(&block.txdata[pos]),
+            serialize(found.tx()),
         )
             .into_response())
     })
@@ -658,9 +768,17 @@ pub(super) async fn tx_status(
     Path(txid): Path<String>,
 ) -> ApiResult<Response> {
     let txid = parse_txid(&txid)?;
+    let mempool = super::mempool::snapshot(&s);
     read(&s, move |cs| {
-        let (e, _) = locate_tx(cs, &txid)?;
-        Ok(Json(TxStatus::confirmed_in(e)).into_response())
+        let status = match locate_tx(cs, &txid) {
+            Ok((e, _)) => TxStatus::confirmed_in(e),
+            Err(_) if mempool.as_ref().is_some_and(|m| m.pool.contains(&txid)) => {
+                TxStatus::unconfirmed()
+            }
+            // Esplora answers an unknown txid with an unconfirmed status.
+            Err(_) => TxStatus::unconfirmed(),
+        };
+        Ok(Json(status).into_response())
     })
     .await
 }
@@ -706,16 +824,17 @@ pub(super) async fn tx_outspend(
 ) -> ApiResult<Response> {
     let txid = parse_txid(&txid)?;
     let vout = parse_u32("output index", &vout)?;
+    let mempool = super::mempool::snapshot(&s);
     read(&s, move |cs| {
-        let (_, block, pos) = load_tx(cs, &txid)?;
-        let tx = &block.txdata[pos];
+        let found = find_tx(cs, mempool.as_deref(), &txid)?;
+        let tx = found.tx();
         if vout as usize >= tx.output.len() {
             return Err(ApiError::not_found(format!(
                 "transaction {txid} has {} outputs, no output {vout}",
                 tx.output.len()
             )));
         }
-        let mut v = outspends_of(cs, tx, &[vout])?;
+        let mut v = outspends_of(cs, mempool.as_deref(), &found, &[vout])?;
         match v.pop() {
             Some(one) => Ok(Json(one).into_response()),
             None => Err(ApiError::internal("outspend lookup returned nothing")),
@@ -729,81 +848,11 @@ pub(super) async fn tx_outspends(
     Path(txid): Path<String>,
 ) -> ApiResult<Response> {
     let txid = parse_txid(&txid)?;
+    let mempool = super::mempool::snapshot(&s);
     read(&s, move |cs| {
-        let (_, block, pos) = load_tx(cs, &txid)?;
-        let tx = &block.txdata[pos];
-        let vouts: Vec<u32> = (0..tx.output.len() as u32).collect();
-        Ok(Json(outspends_of(cs, tx, &vouts)?).into_response())
+        let found = find_tx(cs, mempool.as_deref(), &txid)?;
+        let vouts: Vec<u32> = (0..found.tx().output.len() as u32).collect();
+        Ok(Json(outspends_of(cs, mempool.as_deref(), &found, &vouts)?).into_response())
     })
     .await
-}
-
-/// Hands a decoded transaction to the P2P layer for relay
-/// ([`crate::p2p::P2pHandle::relay_transaction`]: `inv` to peers that asked
-/// for transaction relay, `tx` on their `getdata`) and returns its txid, as
-/// Esplora's `POST /tx` does. Checked first, minimally (no mempool, no
-/// script or input checks): not a coinbase, at least one input and one
-/// output, not already confirmed on the active chain.
-///
-/// # Errors
-/// 400 for a coinbase, an empty input or output list, or a transaction
-/// already confirmed; 503 when P2P is not running in this node, its task
-/// stopped or its queue is full, or no peer is connected.
-pub async fn relay_transaction(state: &AppState, tx: Transaction) -> ApiResult<Txid> {
-    let txid = tx.compute_txid();
-    let unavailable = |m: String| ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, m);
-    if tx.is_coinbase() || tx.input.is_empty() || tx.output.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "transaction {txid} cannot be relayed: a coinbase, or no inputs or outputs"
-        )));
-    }
-    let Some(p2p) = state.p2p.clone() else {
-        return Err(unavailable(format!(
-            "transaction {txid} cannot be broadcast: no relay to peers, P2P is not running in this node"
-        )));
-    };
-    let confirmed = read(state, move |cs| {
-        let blocks = cs.tx_blocks(&txid).map_err(ApiError::internal)?;
-        Ok(blocks
-            .iter()
-            .find(|(id, _)| cs.index().is_active(*id))
-            .and_then(|(id, _)| cs.index().get(*id))
-            .map(|e| (e.height, e.hash)))
-    })
-    .await?;
-    if let Some((height, hash)) = confirmed {
-        return Err(ApiError::bad_request(format!(
-            "transaction {txid} is already in the block chain (block {hash}, height {height})"
-        )));
-    }
-    if p2p.peer_count() == 0 {
-        return Err(unavailable(format!(
-            "transaction {txid} not broadcast: no peer is connected"
-        )));
-    }
-    p2p.relay_transaction(tx)
-        .map_err(|e| unavailable(format!("transaction {txid} not broadcast: {e}")))?;
-    Ok(txid)
-}
-
-pub(super) async fn post_tx(
-    State(s): State<AppState>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> ApiResult<Response> {
-    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
-    if body.len() > MAX_TX_HEX {
-        return Err(ApiError::new(
-            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            format!("transaction hex over {MAX_TX_HEX} bytes"),
-        ));
-    }
-    let hex_str = std::str::from_utf8(&body)
-        .map_err(|_| ApiError::bad_request("body must be the transaction in hex"))?
-        .trim();
-    let bytes = Vec::<u8>::from_hex(hex_str)
-        .map_err(|e| ApiError::bad_request(format!("body must be the transaction in hex: {e}")))?;
-    let tx: Transaction = deserialize(&bytes)
-        .map_err(|e| ApiError::bad_request(format!("transaction does not decode: {e}")))?;
-    let txid = relay_transaction(&s, tx).await?;
-    Ok(text(txid.to_string()))
 }

@@ -29,6 +29,7 @@ mod core_tx;
 pub mod esplora;
 pub mod fees;
 mod light;
+pub mod mempool;
 pub mod metrics;
 mod server;
 mod status;
@@ -46,9 +47,11 @@ pub struct AppState {
     /// ([`crate::pipeline::Chainstate::snapshots`]): every handler reads
     /// the latest one.
     pub snapshots: Snapshots,
-    /// The running P2P layer, for `POST /tx` relay (`None`: no P2P; the
-    /// route then answers 503).
+    /// The running P2P layer (`None`: no P2P).
     pub p2p: Option<crate::p2p::P2pHandle>,
+    /// The node's mempool (`None`: none; `POST /tx` then answers 503 and
+    /// the mempool routes answer as an empty mempool).
+    pub mempool: Option<Arc<crate::mempool::Mempool>>,
 }
 
 /// An API error: status and message, rendered as `{"code","message"}`.
@@ -461,7 +464,7 @@ fn esplora_block_routes() -> Vec<RouteEntry> {
             get(esplora::block_txid_at),
         ),
         ("get", "/block/{hash}/raw", get(esplora::block_raw)),
-        ("post", "/tx", post(esplora::post_tx)),
+        ("post", "/tx", post(mempool::post_tx)),
     ]
 }
 
@@ -520,6 +523,12 @@ fn core_rest_routes() -> Vec<RouteEntry> {
             get(rest_filterheaders_legacy),
         ),
         ("get", "/rest/chaininfo.json", get(core_rest::chaininfo)),
+        ("get", "/rest/mempool/info.json", get(mempool::rest_info)),
+        (
+            "get",
+            "/rest/mempool/contents.json",
+            get(mempool::rest_contents),
+        ),
         ("get", "/rest/block/{file}", get(core_rest::block)),
         (
             "get",

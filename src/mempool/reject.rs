@@ -8,6 +8,7 @@
 //! Source: Bitcoin Core 30.0 `src/consensus/validation.h`,
 //! `src/validation.cpp` (`MemPoolAccept`), `src/policy/policy.cpp`.
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// Core's `TxValidationResult`: what kind of failure a refusal is, which
@@ -62,27 +63,32 @@ pub enum TxRejectClass {
 pub struct TxReject {
     /// Core's result class.
     pub class: TxRejectClass,
-    /// Core's reject reason string.
-    pub reason: &'static str,
+    /// Core's reject reason string (static, or formatted as Core formats
+    /// some: `mempool-script-verify-flag-failed (<script error>)`).
+    pub reason: Cow<'static, str>,
     /// Core's debug message (may be empty).
     pub debug: String,
 }
 
 impl TxReject {
     /// A refusal of class `class` with Core's `reason` and no debug text.
-    pub fn new(class: TxRejectClass, reason: &'static str) -> Self {
+    pub fn new(class: TxRejectClass, reason: impl Into<Cow<'static, str>>) -> Self {
         TxReject {
             class,
-            reason,
+            reason: reason.into(),
             debug: String::new(),
         }
     }
 
     /// A refusal with a debug message.
-    pub fn with_debug(class: TxRejectClass, reason: &'static str, debug: impl Into<String>) -> Self {
+    pub fn with_debug(
+        class: TxRejectClass,
+        reason: impl Into<Cow<'static, str>>,
+        debug: impl Into<String>,
+    ) -> Self {
         TxReject {
             class,
-            reason,
+            reason: reason.into(),
             debug: debug.into(),
         }
     }
@@ -101,7 +107,7 @@ impl TxReject {
 impl fmt::Display for TxReject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.debug.is_empty() {
-            f.write_str(self.reason)
+            f.write_str(&self.reason)
         } else {
             write!(f, "{}, {}", self.reason, self.debug)
         }
@@ -109,3 +115,33 @@ impl fmt::Display for TxReject {
 }
 
 impl std::error::Error for TxReject {}
+
+/// Core's `RPC_TRANSACTION_ERROR`.
+pub const RPC_TRANSACTION_ERROR: i32 = -25;
+/// Core's `RPC_TRANSACTION_REJECTED`.
+pub const RPC_TRANSACTION_REJECTED: i32 = -26;
+/// Core's `RPC_TRANSACTION_ALREADY_IN_CHAIN` (`RPC_VERIFY_ALREADY_IN_UTXO_SET`).
+pub const RPC_TRANSACTION_ALREADY_IN_CHAIN: i32 = -27;
+
+impl TxReject {
+    /// The JSON-RPC error `sendrawtransaction` answers with (Core 30's
+    /// `BroadcastTransaction` and `JSONRPCTransactionError`): code and
+    /// message. Missing inputs are `RPC_TRANSACTION_ERROR` (-25), outputs
+    /// already in the UTXO set -27 with Core's fixed message, the fee cap
+    /// -25 with Core's fixed message, every other refusal
+    /// `RPC_TRANSACTION_REJECTED` (-26) with [`TxReject`]'s text.
+    pub fn rpc_error(&self) -> (i32, String) {
+        match (&*self.reason, self.class) {
+            ("txn-already-known", _) => (
+                RPC_TRANSACTION_ALREADY_IN_CHAIN,
+                "Transaction outputs already in utxo set".to_string(),
+            ),
+            ("max-fee-exceeded", _) => (
+                RPC_TRANSACTION_ERROR,
+                "Fee exceeds maximum configured by user (e.g. -maxtxfee, maxfeerate)".to_string(),
+            ),
+            (_, TxRejectClass::MissingInputs) => (RPC_TRANSACTION_ERROR, self.to_string()),
+            _ => (RPC_TRANSACTION_REJECTED, self.to_string()),
+        }
+    }
+}

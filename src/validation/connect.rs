@@ -130,7 +130,7 @@ pub fn connect_block(
     for (tx, &txid) in block.txdata.iter().zip(&txids) {
         let mut tx_sigops = sigops::legacy_sigops(tx) * WITNESS_SCALE_FACTOR;
         if !tx.is_coinbase() {
-            let (inputs, fee) = check_inputs(tx, txid, &view, ctx)?;
+            let (inputs, fee) = check_tx_inputs(tx, txid, |o| view.get(o), ctx)?;
             fees = match fees.checked_add(fee) {
                 Some(f) if f <= MAX_MONEY => f,
                 _ => return Err(BlockError::AccumulatedFeeOutOfRange { txid }),
@@ -192,18 +192,27 @@ fn check_bip30(
 }
 
 /// The input checks of non-coinbase `tx` in Core's order: every input
-/// exists in `view` (`HaveInputs`), coinbase maturity and value ranges
-/// (`Consensus::CheckTxInputs`), outputs ≤ inputs. Returns the spent
-/// coins (input order) and the fee, sats.
-fn check_inputs(
+/// exists among the coins `coin_of` gives (`HaveInputs`), coinbase maturity
+/// and value ranges (`Consensus::CheckTxInputs`), outputs ≤ inputs.
+/// Returns the spent coins (input order) and the fee, sats.
+///
+/// Blocks call it with the coins unspent before the transaction in its
+/// block; the mempool with the tip's coins plus its own, for a `ctx` of
+/// the next block (height tip + 1).
+///
+/// # Errors
+/// [`BlockError::MissingOrSpent`] (`bad-txns-inputs-missingorspent`),
+/// [`BlockError::PrematureCoinbaseSpend`], [`BlockError::InputValuesOutOfRange`],
+/// [`BlockError::InBelowOut`].
+pub fn check_tx_inputs<'c>(
     tx: &Transaction,
     txid: Txid,
-    view: &BlockView,
+    coin_of: impl Fn(&OutPoint) -> Option<&'c Coin>,
     ctx: &BlockContext,
 ) -> Result<(Vec<Coin>, u64), BlockError> {
     let mut inputs: Vec<Coin> = Vec::with_capacity(tx.input.len());
     for (vin, input) in tx.input.iter().enumerate() {
-        let Some(coin) = view.get(&input.previous_output) else {
+        let Some(coin) = coin_of(&input.previous_output) else {
             return Err(BlockError::MissingOrSpent {
                 txid,
                 vin: vin as u32,
@@ -266,8 +275,14 @@ fn coinbase_maturity(params: &ChainParams) -> u32 {
 }
 
 /// BIP68: Core's `CalculateSequenceLocks` + `EvaluateSequenceLocks` for one
-/// transaction whose inputs spend `inputs` (same order).
-fn check_sequence_locks(
+/// transaction whose inputs spend `inputs` (same order), as a block at
+/// `ctx.height` would see it. The caller checks that BIP68 applies (CSV
+/// active, version ≥ 2).
+///
+/// # Errors
+/// [`BlockError::SequenceLocked`] (`bad-txns-nonfinal`; the mempool's
+/// `non-BIP68-final`), or [`BlockError::MissingMedianTimePast`].
+pub fn check_sequence_locks(
     tx: &Transaction,
     txid: Txid,
     inputs: &[Coin],

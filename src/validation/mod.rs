@@ -55,7 +55,7 @@ pub mod script;
 pub mod sigops;
 
 pub use check::{check_block, check_transaction};
-pub use connect::connect_block;
+pub use connect::{check_sequence_locks, check_tx_inputs, connect_block};
 
 use std::collections::HashSet;
 use std::fmt;

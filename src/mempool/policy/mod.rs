@@ -282,7 +282,9 @@ pub fn is_standard_tx(tx: &Transaction, config: &PolicyConfig) -> Result<(), TxR
     for output in &tx.output {
         match solver(&output.script_pubkey) {
             TxoutType::NonStandard => return refuse("scriptpubkey"),
-            TxoutType::Multisig { required, keys } if !(1..=3).contains(&keys) || required > keys => {
+            TxoutType::Multisig { required, keys }
+                if !(1..=3).contains(&keys) || required > keys =>
+            {
                 return refuse("scriptpubkey")
             }
             TxoutType::NullData => {
