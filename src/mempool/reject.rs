@@ -79,7 +79,11 @@ impl TxReject {
     }
 
     /// A refusal with a debug message.
-    pub fn with_debug(class: TxRejectClass, reason: &'static str, debug: impl Into<String>) -> Self {
+    pub fn with_debug(
+        class: TxRejectClass,
+        reason: &'static str,
+        debug: impl Into<String>,
+    ) -> Self {
         TxReject {
             class,
             reason,

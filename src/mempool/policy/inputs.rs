@@ -119,7 +119,9 @@ fn redeem_script(script_sig: &Script) -> Option<Vec<u8>> {
     let mut last: Option<Vec<u8>> = None;
     for ins in script_sig.instructions() {
         let element = match ins.ok()? {
-            Instruction::PushBytes(b) if b.len() <= MAX_SCRIPT_ELEMENT_SIZE => b.as_bytes().to_vec(),
+            Instruction::PushBytes(b) if b.len() <= MAX_SCRIPT_ELEMENT_SIZE => {
+                b.as_bytes().to_vec()
+            }
             Instruction::PushBytes(_) => return None,
             Instruction::Op(o) if o == op::OP_PUSHNUM_NEG1 => vec![0x81],
             Instruction::Op(o) => {

@@ -164,9 +164,7 @@ pub fn multisig_keys(script: &Script) -> Option<(u8, Vec<&[u8]>)> {
     let count = loop {
         let (at, next) = ins.next()?.ok()?;
         match next {
-            Instruction::PushBytes(b) if valid_pubkey_size(b.as_bytes()) => {
-                keys.push(b.as_bytes())
-            }
+            Instruction::PushBytes(b) if valid_pubkey_size(b.as_bytes()) => keys.push(b.as_bytes()),
             other => break script_number(bytes[at], &other, required)?,
         }
     };

@@ -34,6 +34,19 @@ fn key33() -> Vec<u8> {
     k
 }
 
+fn key65() -> Vec<u8> {
+    let mut k = vec![0x04];
+    k.extend_from_slice(&[0x33; 64]);
+    k
+}
+
+/// `<key> OP_CHECKSIG`.
+fn p2pk(key: Vec<u8>) -> ScriptBuf {
+    push(Builder::new(), key)
+        .push_opcode(op::OP_CHECKSIG)
+        .into_script()
+}
+
 fn p2pkh() -> ScriptBuf {
     let mut s = vec![0x76, 0xa9, 0x14];
     s.extend_from_slice(&[0x22; 20]);
@@ -135,7 +148,9 @@ fn defaults_are_core_30s() {
          DISCOURAGE_UPGRADABLE_PUBKEYTYPE"
     );
     // SIGPUSHONLY is the one flag neither set has.
-    assert!(!STANDARD_SCRIPT_VERIFY_FLAGS.contains(crate::validation::script::ScriptFlags::SIGPUSHONLY));
+    assert!(
+        !STANDARD_SCRIPT_VERIFY_FLAGS.contains(crate::validation::script::ScriptFlags::SIGPUSHONLY)
+    );
 }
 
 #[test]
@@ -185,7 +200,8 @@ fn test_is_standard_dust_and_version() {
 fn test_is_standard_datacarrier() {
     let data80: Vec<u8> = (0..80).collect();
     let data40: Vec<u8> = (0..40).collect();
-    let op_return = |data: Vec<u8>| push(Builder::new().push_opcode(op::OP_RETURN), data).into_script();
+    let op_return =
+        |data: Vec<u8>| push(Builder::new().push_opcode(op::OP_RETURN), data).into_script();
     let mut t = reference_tx();
     t.output[0].script_pubkey = op_return(data80.clone());
     assert_eq!(t.output[0].script_pubkey.len(), 83);
@@ -284,7 +300,11 @@ fn test_is_standard_scriptsig() {
             let mut bytes = good.to_bytes();
             bytes[at] = bad.to_u8();
             t.input[0].script_sig = ScriptBuf::from_bytes(bytes);
-            assert_eq!(reason(&t, &c), Some("scriptsig-not-pushonly"), "{bad} at {at}");
+            assert_eq!(
+                reason(&t, &c),
+                Some("scriptsig-not-pushonly"),
+                "{bad} at {at}"
+            );
         }
     }
     // mempool_accept.py: a scriptSig of OP_HASH160.
@@ -295,7 +315,8 @@ fn test_is_standard_scriptsig() {
 #[test]
 fn test_is_standard_tx_size() {
     let c = PolicyConfig::default();
-    let op_return = |n: usize| push(Builder::new().push_opcode(op::OP_RETURN), vec![0; n]).into_script();
+    let op_return =
+        |n: usize| push(Builder::new().push_opcode(op::OP_RETURN), vec![0; n]).into_script();
     // 2438 inputs with empty scriptSigs (41 bytes each), one 30-byte output.
     let mut t = tx(
         vec![input(ScriptBuf::new()); 2438],
@@ -348,15 +369,13 @@ fn test_is_standard_bare_multisig() {
 #[test]
 fn dust_threshold_per_output_type() {
     let c = PolicyConfig::default();
-    let mut uncompressed = vec![0x04];
-    uncompressed.extend_from_slice(&[0x33; 64]);
-    let pk = |key: Vec<u8>| push(Builder::new(), key).push_opcode(op::OP_CHECKSIG).into_script();
+    let uncompressed = key65();
     let wp = |version: Opcode, len: usize| {
         push(Builder::new().push_opcode(version), vec![0; len]).into_script()
     };
     let mut cases = vec![
-        ("compressed P2PK", pk(key33()), 576),
-        ("uncompressed P2PK", pk(uncompressed), 672),
+        ("compressed P2PK", p2pk(key33()), 576),
+        ("uncompressed P2PK", p2pk(uncompressed), 672),
         ("P2PKH", p2pkh(), 546),
         ("P2SH", p2sh_of(&script(&[0x51])), 540),
         ("P2WPKH", wp(op::OP_PUSHBYTES_0, 20), 294),
@@ -369,7 +388,11 @@ fn dust_threshold_per_output_type() {
     }
     for (what, spk, threshold) in cases {
         let o = out(threshold, spk.clone());
-        assert_eq!(dust_threshold(&o, 3_000), Amount::from_sat(threshold), "{what}");
+        assert_eq!(
+            dust_threshold(&o, 3_000),
+            Amount::from_sat(threshold),
+            "{what}"
+        );
         let mut t = reference_tx();
         t.output = vec![o, out(0, spk)];
         assert_eq!(reason(&t, &c), None, "{what} at {threshold}");
@@ -379,7 +402,10 @@ fn dust_threshold_per_output_type() {
         assert_eq!(dust_outputs(&t, 3_000), vec![0, 1]);
     }
     // Unspendable outputs are never dust.
-    assert_eq!(dust_threshold(&out(0, script(&[0x6a])), 3_000), Amount::ZERO);
+    assert_eq!(
+        dust_threshold(&out(0, script(&[0x6a])), 3_000),
+        Amount::ZERO
+    );
     let huge = out(0, ScriptBuf::from_bytes(vec![0x51; 10_001]));
     assert_eq!(dust_threshold(&huge, 3_000), Amount::ZERO);
 }
@@ -407,7 +433,10 @@ fn tx_size_small_counts_non_witness_bytes() {
     assert_eq!(t.base_size(), 64);
     assert!(t.total_size() > 64);
     let e = check_tx_size_small(&t).unwrap_err();
-    assert_eq!((e.class, e.reason), (TxRejectClass::NotStandard, "tx-size-small"));
+    assert_eq!(
+        (e.class, e.reason),
+        (TxRejectClass::NotStandard, "tx-size-small")
+    );
     t.output[0].script_pubkey = script(&[0x6a, 0x00, 0x00, 0x00, 0x00]);
     assert_eq!(t.base_size(), MIN_STANDARD_TX_NONWITNESS_SIZE);
     assert_eq!(check_tx_size_small(&t), Ok(()));
@@ -415,9 +444,7 @@ fn tx_size_small_counts_non_witness_bytes() {
 
 #[test]
 fn solver_on_every_template() {
-    let mut uncompressed = vec![0x04];
-    uncompressed.extend_from_slice(&[0x33; 64]);
-    let pk = |key: Vec<u8>| push(Builder::new(), key).push_opcode(op::OP_CHECKSIG).into_script();
+    let uncompressed = key65();
     let wp = |version: u8, len: usize| {
         let mut s = vec![version, len as u8];
         s.extend(std::iter::repeat_n(0x5a, len));
@@ -425,14 +452,39 @@ fn solver_on_every_template() {
     };
     use TxoutType as T;
     let cases: Vec<(&str, ScriptBuf, TxoutType)> = vec![
-        ("P2PK compressed", pk(key33()), T::PubKey),
-        ("P2PK uncompressed", pk(uncompressed.clone()), T::PubKey),
-        ("P2PK hybrid 0x06", pk([&[0x06][..], &uncompressed[1..]].concat()), T::PubKey),
+        ("P2PK compressed", p2pk(key33()), T::PubKey),
+        ("P2PK uncompressed", p2pk(uncompressed.clone()), T::PubKey),
+        (
+            "P2PK hybrid 0x06",
+            p2pk([&[0x06][..], &uncompressed[1..]].concat()),
+            T::PubKey,
+        ),
         ("P2PKH", p2pkh(), T::PubKeyHash),
         ("P2SH", p2sh_of(&script(&[0x51])), T::ScriptHash),
-        ("1-of-1", bare_multisig(1, 1), T::Multisig { required: 1, keys: 1 }),
-        ("2-of-3", bare_multisig(2, 3), T::Multisig { required: 2, keys: 3 }),
-        ("1-of-16", bare_multisig(1, 16), T::Multisig { required: 1, keys: 16 }),
+        (
+            "1-of-1",
+            bare_multisig(1, 1),
+            T::Multisig {
+                required: 1,
+                keys: 1,
+            },
+        ),
+        (
+            "2-of-3",
+            bare_multisig(2, 3),
+            T::Multisig {
+                required: 2,
+                keys: 3,
+            },
+        ),
+        (
+            "1-of-16",
+            bare_multisig(1, 16),
+            T::Multisig {
+                required: 1,
+                keys: 16,
+            },
+        ),
         ("nulldata", script(&[0x6a, 0x01, 0xff]), T::NullData),
         ("bare OP_RETURN", script(&[0x6a]), T::NullData),
         ("P2WPKH", wp(0x00, 20), T::WitnessV0KeyHash),
@@ -441,7 +493,11 @@ fn solver_on_every_template() {
         ("anchor", script(&[0x51, 0x02, 0x4e, 0x73]), T::Anchor),
         ("v1 2-byte", wp(0x51, 2), T::WitnessUnknown { version: 1 }),
         ("v1 20-byte", wp(0x51, 20), T::WitnessUnknown { version: 1 }),
-        ("v16 40-byte", wp(0x60, 40), T::WitnessUnknown { version: 16 }),
+        (
+            "v16 40-byte",
+            wp(0x60, 40),
+            T::WitnessUnknown { version: 16 },
+        ),
     ];
     for (what, spk, expected) in &cases {
         assert_eq!(solver(spk), *expected, "{what}");
@@ -475,7 +531,6 @@ fn solver_on_every_template() {
 
 #[test]
 fn solver_refuses_lookalikes() {
-    let pk = |key: Vec<u8>| push(Builder::new(), key).push_opcode(op::OP_CHECKSIG).into_script();
     let with = |s: &ScriptBuf, at: usize, byte: u8| {
         let mut b = s.to_bytes();
         b[at] = byte;
@@ -495,13 +550,31 @@ fn solver_refuses_lookalikes() {
     let cases: Vec<(&str, ScriptBuf)> = vec![
         ("empty", ScriptBuf::new()),
         ("OP_1", script(&[0x51])),
-        ("P2PK, 33 bytes with header 0x04", pk([&[0x04][..], &[0x11; 32]].concat())),
-        ("P2PK, 65 bytes with header 0x02", pk([&[0x02][..], &[0x11; 64]].concat())),
-        ("P2PK, 33 bytes with header 0x05", pk([&[0x05][..], &[0x11; 32]].concat())),
+        (
+            "P2PK, 33 bytes with header 0x04",
+            p2pk([&[0x04][..], &[0x11; 32]].concat()),
+        ),
+        (
+            "P2PK, 65 bytes with header 0x02",
+            p2pk([&[0x02][..], &[0x11; 64]].concat()),
+        ),
+        (
+            "P2PK, 33 bytes with header 0x05",
+            p2pk([&[0x05][..], &[0x11; 32]].concat()),
+        ),
         ("P2PKH with OP_EQUAL", with(&p2pkh(), 23, 0x87)),
-        ("P2SH with OP_EQUALVERIFY", with(&p2sh_of(&script(&[0x51])), 22, 0x88)),
-        ("v0 program of 25 bytes", ScriptBuf::from_bytes([&[0x00, 25][..], &[0; 25]].concat())),
-        ("v1 program of 41 bytes", ScriptBuf::from_bytes([&[0x51, 41][..], &[0; 41]].concat())),
+        (
+            "P2SH with OP_EQUALVERIFY",
+            with(&p2sh_of(&script(&[0x51])), 22, 0x88),
+        ),
+        (
+            "v0 program of 25 bytes",
+            ScriptBuf::from_bytes([&[0x00, 25][..], &[0; 25]].concat()),
+        ),
+        (
+            "v1 program of 41 bytes",
+            ScriptBuf::from_bytes([&[0x51, 41][..], &[0; 41]].concat()),
+        ),
         ("v1 program of 1 byte", script(&[0x51, 0x01, 0x00])),
         ("OP_RETURN OP_RETURN", script(&[0x6a, 0x6a])),
         ("OP_RETURN truncated push", script(&[0x6a, 0x05, 0x01])),
@@ -509,9 +582,18 @@ fn solver_refuses_lookalikes() {
         ("multisig m = 0", with(&ms, 0, 0x00)),
         ("multisig n ≠ key count", with(&ms, ms.len() - 2, 0x53)),
         ("multisig key of bad header", with(&ms, 2, 0x05)),
-        ("multisig OP_CHECKMULTISIGVERIFY", with(&ms, ms.len() - 1, 0xaf)),
-        ("multisig with an op after", ScriptBuf::from_bytes([ms.as_bytes(), &[0xae]].concat())),
-        ("multisig n as non-minimal push", key17(&[0x51], &[0x02, 0x11, 0x00])),
+        (
+            "multisig OP_CHECKMULTISIGVERIFY",
+            with(&ms, ms.len() - 1, 0xaf),
+        ),
+        (
+            "multisig with an op after",
+            ScriptBuf::from_bytes([ms.as_bytes(), &[0xae]].concat()),
+        ),
+        (
+            "multisig n as non-minimal push",
+            key17(&[0x51], &[0x02, 0x11, 0x00]),
+        ),
         ("multisig m as push of 5", {
             let mut s = vec![0x01, 0x05];
             s.extend_from_slice(&ms.as_bytes()[1..]);
@@ -524,7 +606,10 @@ fn solver_refuses_lookalikes() {
     // n = 17 as a one-byte push is a (nonstandard-output) multisig to Core.
     assert_eq!(
         solver(&key17(&[0x51], &[0x01, 0x11])),
-        TxoutType::Multisig { required: 1, keys: 17 }
+        TxoutType::Multisig {
+            required: 1,
+            keys: 17
+        }
     );
     // A key pushed with OP_PUSHDATA1 still counts.
     let mut s = vec![0x51, 0x4c, 33];
@@ -532,14 +617,21 @@ fn solver_refuses_lookalikes() {
     s.extend_from_slice(&[0x51, 0xae]);
     assert_eq!(
         solver(&ScriptBuf::from_bytes(s)),
-        TxoutType::Multisig { required: 1, keys: 1 }
+        TxoutType::Multisig {
+            required: 1,
+            keys: 1
+        }
     );
 }
 
 /// A P2SH redeem script of `n` CHECKSIGs, and an input that spends it.
 fn p2sh_checksigs(n: usize) -> (TxIn, TxOut) {
     let redeem = ScriptBuf::from_bytes(vec![0xac; n]);
-    let sig = push(Builder::new().push_opcode(op::OP_PUSHBYTES_0), redeem.to_bytes()).into_script();
+    let sig = push(
+        Builder::new().push_opcode(op::OP_PUSHBYTES_0),
+        redeem.to_bytes(),
+    )
+    .into_script();
     (input(sig), out(10_000, p2sh_of(&redeem)))
 }
 
@@ -558,7 +650,7 @@ fn are_inputs_standard_p2sh_sigops() {
     let (in15, out15) = p2sh_checksigs(15);
     let (in16, out16) = p2sh_checksigs(16);
     let t = tx(vec![in15.clone()], vec![out(1_000, p2pkh())]);
-    assert_eq!(inputs_reject(&t, &[out15.clone()]), None);
+    assert_eq!(inputs_reject(&t, std::slice::from_ref(&out15)), None);
     let t = tx(vec![in15, in16], vec![out(1_000, p2pkh())]);
     assert_eq!(
         inputs_reject(&t, &[out15, out16.clone()]),
@@ -566,10 +658,16 @@ fn are_inputs_standard_p2sh_sigops() {
     );
     // The redeem script must exist: an empty scriptSig leaves no stack.
     let t = tx(vec![input(ScriptBuf::new())], vec![out(1_000, p2pkh())]);
-    assert_eq!(inputs_reject(&t, &[out16.clone()]), Some(REASON_NONSTANDARD_INPUTS));
+    assert_eq!(
+        inputs_reject(&t, std::slice::from_ref(&out16)),
+        Some(REASON_NONSTANDARD_INPUTS)
+    );
     // OP_RESERVED is push-only to IsPushOnly but fails evaluation.
     let t = tx(vec![input(script(&[0x50]))], vec![out(1_000, p2pkh())]);
-    assert_eq!(inputs_reject(&t, &[out16.clone()]), Some(REASON_NONSTANDARD_INPUTS));
+    assert_eq!(
+        inputs_reject(&t, std::slice::from_ref(&out16)),
+        Some(REASON_NONSTANDARD_INPUTS)
+    );
     // A push over 520 bytes fails evaluation.
     let big = push(Builder::new(), vec![0x51; 521]).into_script();
     let t = tx(vec![input(big)], vec![out(1_000, p2pkh())]);
@@ -581,9 +679,17 @@ fn are_inputs_standard_spent_types() {
     let t = tx(vec![input(ScriptBuf::new())], vec![out(1_000, p2pkh())]);
     let ok = |spk: ScriptBuf| inputs_reject(&t, &[out(10_000, spk)]);
     assert_eq!(ok(p2pkh()), None);
-    assert_eq!(ok(bare_multisig(1, 16)), None, "any solvable multisig may be spent");
+    assert_eq!(
+        ok(bare_multisig(1, 16)),
+        None,
+        "any solvable multisig may be spent"
+    );
     assert_eq!(ok(script(&[0x51, 0x02, 0x4e, 0x73])), None, "anchor");
-    assert_eq!(ok(script(&[0x51])), Some(REASON_NONSTANDARD_INPUTS), "nonstandard");
+    assert_eq!(
+        ok(script(&[0x51])),
+        Some(REASON_NONSTANDARD_INPUTS),
+        "nonstandard"
+    );
     // mempool_accept.py: spending a future witness version is refused.
     let v2 = ScriptBuf::from_bytes([&[0x52, 32][..], &[0; 32]].concat());
     assert_eq!(ok(v2), Some(REASON_NONSTANDARD_INPUTS), "witness_unknown");
@@ -628,23 +734,29 @@ fn are_inputs_standard_bip54_legacy_sigops() {
     spent.pop();
 
     // Reach exactly 2500 with P2PK inputs.
-    let p2pk = push(Builder::new(), key33()).push_opcode(op::OP_CHECKSIG).into_script();
+    let p2pk_spk = p2pk(key33());
     for _ in 0..10 {
         ins.push(input(ScriptBuf::new()));
-        spent.push(out(212_121, p2pk.clone()));
+        spent.push(out(212_121, p2pk_spk.clone()));
     }
     assert_eq!(inputs_reject(&tx(ins.clone(), payee.clone()), &spent), None);
     // Segwit inputs add no legacy sigops.
     for len in [20usize, 32] {
         ins.push(input(ScriptBuf::new()));
-        spent.push(out(1, ScriptBuf::from_bytes([&[0x00, len as u8][..], &vec![0; len]].concat())));
+        spent.push(out(
+            1,
+            ScriptBuf::from_bytes([&[0x00, len as u8][..], &vec![0; len]].concat()),
+        ));
     }
     ins.push(input(ScriptBuf::new()));
-    spent.push(out(1, ScriptBuf::from_bytes([&[0x51, 32][..], &[0; 32]].concat())));
+    spent.push(out(
+        1,
+        ScriptBuf::from_bytes([&[0x51, 32][..], &[0; 32]].concat()),
+    ));
     assert_eq!(inputs_reject(&tx(ins.clone(), payee.clone()), &spent), None);
     // One more P2PK: 2501.
     ins.push(input(ScriptBuf::new()));
-    spent.push(out(212_121, p2pk));
+    spent.push(out(212_121, p2pk_spk));
     assert_eq!(
         inputs_reject(&tx(ins, payee), &spent),
         Some(REASON_NONSTANDARD_INPUTS)
@@ -659,7 +771,11 @@ fn witness_reject(tx: &Transaction, spent: &[TxOut]) -> Option<&'static str> {
 }
 
 /// A one-input transaction with `witness` spending `spk`: its verdict.
-fn witness_verdict(spk: ScriptBuf, script_sig: ScriptBuf, witness: Vec<Vec<u8>>) -> Option<&'static str> {
+fn witness_verdict(
+    spk: ScriptBuf,
+    script_sig: ScriptBuf,
+    witness: Vec<Vec<u8>>,
+) -> Option<&'static str> {
     let mut spend = input(script_sig);
     spend.witness = Witness::from_slice(&witness);
     let t = tx(vec![spend], vec![out(1_000, p2pkh())]);
@@ -671,17 +787,26 @@ fn is_witness_standard_p2wsh_limits() {
     let bad = Some(REASON_NONSTANDARD_WITNESS);
     let p2wsh = |ws: &ScriptBuf| ws.to_p2wsh();
     let ws = script(&[0x51]);
-    assert_eq!(witness_verdict(p2wsh(&ws), ScriptBuf::new(), vec![ws.to_bytes()]), None);
+    assert_eq!(
+        witness_verdict(p2wsh(&ws), ScriptBuf::new(), vec![ws.to_bytes()]),
+        None
+    );
     // Witness script of 3600 bytes, then 3601.
     for (len, verdict) in [(3_600, None), (3_601, bad)] {
         let ws = ScriptBuf::from_bytes(vec![0x51; len]);
-        assert_eq!(witness_verdict(p2wsh(&ws), ScriptBuf::new(), vec![ws.to_bytes()]), verdict);
+        assert_eq!(
+            witness_verdict(p2wsh(&ws), ScriptBuf::new(), vec![ws.to_bytes()]),
+            verdict
+        );
     }
     // 100 items before the script, then 101; an item of 80 bytes, then 81.
     for (items, size, verdict) in [(100, 1, None), (101, 1, bad), (1, 80, None), (1, 81, bad)] {
         let mut w = vec![vec![0u8; size]; items];
         w.push(ws.to_bytes());
-        assert_eq!(witness_verdict(p2wsh(&ws), ScriptBuf::new(), w.clone()), verdict);
+        assert_eq!(
+            witness_verdict(p2wsh(&ws), ScriptBuf::new(), w.clone()),
+            verdict
+        );
         // The same limits through P2SH-P2WSH.
         let program = p2wsh(&ws);
         let sig = push(Builder::new(), program.to_bytes()).into_script();
@@ -699,10 +824,16 @@ fn is_witness_standard_spent_types() {
     assert_eq!(witness_verdict(p2pkh(), ScriptBuf::new(), w.clone()), bad);
     // mempool_accept.py: witness stuffing on an anchor; an empty witness passes.
     let anchor = script(&[0x51, 0x02, 0x4e, 0x73]);
-    assert_eq!(witness_verdict(anchor.clone(), ScriptBuf::new(), vec![vec![]]), bad);
+    assert_eq!(
+        witness_verdict(anchor.clone(), ScriptBuf::new(), vec![vec![]]),
+        bad
+    );
     assert_eq!(witness_verdict(anchor, ScriptBuf::new(), vec![]), None);
     // P2SH whose scriptSig leaves no redeem script.
-    assert_eq!(witness_verdict(p2sh_of(&script(&[0x51])), ScriptBuf::new(), w), bad);
+    assert_eq!(
+        witness_verdict(p2sh_of(&script(&[0x51])), ScriptBuf::new(), w),
+        bad
+    );
     // Every failure is Core's class and reason.
     let mut spend = input(ScriptBuf::new());
     spend.witness = Witness::from_slice(&[vec![1u8]]);
@@ -723,9 +854,21 @@ fn is_witness_standard_taproot() {
     assert_eq!(v(vec![sig.clone()]), None, "key path");
     assert_eq!(v(vec![sig.clone(), vec![0x50, 1]]), bad, "annex");
     assert_eq!(v(vec![vec![80; 80], leaf.clone(), control(0xc0)]), None);
-    assert_eq!(v(vec![vec![81; 81], leaf.clone(), control(0xc0)]), bad, "tapscript item");
-    assert_eq!(v(vec![vec![81; 81], leaf.clone(), control(0xc1)]), bad, "parity bit");
-    assert_eq!(v(vec![vec![81; 81], leaf.clone(), control(0xc2)]), None, "other leaf version");
+    assert_eq!(
+        v(vec![vec![81; 81], leaf.clone(), control(0xc0)]),
+        bad,
+        "tapscript item"
+    );
+    assert_eq!(
+        v(vec![vec![81; 81], leaf.clone(), control(0xc1)]),
+        bad,
+        "parity bit"
+    );
+    assert_eq!(
+        v(vec![vec![81; 81], leaf.clone(), control(0xc2)]),
+        None,
+        "other leaf version"
+    );
     assert_eq!(v(vec![leaf.clone(), vec![]]), bad, "empty control block");
     // Wrapped in P2SH, a v1 program gets no taproot rules.
     let sig_script = push(Builder::new(), p2tr.to_bytes()).into_script();
@@ -742,7 +885,10 @@ fn sigop_cost_and_vsize() {
     assert_eq!(sigop_adjusted_vsize(400, 100, 20), 500);
     assert_eq!(sigop_adjusted_vsize(400, 100, 0), 100);
     // Each bare 1-of-1 output counts 20 legacy sigops: cost 80.
-    let mut t = tx(vec![input(ScriptBuf::new())], vec![out(1_000, bare_multisig(1, 1)); 200]);
+    let mut t = tx(
+        vec![input(ScriptBuf::new())],
+        vec![out(1_000, bare_multisig(1, 1)); 200],
+    );
     let spent = [out(1, p2pkh())];
     assert_eq!(check_standard_sigops(&t, &spent), Ok(16_000));
     t.output.push(out(1_000, bare_multisig(1, 1)));
@@ -755,7 +901,10 @@ fn sigop_cost_and_vsize() {
     let ws = ScriptBuf::from_bytes(vec![0xac; 2]);
     wsh_in.witness = Witness::from_slice(&[ws.to_bytes()]);
     let t = tx(vec![p2sh_in, wsh_in], vec![out(1_000, p2pkh())]);
-    assert_eq!(transaction_sigop_cost(&t, &[p2sh_out, out(1, ws.to_p2wsh())]), 4 + 12 + 2);
+    assert_eq!(
+        transaction_sigop_cost(&t, &[p2sh_out, out(1, ws.to_p2wsh())]),
+        4 + 12 + 2
+    );
 }
 
 #[test]
@@ -764,7 +913,10 @@ fn truc_size_limit() {
     t.version = Version(3);
     assert_eq!(check_truc_size(&t, TRUC_MAX_VSIZE), Ok(()));
     let e = check_truc_size(&t, TRUC_MAX_VSIZE + 1).unwrap_err();
-    assert_eq!((e.class, e.reason), (TxRejectClass::MempoolPolicy, "TRUC-violation"));
+    assert_eq!(
+        (e.class, e.reason),
+        (TxRejectClass::MempoolPolicy, "TRUC-violation")
+    );
     let ids = TxIds::of(&t);
     assert_eq!(
         e.debug,
@@ -776,7 +928,10 @@ fn truc_size_limit() {
     t.version = Version::TWO;
     assert_eq!(check_truc_size(&t, TRUC_MAX_VSIZE + 1), Ok(()));
     // The pool-dependent texts, as Core words them.
-    let v = TrucViolation::NonTrucSpendsTruc { tx: ids, parent: ids };
+    let v = TrucViolation::NonTrucSpendsTruc {
+        tx: ids,
+        parent: ids,
+    };
     assert_eq!(
         v.to_string(),
         format!("non-version=3 tx {ids} cannot spend from version=3 tx {ids}")
@@ -789,4 +944,52 @@ fn truc_size_limit() {
             ids.txid, ids.wtxid
         )
     );
+}
+
+/// mempool_ephemeral_dust.py: a child must sweep its parent's dust.
+#[test]
+fn ephemeral_dust_must_be_spent() {
+    let parent = tx(
+        vec![input(ScriptBuf::new())],
+        vec![out(0, p2pkh()), out(50_000, p2pkh())],
+    );
+    let parent_txid = parent.compute_txid();
+    let spending = |vouts: &[u32]| {
+        let mut child = tx(
+            vec![input(ScriptBuf::new()); vouts.len()],
+            vec![out(40_000, p2pkh())],
+        );
+        for (txin, &vout) in child.input.iter_mut().zip(vouts) {
+            txin.previous_output = OutPoint {
+                txid: parent_txid,
+                vout,
+            };
+        }
+        child
+    };
+    let lookup = |txid: &bitcoin::Txid| (*txid == parent_txid).then_some(&parent);
+    let child = spending(&[1]);
+    let e = check_ephemeral_spends(&child, 3_000, lookup).unwrap_err();
+    assert_eq!(
+        (e.class, e.reason),
+        (TxRejectClass::MempoolPolicy, "missing-ephemeral-spends")
+    );
+    let ids = TxIds::of(&child);
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "missing-ephemeral-spends, tx {} (wtxid={}) did not spend parent's ephemeral dust",
+            ids.txid, ids.wtxid
+        )
+    );
+    assert_eq!(
+        check_ephemeral_spends(&spending(&[0, 1]), 3_000, lookup),
+        Ok(())
+    );
+    assert_eq!(
+        check_ephemeral_spends(&spending(&[0]), 3_000, lookup),
+        Ok(())
+    );
+    // A confirmed parent (not found) has no ephemeral dust to sweep.
+    assert_eq!(check_ephemeral_spends(&child, 3_000, |_| None), Ok(()));
 }
