@@ -36,20 +36,14 @@ use bitcoin::secp256k1::{Keypair, Message, Secp256k1, SecretKey};
 use bitcoin::{Amount, Block, TxOut};
 use blockgen::{coinbase, signed_spend, Kind, Wallet};
 use env::env_or;
+use kakehi::mempool::policy::MANDATORY_SCRIPT_VERIFY_FLAGS;
 use kakehi::primitives::Coin;
 use kakehi::validation::script::{verify_block_scripts, ScriptFlags};
 use kakehi::validation::SpentOutput;
 
-/// Regtest's flags at any height: every consensus flag.
-const FLAGS: ScriptFlags = ScriptFlags::from_bits(
-    ScriptFlags::P2SH.bits()
-        | ScriptFlags::DERSIG.bits()
-        | ScriptFlags::NULLDUMMY.bits()
-        | ScriptFlags::CHECKLOCKTIMEVERIFY.bits()
-        | ScriptFlags::CHECKSEQUENCEVERIFY.bits()
-        | ScriptFlags::WITNESS.bits()
-        | ScriptFlags::TAPROOT.bits(),
-);
+/// Regtest's flags at any height: every consensus flag (Core's
+/// `MANDATORY_SCRIPT_VERIFY_FLAGS`).
+const FLAGS: ScriptFlags = MANDATORY_SCRIPT_VERIFY_FLAGS;
 
 /// A block of `inputs` inputs of `kind`, 10 per transaction, and its spent
 /// outputs in block order.

@@ -3,12 +3,14 @@
 //! (`policy/ephemeral_policy.cpp`) and the lone-transaction TRUC limit
 //! (`policy/truc_policy.cpp`), with Core's defaults and reject reasons.
 //!
-//! - [`solver`]: which template a scriptPubKey follows ([`solver()`],
+//! - [`solver`](mod@solver): which template a scriptPubKey follows ([`solver()`],
 //!   [`TxoutType`]).
 //! - this module: [`PolicyConfig`], [`is_standard_tx`],
 //!   [`check_tx_size_small`], dust ([`dust_threshold`], [`is_dust`],
-//!   [`dust_outputs`], [`pre_check_ephemeral_tx`]), the sigop-adjusted
-//!   virtual size ([`sigop_adjusted_vsize`]), the policy script flags.
+//!   [`dust_outputs`]), the sigop-adjusted virtual size
+//!   ([`sigop_adjusted_vsize`]), the policy script flags.
+//! - [`ephemeral`]: ephemeral dust ([`pre_check_ephemeral_tx`],
+//!   [`check_ephemeral_spends`]).
 //! - [`inputs`]: what needs the spent outputs ([`are_inputs_standard`],
 //!   [`is_witness_standard`], [`check_standard_sigops`]).
 //! - [`truc`]: BIP-431 limits and Core's texts for their violations.
@@ -41,6 +43,7 @@
 //! `src/validation.cpp` (`PreChecks`), `src/test/transaction_tests.cpp`
 //! (`test_IsStandard`), `doc/release-notes/release-notes-30.0.md`.
 
+pub mod ephemeral;
 pub mod inputs;
 pub mod solver;
 pub mod truc;
@@ -50,9 +53,12 @@ mod tests;
 
 use bitcoin::{Amount, Transaction, TxOut};
 
-use super::reject::{TxReject, TxRejectClass};
+use super::reject::TxReject;
+#[cfg(doc)]
+use super::reject::TxRejectClass;
 use crate::validation::script::ScriptFlags;
 
+pub use ephemeral::{check_ephemeral_spends, pre_check_ephemeral_tx};
 pub use inputs::{
     are_inputs_standard, check_standard_sigops, is_witness_standard, transaction_sigop_cost,
 };
@@ -189,9 +195,8 @@ impl Default for PolicyConfig {
 }
 
 /// The fee at `feerate` (sat/kvB) for `vsize` virtual bytes, rounded up
-/// (Core 30.0's `CFeeRate::GetFee`, which evaluates its fraction upwards;
-/// Core 29 and earlier rounded down with a 1-sat floor, the same for
-/// every whole-sat/vB rate).
+/// (Core's `CFeeRate::GetFee`: 182 vbytes at 3,702 sat/kvB cost 674 sats,
+/// `test_IsStandard`).
 pub fn fee_at_rate(feerate: u64, vsize: u64) -> Amount {
     let fee = (u128::from(feerate) * u128::from(vsize)).div_ceil(1_000);
     Amount::from_sat(u64::try_from(fee).unwrap_or(u64::MAX))
@@ -316,33 +321,6 @@ pub fn is_standard_tx(tx: &Transaction, config: &PolicyConfig) -> Result<(), TxR
 pub fn check_tx_size_small(tx: &Transaction) -> Result<(), TxReject> {
     if tx.base_size() < MIN_STANDARD_TX_NONWITNESS_SIZE {
         return Err(TxReject::not_standard("tx-size-small"));
-    }
-    Ok(())
-}
-
-/// A transaction with a dust output must pay no fee, so that no miner
-/// takes it without the child that spends the dust (Core's
-/// `PreCheckEphemeralTx`). `base_fee` is the fee the transaction pays,
-/// `modified_fee` the fee after `prioritisetransaction`, both in sats
-/// (signed: a priority delta may be negative).
-///
-/// # Errors
-///
-/// [`TxRejectClass::NotStandard`] with Core's reason `dust` and debug
-/// message `tx with dust output must be 0-fee`.
-pub fn pre_check_ephemeral_tx(
-    tx: &Transaction,
-    dust_relay_feerate: u64,
-    base_fee: i64,
-    modified_fee: i64,
-) -> Result<(), TxReject> {
-    let has_dust = tx.output.iter().any(|o| is_dust(o, dust_relay_feerate));
-    if (base_fee != 0 || modified_fee != 0) && has_dust {
-        return Err(TxReject::with_debug(
-            TxRejectClass::NotStandard,
-            REASON_DUST,
-            "tx with dust output must be 0-fee",
-        ));
     }
     Ok(())
 }
