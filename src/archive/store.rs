@@ -42,10 +42,10 @@ pub const FORMAT_VERSION: u8 = 1;
 pub const MAX_EPOCH_LEAVES: usize = 1 << 30;
 /// Name of the header list file.
 pub const INDEX_FILE: &str = "epochs.dat";
-/// Default budget of the cache of epoch filters, bytes: 256 MiB, the
-/// filters of about 10⁸ spent outputs (the whole testnet4-sized chain's
-/// are ~136 MiB; mainnet's ~7 GB).
-pub const DEFAULT_FILTER_CACHE: usize = 256 << 20;
+/// Default budget of the cache of epoch filters, bytes: 256 MiB
+/// ([`crate::store::budgets::DEFAULT_ARCHIVE_FILTER_CACHE`], which the
+/// store's budgets hold).
+pub const DEFAULT_FILTER_CACHE: usize = crate::store::budgets::DEFAULT_ARCHIVE_FILTER_CACHE;
 /// Bytes of an epoch file before its filter: magic, version, header,
 /// filter length.
 const FILTER_AT: u64 = 94;

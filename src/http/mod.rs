@@ -42,9 +42,8 @@ pub const MAX_FILTER_HEADERS: u32 = 2000;
 /// Shared state of the handlers.
 #[derive(Clone)]
 pub struct AppState {
-    /// The chain state's published snapshots
-    /// ([`crate::pipeline::Chainstate::snapshots`]): every handler reads
-    /// the latest one.
+    /// The chain state's published snapshots (the writer hands the handle
+    /// out as `Chainstate::snapshots`): every handler reads the latest one.
     pub snapshots: Snapshots,
     /// The running P2P layer, for `POST /tx` relay (`None`: no P2P; the
     /// route then answers 503).
