@@ -27,6 +27,7 @@ pub mod archive;
 mod core_rest;
 mod core_tx;
 pub mod esplora;
+mod esplora_json;
 pub mod fees;
 mod light;
 pub mod metrics;
