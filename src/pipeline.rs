@@ -52,7 +52,8 @@ use crate::chain::ChainParams;
 use crate::filters;
 use crate::muhash::MuHash3072;
 use crate::primitives::{BlockId, Coin};
-use crate::snapshot::{BlockMeta, ChainSnapshot, Snapshots};
+pub use crate::snapshot::PipelineStats;
+use crate::snapshot::{BlockMeta, ChainSnapshot, ReadError, Snapshots};
 use crate::sozu::{
     BlockWrite, Consumption, NewOutput, SozuError, UtxoReader, UtxoTable, ViewStatus,
 };
@@ -72,7 +73,6 @@ mod open;
 mod rows;
 mod scripts;
 mod sealing;
-pub mod spent;
 mod submit;
 use address_index::AddressIndexState;
 pub use address_index::BuildProgress;
@@ -83,18 +83,6 @@ pub use group::{GroupLimits, MAX_TIP_AGE_SECS};
 const MAX_FLAT_FILE_SIZE: u64 = 128 * 1024 * 1024;
 
 mod utxo_hash;
-
-/// What an operator does about a damaged record of `what`
-/// ([`PipelineError::CorruptRecord`]): a block is the source every other
-/// store is rebuilt from, so it comes from a backup or from peers; the rest
-/// is rebuilt from the block files.
-fn record_remedy(what: &str) -> &'static str {
-    if what == "block" {
-        "restore the datadir from a backup or resync"
-    } else {
-        "rebuild it from the block files with `kakehi reindex-chainstate`, or restore the datadir from a backup"
-    }
-}
 
 /// Errors that stop the pipeline (storage), as opposed to invalid blocks,
 /// which are reported in [`SubmitOutcome`].
@@ -132,35 +120,10 @@ pub enum PipelineError {
         #[source]
         source: Arc<PipelineError>,
     },
-    /// A record read back from a flat file contradicts what was committed
-    /// for it (a filter the filter-header chain does not bind, a block whose
-    /// hash, merkle root or witness commitment is wrong): the file is
-    /// damaged. Nothing is served from it.
-    #[error(
-        "{path}: the stored {what} of block {block} is corrupt ({reason}); {}",
-        record_remedy(what)
-    )]
-    CorruptRecord {
-        /// The flat file.
-        path: std::path::PathBuf,
-        /// The block the record belongs to.
-        block: BlockHash,
-        /// Which record ("block", "filter").
-        what: &'static str,
-        /// What does not match.
-        reason: &'static str,
-    },
-    /// A spent-output record of the `spent/` flat files does not decode.
-    #[error("{path}: spent outputs of block {}: {source}; rebuild them from the block files with `kakehi reindex-chainstate`, or restore the datadir from a backup", block.0)]
-    CorruptSpent {
-        /// The flat file.
-        path: std::path::PathBuf,
-        /// The block whose record is corrupt.
-        block: BlockId,
-        /// What is wrong with it.
-        #[source]
-        source: spent::SpentRecordError,
-    },
+    /// A read through a snapshot of the writer's own state failed (a
+    /// flat file, a damaged record, the archive).
+    #[error(transparent)]
+    Read(#[from] ReadError),
     /// The script engine could not check a block (a transaction Core cannot
     /// decode, spent outputs that do not line up): a bug, not the block's
     /// fault; nothing of the block is committed and writes stop.
@@ -319,39 +282,6 @@ struct ValidBlock {
     created: Vec<(OutPoint, Coin)>,
     /// Its transaction ids, in block order.
     txids: Vec<bitcoin::Txid>,
-}
-
-/// Counters since start-up.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct PipelineStats {
-    /// Blocks connected to the UTXO table.
-    pub blocks_connected: u64,
-    /// Blocks rejected (invalid, orphan, mutated).
-    pub blocks_rejected: u64,
-    /// Reorganisations (active tip moved to a block that does not extend it).
-    pub reorgs: u64,
-    /// Reorgs refused for being deeper than 100 blocks.
-    pub reorgs_refused: u64,
-    /// Wall time spent in [`Chainstate::submit_block`] (checks, storage,
-    /// connection, commits), microseconds: against the elapsed time of a
-    /// sync it tells how much of it the pipeline took.
-    pub submit_micros: u64,
-    /// Time spent computing the UTXO set's MuHash deltas (blocks
-    /// connected, on the script threads or the writer, and blocks
-    /// disconnected, on the writer), microseconds.
-    pub muhash_micros: u64,
-    /// Inputs whose scripts Core's interpreter verified (blocks rejected
-    /// for a script included).
-    pub inputs_verified: u64,
-    /// Wall time of script verification, microseconds (it overlaps the
-    /// writer's other work on the block and the next one).
-    pub script_micros: u64,
-    /// Blocks connected without script verification (assumevalid).
-    pub blocks_assumed_valid: u64,
-    /// Blocks whose connect used their validation ahead (lookups, UTXO
-    /// checks and script checks made while their parent's scripts ran:
-    /// [`Chainstate::submit_block_with_next`]).
-    pub blocks_validated_ahead: u64,
 }
 
 /// The node's chain state: block index, stores, UTXO table. The one writer:

@@ -1,7 +1,9 @@
 //! [`ChainSnapshot`]: the read side every server uses. One committed block
-//! boundary of the chain state, published by the writer
-//! ([`crate::pipeline::Chainstate`]) through [`Snapshots`] and read without
-//! locks by HTTP, P2P serving and the CLI, while the writer goes on.
+//! boundary of the chain state, published by the writer (the block
+//! pipeline's `Chainstate`) through [`Snapshots`] and read without locks by
+//! HTTP, P2P serving and the CLI, while the writer goes on. This module
+//! never names the writer: its reads fail with their own [`ReadError`], and
+//! the writer's counters it publishes are its own [`PipelineStats`].
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,19 +18,21 @@ use bitcoin::{Block, BlockHash, OutPoint};
 use crate::chain::index::{BlockStatus, ChainIndex};
 use crate::chain::ChainParams;
 use crate::filters;
-use crate::pipeline::spent::SpentRecord;
-use crate::pipeline::{PipelineError, PipelineStats};
 use crate::primitives::BlockId;
 use crate::sozu::{ChainView, UtxoReader, ViewStatus, PURGE_DEPTH};
-use crate::store::{FileLoc, FlatReader, Store};
+use crate::store::{FileLoc, FlatReader, SpentRecord, Store};
 use crate::validation::SpentOutput;
 
 mod block_txs;
+mod error;
 mod history;
 mod memory;
+mod stats;
 
+pub use error::ReadError;
 pub use history::{HistoryTx, ScriptStats, ScriptSummary, ScriptUtxo};
 pub use memory::MemoryUse;
+pub use stats::PipelineStats;
 
 /// Per-block data that is not part of the chain index proper.
 #[derive(Clone, Debug, Default)]
@@ -62,9 +66,10 @@ pub struct UtxoStats {
 /// An immutable state of the chain as of one committed block boundary:
 /// the block index's read core, the per-block metadata, read handles on
 /// the stores and the sealed archive epochs. The writer publishes one at
-/// the end of every operation that changes the chain state
-/// ([`Chainstate::snapshots`](crate::pipeline::Chainstate::snapshots)); readers load the latest and keep it as long
-/// as they like, without locks, while the writer goes on.
+/// the end of every operation that changes the chain state (through the
+/// [`Snapshots`] handle it hands out as `Chainstate::snapshots`); readers
+/// load the latest and keep it as long as they like, without locks, while
+/// the writer goes on.
 ///
 /// Cheap to publish: the index and metadata are persistent structures
 /// shared with the writer's (a clone is O(1)), the stores are shared
@@ -173,8 +178,8 @@ struct StoredBlock {
 
 impl StoredBlock {
     /// The error for these bytes failing a check (`reason`).
-    fn corrupt(&self, reason: &'static str) -> PipelineError {
-        PipelineError::CorruptRecord {
+    fn corrupt(&self, reason: &'static str) -> ReadError {
+        ReadError::CorruptRecord {
             path: self.path.clone(),
             block: self.hash,
             what: "block",
@@ -215,9 +220,9 @@ impl ChainSnapshot {
     /// commitment (a flipped byte in a block file changes one of them).
     ///
     /// # Errors
-    /// Flat-file failure; [`PipelineError::CorruptRecord`] for a stored block
+    /// Flat-file failure; [`ReadError::CorruptRecord`] for a stored block
     /// that fails a check or no longer decodes.
-    pub fn read_block(&self, id: BlockId) -> Result<Option<Block>, PipelineError> {
+    pub fn read_block(&self, id: BlockId) -> Result<Option<Block>, ReadError> {
         Ok(self.read_checked_block(id)?.map(|(_, block)| block))
     }
 
@@ -226,7 +231,7 @@ impl ChainSnapshot {
     ///
     /// # Errors
     /// As [`ChainSnapshot::read_block`].
-    pub fn read_block_raw(&self, id: BlockId) -> Result<Option<Vec<u8>>, PipelineError> {
+    pub fn read_block_raw(&self, id: BlockId) -> Result<Option<Vec<u8>>, ReadError> {
         Ok(self.read_checked_block(id)?.map(|(raw, _)| raw))
     }
 
@@ -235,7 +240,7 @@ impl ChainSnapshot {
     ///
     /// # Errors
     /// Flat-file failure.
-    fn read_stored_block(&self, id: BlockId) -> Result<Option<StoredBlock>, PipelineError> {
+    fn read_stored_block(&self, id: BlockId) -> Result<Option<StoredBlock>, ReadError> {
         let (Some(loc), Some(entry)) = (
             self.meta.get(id.0 as usize).and_then(|m| m.data),
             self.index.get(id),
@@ -249,7 +254,7 @@ impl ChainSnapshot {
         }))
     }
 
-    fn read_checked_block(&self, id: BlockId) -> Result<Option<(Vec<u8>, Block)>, PipelineError> {
+    fn read_checked_block(&self, id: BlockId) -> Result<Option<(Vec<u8>, Block)>, ReadError> {
         let Some(stored) = self.read_stored_block(id)? else {
             return Ok(None);
         };
@@ -273,14 +278,14 @@ impl ChainSnapshot {
     /// read back is checked against the committed filter header chain.
     ///
     /// # Errors
-    /// Flat-file failure; [`PipelineError::CorruptRecord`] when the filter
+    /// Flat-file failure; [`ReadError::CorruptRecord`] when the filter
     /// read is not the one the chain committed.
-    pub fn filter(&self, id: BlockId) -> Result<Option<(Vec<u8>, FilterHeader)>, PipelineError> {
+    pub fn filter(&self, id: BlockId) -> Result<Option<(Vec<u8>, FilterHeader)>, ReadError> {
         if id == BlockId(0) {
             let genesis = self.index.params().genesis_block();
             let filter =
                 filters::basic_filter(&genesis, std::iter::empty::<&[u8]>()).map_err(|source| {
-                    PipelineError::Filter {
+                    ReadError::Filter {
                         hash: genesis.block_hash(),
                         source,
                     }
@@ -308,7 +313,7 @@ impl ChainSnapshot {
         };
         let filter = bitcoin::bip158::BlockFilter::new(&content);
         if previous.map(|prev| filters::filter_header(&filter, &prev)) != Some(header) {
-            return Err(PipelineError::CorruptRecord {
+            return Err(ReadError::CorruptRecord {
                 path: self.filters.path(loc.file),
                 block: entry.hash,
                 what: "filter",
@@ -322,7 +327,7 @@ impl ChainSnapshot {
     ///
     /// # Errors
     /// Flat-file failure or corrupt data.
-    pub fn spent_outputs(&self, id: BlockId) -> Result<Option<Vec<SpentOutput>>, PipelineError> {
+    pub fn spent_outputs(&self, id: BlockId) -> Result<Option<Vec<SpentOutput>>, ReadError> {
         Ok(self.spent_record(id)?.map(|r| r.outputs()))
     }
 
@@ -331,16 +336,16 @@ impl ChainSnapshot {
     /// of its transactions ([`SpentRecord::range`]).
     ///
     /// # Errors
-    /// Flat-file failure; [`PipelineError::CorruptSpent`] for a record that
+    /// Flat-file failure; [`ReadError::CorruptSpent`] for a record that
     /// fails its checks.
-    pub fn spent_record(&self, id: BlockId) -> Result<Option<SpentRecord>, PipelineError> {
+    pub fn spent_record(&self, id: BlockId) -> Result<Option<SpentRecord>, ReadError> {
         let Some(loc) = self.meta.get(id.0 as usize).and_then(|m| m.spent) else {
             return Ok(None);
         };
         let raw = self.spent.read(loc)?;
         SpentRecord::parse(raw)
             .map(Some)
-            .map_err(|source| PipelineError::CorruptSpent {
+            .map_err(|source| ReadError::CorruptSpent {
                 path: self.spent.path(loc.file),
                 block: id,
                 source,
@@ -377,7 +382,7 @@ impl ChainSnapshot {
     ///
     /// # Errors
     /// As [`ChainSnapshot::for_each_archive_leaf`].
-    pub fn archive_leaves(&self, n: u32) -> Result<Vec<crate::archive::Leaf>, PipelineError> {
+    pub fn archive_leaves(&self, n: u32) -> Result<Vec<crate::archive::Leaf>, ReadError> {
         let mut leaves = Vec::new();
         self.for_each_archive_leaf(n, &mut |leaf| {
             leaves.push(leaf);
@@ -391,20 +396,20 @@ impl ChainSnapshot {
     /// memory at a time.
     ///
     /// # Errors
-    /// [`PipelineError::Inconsistent`] when a height of the range has no
+    /// [`ReadError::Inconsistent`] when a height of the range has no
     /// active block or a connected block has no spent-output record;
     /// flat-file errors; `f`'s errors.
     pub fn for_each_archive_leaf(
         &self,
         n: u32,
-        f: &mut dyn FnMut(crate::archive::Leaf) -> Result<(), PipelineError>,
-    ) -> Result<(), PipelineError> {
+        f: &mut dyn FnMut(crate::archive::Leaf) -> Result<(), ReadError>,
+    ) -> Result<(), ReadError> {
         let (first, last) = self.archive.epoch_range(n);
         for height in first..=last {
             let e = self
                 .index
                 .active_at(height)
-                .ok_or_else(|| PipelineError::Inconsistent {
+                .ok_or_else(|| ReadError::Inconsistent {
                     reason: format!("archive epoch {n}: no active block at height {height}"),
                 })?;
             let spent = match self.spent_outputs(e.id)? {
@@ -412,7 +417,7 @@ impl ChainSnapshot {
                 // Genesis is never connected and spends nothing.
                 None if height == 0 => Vec::new(),
                 None => {
-                    return Err(PipelineError::Inconsistent {
+                    return Err(ReadError::Inconsistent {
                         reason: format!(
                             "archive epoch {n}: active block {} has no spent outputs",
                             e.hash
@@ -457,7 +462,7 @@ impl ChainSnapshot {
     pub fn outpoint_status(
         &self,
         outpoint: &OutPoint,
-    ) -> Result<crate::archive::OutpointStatus, PipelineError> {
+    ) -> Result<crate::archive::OutpointStatus, ReadError> {
         use crate::archive::OutpointStatus;
         let sealed_through = self.archive.epochs().last().map(|h| h.last_height);
         let entry = self
@@ -498,7 +503,7 @@ impl ChainSnapshot {
     fn find_purged_unsealed_spend(
         &self,
         outpoint: &OutPoint,
-    ) -> Result<Option<(BlockHash, u32)>, PipelineError> {
+    ) -> Result<Option<(BlockHash, u32)>, ReadError> {
         let Some(purged_through) = self.index.tip_height().checked_sub(PURGE_DEPTH) else {
             return Ok(None);
         };
@@ -536,13 +541,13 @@ impl ChainSnapshot {
     /// `gettxoutproof`), or absence from every sealed epoch.
     ///
     /// # Errors
-    /// [`PipelineError::Archive`] with `BadRequest` / `DuplicateOutpoint`
+    /// [`ReadError::Archive`] with `BadRequest` / `DuplicateOutpoint`
     /// for a bad list, `SelfCheck` when the proof fails its own check
     /// (damaged epoch file), I/O errors.
     pub fn prove_outpoints(
         &self,
         outpoints: &[OutPoint],
-    ) -> Result<crate::archive::ProofBatch, PipelineError> {
+    ) -> Result<crate::archive::ProofBatch, ReadError> {
         use bitcoin::merkle_tree::MerkleBlock;
         type Txids = Option<(bitcoin::block::Header, Vec<bitcoin::Txid>)>;
         // Txids per spend block, read once per block (bounded: at most
@@ -579,8 +584,8 @@ impl ChainSnapshot {
     ///
     /// # Errors
     /// sled failure or corruption; flat-file failure or a stored block
-    /// that no longer decodes ([`PipelineError::CorruptRecord`]).
-    pub fn tx_blocks(&self, txid: &bitcoin::Txid) -> Result<Vec<(BlockId, u32)>, PipelineError> {
+    /// that no longer decodes ([`ReadError::CorruptRecord`]).
+    pub fn tx_blocks(&self, txid: &bitcoin::Txid) -> Result<Vec<(BlockId, u32)>, ReadError> {
         let mut rows = Vec::new();
         for (id, pos) in self.store.tx_candidates(txid)? {
             let connected = self
@@ -599,9 +604,9 @@ impl ChainSnapshot {
     /// only that transaction ([`block_txs`]).
     ///
     /// # Errors
-    /// Flat-file failure; [`PipelineError::CorruptRecord`] when the stored
+    /// Flat-file failure; [`ReadError::CorruptRecord`] when the stored
     /// block's transactions cannot be located or that one does not decode.
-    fn txid_at(&self, id: BlockId, position: u32) -> Result<Option<bitcoin::Txid>, PipelineError> {
+    fn txid_at(&self, id: BlockId, position: u32) -> Result<Option<bitcoin::Txid>, ReadError> {
         let Some(txs) = self.block_txs(id)? else {
             return Ok(None);
         };
@@ -613,7 +618,7 @@ impl ChainSnapshot {
     ///
     /// # Errors
     /// As [`ChainSnapshot::txid_at`].
-    fn block_txs(&self, id: BlockId) -> Result<Option<block_txs::BlockTxs>, PipelineError> {
+    fn block_txs(&self, id: BlockId) -> Result<Option<block_txs::BlockTxs>, ReadError> {
         self.read_stored_block(id)?
             .map(block_txs::BlockTxs::locate)
             .transpose()
@@ -627,11 +632,11 @@ impl ChainSnapshot {
     ///
     /// # Errors
     /// sled failure or corruption; a spent-output record that does not
-    /// decode ([`PipelineError::CorruptSpent`]).
+    /// decode ([`ReadError::CorruptSpent`]).
     pub fn active_spender(
         &self,
         outpoint: &OutPoint,
-    ) -> Result<Option<(BlockId, crate::store::SpendRecord)>, PipelineError> {
+    ) -> Result<Option<(BlockId, crate::store::SpendRecord)>, ReadError> {
         for block in self.store.spend_candidates(outpoint)? {
             if !self.index.is_active(block) {
                 continue;
@@ -661,7 +666,7 @@ impl ChainSnapshot {
     pub fn lookup_outpoints(
         &self,
         outpoints: &[OutPoint],
-    ) -> Result<Vec<Option<crate::sozu::Entry>>, PipelineError> {
+    ) -> Result<Vec<Option<crate::sozu::Entry>>, ReadError> {
         Ok(self.utxo.get_batch(outpoints)?)
     }
 
@@ -671,7 +676,7 @@ impl ChainSnapshot {
     ///
     /// # Errors
     /// UTXO-table storage failure or corruption.
-    pub fn table_stats(&self) -> Result<Option<crate::sozu::SozuStats>, PipelineError> {
+    pub fn table_stats(&self) -> Result<Option<crate::sozu::SozuStats>, ReadError> {
         Ok(self.utxo.scan_stats()?)
     }
 

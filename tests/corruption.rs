@@ -448,7 +448,7 @@ fn a_damaged_transaction_fails_its_address_summary_instead_of_changing_it() {
 
     let chain = open();
     let snap = chain.snapshots().load();
-    let named = |e: kakehi::pipeline::PipelineError| {
+    let named = |e: kakehi::snapshot::ReadError| {
         let m = e.to_string();
         assert!(m.contains(&file.display().to_string()), "{m}");
     };

@@ -4,7 +4,7 @@
 //! to the same bytes.
 #![no_main]
 
-use kakehi::pipeline::spent::{decode_spent, encode_spent};
+use kakehi::store::spent::{decode_spent, encode_spent};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -19,12 +19,14 @@
 //! Module layout: [`leaf`] (leaf and tree-entry encodings), [`merkle`]
 //! (tree and batch paths), [`header`] (epoch headers, commitment),
 //! [`filter`] (fuse filters), [`proof`] (proof encodings, verification),
-//! [`store`] (the on-disk archive). Errors: [`ArchiveError`] for the store,
+//! [`format`] (file magics, version, limits), [`seal`] (writing an epoch
+//! file), [`store`] (the on-disk archive). Errors: [`ArchiveError`] for the store,
 //! [`VerifyError`] for proofs (their callers differ: the pipeline vs. a
 //! client), [`leaf::LeafDecodeError`] for leaf bytes.
 
 pub mod cli;
 pub mod filter;
+pub mod format;
 pub mod header;
 pub mod leaf;
 pub mod merkle;

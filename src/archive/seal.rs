@@ -20,10 +20,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::filter::{filter_key, EpochFilter};
+use super::format::{EPOCH_FILE_MAGIC, FORMAT_VERSION, MAX_EPOCH_LEAVES};
 use super::header::EpochHeader;
 use super::leaf::{Leaf, TreeEntry, LEAF_FIXED_LEN, MAX_SCRIPT_LEN};
 use super::merkle::{leaf_hash, level_sizes, node_hash, NodeHash};
-use super::store::{EPOCH_FILE_MAGIC, FORMAT_VERSION, MAX_EPOCH_LEAVES};
 use super::ArchiveError;
 use crate::primitives::OutPointKey;
 use crate::store::fault::{self, IoOp};

@@ -21,6 +21,9 @@ use bitcoin::merkle_tree::MerkleBlock;
 use bitcoin::{BlockHash, OutPoint, Txid};
 
 use super::filter::{filter_key, EpochFilter};
+pub use super::format::{
+    EPOCH_FILE_MAGIC, FORMAT_VERSION, INDEX_FILE, INDEX_FILE_MAGIC, MAX_EPOCH_LEAVES,
+};
 use super::header::{commitment, EpochHeader, HEADER_LEN};
 use super::leaf::{Leaf, TreeEntry, MAX_ENTRY_LEN};
 use super::merkle::{build_levels, leaf_hash, level_sizes, needed_nodes, NodeHash};
@@ -32,20 +35,10 @@ use crate::store::byte_cache::{ByteCache, Weighed};
 use crate::store::durable;
 use crate::store::fault::{self, IoOp};
 
-/// Magic of an epoch file.
-pub const EPOCH_FILE_MAGIC: [u8; 8] = *b"KKHAEPOC";
-/// Magic of the epoch header list (`epochs.dat`).
-pub const INDEX_FILE_MAGIC: [u8; 8] = *b"KKHAINDX";
-/// On-disk format version of both files.
-pub const FORMAT_VERSION: u8 = 1;
-/// Most spent outputs in one epoch (2³⁰; mainnet epochs hold ~10⁷).
-pub const MAX_EPOCH_LEAVES: usize = 1 << 30;
-/// Name of the header list file.
-pub const INDEX_FILE: &str = "epochs.dat";
-/// Default budget of the cache of epoch filters, bytes: 256 MiB, the
-/// filters of about 10⁸ spent outputs (the whole testnet4-sized chain's
-/// are ~136 MiB; mainnet's ~7 GB).
-pub const DEFAULT_FILTER_CACHE: usize = 256 << 20;
+/// Default budget of the cache of epoch filters, bytes: 256 MiB
+/// ([`crate::store::budgets::DEFAULT_ARCHIVE_FILTER_CACHE`], which the
+/// store's budgets hold).
+pub const DEFAULT_FILTER_CACHE: usize = crate::store::budgets::DEFAULT_ARCHIVE_FILTER_CACHE;
 /// Bytes of an epoch file before its filter: magic, version, header,
 /// filter length.
 const FILTER_AT: u64 = 94;

@@ -28,14 +28,10 @@ use bitcoin::address::NetworkUnchecked;
 use bitcoin::hex::FromHex;
 use bitcoin::{Address, Txid};
 
-use super::esplora::{parse_txid, tx_value_with, TransactionValue, TxStatus};
+use super::esplora_json::{parse_txid, tx_value_with, TransactionValue, TxStatus, TXS_PER_PAGE};
 use super::{read, ApiError, ApiResult, AppState};
 use crate::primitives::script_hash;
 use crate::snapshot::{ChainSnapshot, ScriptStats, ScriptSummary};
-
-/// Confirmed transactions per page of `…/txs` and `…/txs/chain` (electrs
-/// `CHAIN_TXS_PER_PAGE`).
-pub const TXS_PER_PAGE: usize = 25;
 
 /// Most bytes of script summaries the HTTP server keeps (32 MiB; an entry
 /// weighs [`SUMMARY_ENTRY_BYTES`] plus [`SUMMARY_UTXO_BYTES`] per unspent

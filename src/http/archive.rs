@@ -27,8 +27,7 @@ use bitcoin::{OutPoint, Txid};
 use crate::archive::proof::MAX_ITEMS;
 use crate::archive::{ArchiveError, OutpointStatus};
 use crate::http::AppState;
-use crate::pipeline::PipelineError;
-use crate::snapshot::ChainSnapshot;
+use crate::snapshot::{ChainSnapshot, ReadError};
 
 /// Response header carrying the outpoint's status on `GET /proof/outpoint/…`.
 pub const STATUS_HEADER: &str = "x-kakehi-outpoint-status";
@@ -77,11 +76,11 @@ impl Error {
             "internal error (see the node's log)",
         )
     }
-    /// Maps chain-state errors: request errors the archive reports are 400,
-    /// the rest 500.
-    fn from_pipeline(e: PipelineError) -> Error {
+    /// Maps snapshot read errors: request errors the archive reports are
+    /// 400, the rest 500.
+    fn from_read(e: ReadError) -> Error {
         match e {
-            PipelineError::Archive(
+            ReadError::Archive(
                 a @ (ArchiveError::BadRequest { .. } | ArchiveError::DuplicateOutpoint { .. }),
             ) => Error::bad_request(a.to_string()),
             e => Error::internal(e),
@@ -196,7 +195,7 @@ async fn status(
 ) -> Result<Response> {
     let op = parse_outpoint(&txid, &vout)?;
     read(&s, move |cs| {
-        let st = cs.outpoint_status(&op).map_err(Error::from_pipeline)?;
+        let st = cs.outpoint_status(&op).map_err(Error::from_read)?;
         Ok(Json(status_json(&op, st)).into_response())
     })
     .await
@@ -210,7 +209,7 @@ fn proof_body(cs: &ChainSnapshot, ops: &[OutPoint]) -> Result<String> {
             "no archive epoch is sealed yet (the chain is shorter than one epoch plus 100 blocks)",
         ));
     }
-    let proof = cs.prove_outpoints(ops).map_err(Error::from_pipeline)?;
+    let proof = cs.prove_outpoints(ops).map_err(Error::from_read)?;
     Ok(proof.to_json())
 }
 
@@ -232,7 +231,7 @@ async fn proof_one(
     let op = parse_outpoint(&txid, &vout)?;
     read(&s, move |cs| {
         let body = proof_body(cs, &[op])?;
-        let st = cs.outpoint_status(&op).map_err(Error::from_pipeline)?;
+        let st = cs.outpoint_status(&op).map_err(Error::from_read)?;
         let mut resp = json_response(body);
         let st = serde_json::to_string(&st).map_err(Error::internal)?;
         // invariant: serde_json output of this enum is ASCII without control

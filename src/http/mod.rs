@@ -27,6 +27,7 @@ pub mod archive;
 mod core_rest;
 mod core_tx;
 pub mod esplora;
+mod esplora_json;
 pub mod fees;
 mod light;
 pub mod mempool;
@@ -43,9 +44,8 @@ pub const MAX_FILTER_HEADERS: u32 = 2000;
 /// Shared state of the handlers.
 #[derive(Clone)]
 pub struct AppState {
-    /// The chain state's published snapshots
-    /// ([`crate::pipeline::Chainstate::snapshots`]): every handler reads
-    /// the latest one.
+    /// The chain state's published snapshots (the writer hands the handle
+    /// out as `Chainstate::snapshots`): every handler reads the latest one.
     pub snapshots: Snapshots,
     /// The running P2P layer (`None`: no P2P).
     pub p2p: Option<crate::p2p::P2pHandle>,

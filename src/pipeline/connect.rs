@@ -22,8 +22,8 @@ use crate::validation::{self, BlockContext, BlockError};
 use super::ahead::Ahead;
 use super::group::GroupEntry;
 use super::open::flat_pos_bytes;
-use super::spent::encode_spent;
 use super::{address_index, scripts, Chainstate, CheckedUtxos, PipelineError, ValidBlock, Verdict};
+use crate::store::spent::encode_spent;
 
 /// What a connect gets besides its block (`pipeline/ahead.rs`).
 #[derive(Default)]

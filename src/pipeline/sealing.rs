@@ -24,6 +24,7 @@ use crate::archive::{Archive, EpochHeader};
 use crate::sozu::PURGE_DEPTH;
 
 use super::{Chainstate, PipelineError};
+use crate::snapshot::ReadError;
 
 /// What a sealing thread returns: the archive with the epoch added, its
 /// header and leaf count.
@@ -46,8 +47,8 @@ impl Chainstate {
     /// # Errors
     /// The finished seal's error: [`PipelineError::Archive`] (a
     /// `SealMismatch` means the archive directory disagrees with the
-    /// chain: move it away and restart to rebuild it), flat-file errors
-    /// reading spent outputs. Writes stop then ([`PipelineError::Failed`],
+    /// chain: move it away and restart to rebuild it), or
+    /// [`PipelineError::Read`] for the spent outputs it reads. Writes stop then ([`PipelineError::Failed`],
     /// naming the file); the next start seals the epoch again.
     pub(super) fn seal_final_epochs(&mut self) -> Result<(), PipelineError> {
         if self
@@ -103,7 +104,7 @@ impl Chainstate {
             let _entered = span.enter();
             let mut builder = archive.epoch_builder(epoch);
             snapshot.for_each_archive_leaf(epoch, &mut |leaf| {
-                builder.push(leaf).map_err(PipelineError::from)
+                builder.push(leaf).map_err(ReadError::from)
             })?;
             let count = builder.len();
             let header = archive.seal_built(builder)?;

@@ -14,11 +14,11 @@
 use bitcoin::consensus::Decodable;
 use bitcoin::Transaction;
 
+use super::ReadError;
 use super::StoredBlock;
-use crate::pipeline::PipelineError;
 
 /// Where a transaction is: in its block's bytes, and in its block's
-/// spent-output record (`crate::pipeline::spent`, one output per input of
+/// spent-output record ([`crate::store::spent`], one output per input of
 /// the block's non-coinbase transactions, in block order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct TxPlace {
@@ -41,9 +41,9 @@ impl BlockTxs {
     /// Locates every transaction of `stored`.
     ///
     /// # Errors
-    /// [`PipelineError::CorruptRecord`] when the bytes are not a header, a
+    /// [`ReadError::CorruptRecord`] when the bytes are not a header, a
     /// transaction count and that many transactions (a damaged file).
-    pub(super) fn locate(stored: StoredBlock) -> Result<Self, PipelineError> {
+    pub(super) fn locate(stored: StoredBlock) -> Result<Self, ReadError> {
         match tx_places(&stored.raw) {
             Some(places) => Ok(BlockTxs { stored, places }),
             None => Err(stored.corrupt("does not decode")),
@@ -54,11 +54,8 @@ impl BlockTxs {
     /// from its own bytes only, and its place.
     ///
     /// # Errors
-    /// [`PipelineError::CorruptRecord`] when those bytes do not decode.
-    pub(super) fn tx(
-        &self,
-        position: u32,
-    ) -> Result<Option<(Transaction, TxPlace)>, PipelineError> {
+    /// [`ReadError::CorruptRecord`] when those bytes do not decode.
+    pub(super) fn tx(&self, position: u32) -> Result<Option<(Transaction, TxPlace)>, ReadError> {
         let Some(&place) = self.places.get(position as usize) else {
             return Ok(None);
         };
@@ -69,7 +66,7 @@ impl BlockTxs {
     }
 
     /// The error for a transaction of this block failing a check.
-    pub(super) fn corrupt(&self, reason: &'static str) -> PipelineError {
+    pub(super) fn corrupt(&self, reason: &'static str) -> ReadError {
         self.stored.corrupt(reason)
     }
 }

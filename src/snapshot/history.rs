@@ -15,12 +15,10 @@ use std::collections::HashSet;
 use bitcoin::{Block, OutPoint, Transaction, Txid};
 
 use super::block_txs::BlockTxs;
-use super::ChainSnapshot;
-use crate::pipeline::spent::SpentRecord;
-use crate::pipeline::PipelineError;
+use super::{ChainSnapshot, ReadError};
 use crate::primitives::{script_hash, BlockId};
 use crate::store::history::script_prefix;
-use crate::store::HistoryKey;
+use crate::store::{HistoryKey, SpentRecord};
 use crate::validation::SpentOutput;
 
 /// One transaction of a script's history.
@@ -121,7 +119,7 @@ impl<'a> TxReader<'a> {
     /// records at its place: a damaged block file fails here instead of
     /// feeding an answer. Its inputs' coins come from the block's
     /// spent-output record (checked by its checksum).
-    fn check(&mut self, k: &HistoryKey) -> Result<Option<TxMatch>, PipelineError> {
+    fn check(&mut self, k: &HistoryKey) -> Result<Option<TxMatch>, ReadError> {
         let cs = self.cs;
         if self.block.as_ref().map(|(id, ..)| *id) != Some(k.block) {
             let txs = cs.block_txs(k.block)?.ok_or_else(|| no_data(k))?;
@@ -183,8 +181,8 @@ impl<'a> TxReader<'a> {
     }
 }
 
-fn no_data(k: &HistoryKey) -> PipelineError {
-    PipelineError::Inconsistent {
+fn no_data(k: &HistoryKey) -> ReadError {
+    ReadError::Inconsistent {
         reason: format!(
             "active block {} at height {} lacks its block data or a spent output of its transaction {}",
             k.block.0, k.height, k.position
@@ -207,8 +205,8 @@ impl ChainSnapshot {
         &self,
         script_hash: &[u8; 32],
         below: Option<&HistoryKey>,
-        f: &mut dyn FnMut(&HistoryKey) -> Result<bool, PipelineError>,
-    ) -> Result<(), PipelineError> {
+        f: &mut dyn FnMut(&HistoryKey) -> Result<bool, ReadError>,
+    ) -> Result<(), ReadError> {
         let mut failed = None;
         self.store.history_rev(script_hash, below, &mut |k| {
             let active = self
@@ -232,7 +230,7 @@ impl ChainSnapshot {
         &self,
         reader: &mut TxReader<'_>,
         txid: &Txid,
-    ) -> Result<Option<HistoryKey>, PipelineError> {
+    ) -> Result<Option<HistoryKey>, ReadError> {
         let located = self
             .tx_blocks(txid)?
             .into_iter()
@@ -265,7 +263,7 @@ impl ChainSnapshot {
         script_hash: &[u8; 32],
         after: Option<&Txid>,
         limit: usize,
-    ) -> Result<Vec<HistoryTx>, PipelineError> {
+    ) -> Result<Vec<HistoryTx>, ReadError> {
         self.script_txs_with(script_hash, after, limit, |h, _, _| *h)
     }
 
@@ -282,7 +280,7 @@ impl ChainSnapshot {
         after: Option<&Txid>,
         limit: usize,
         mut f: impl FnMut(&HistoryTx, &Transaction, &[SpentOutput]) -> T,
-    ) -> Result<Vec<T>, PipelineError> {
+    ) -> Result<Vec<T>, ReadError> {
         let mut reader = TxReader::new(self, script_hash);
         let below = match after {
             None => None,
@@ -333,7 +331,7 @@ impl ChainSnapshot {
     pub fn script_summary(
         &self,
         script_hash: &[u8; 32],
-    ) -> Result<(ScriptStats, Vec<ScriptUtxo>), PipelineError> {
+    ) -> Result<(ScriptStats, Vec<ScriptUtxo>), ReadError> {
         let summary = self.script_summary_since(script_hash, None)?;
         Ok((summary.stats, summary.utxos))
     }
@@ -352,7 +350,7 @@ impl ChainSnapshot {
         &self,
         script_hash: &[u8; 32],
         base: Option<&ScriptSummary>,
-    ) -> Result<ScriptSummary, PipelineError> {
+    ) -> Result<ScriptSummary, ReadError> {
         let base = base.filter(|b| {
             self.index
                 .active_at(b.height)

@@ -287,7 +287,7 @@ impl MemoryPlan {
         let pinned = budget / 8 * 5;
         // A pinned page is edited in nearly every block: it holds its edit
         // allocation, not just its used bytes.
-        let held = super::store::edit_capacity(page_size) as u64;
+        let held = super::page::edit_capacity(page_size) as u64;
         let layer_bytes = |n: u8| {
             let pages = 1u64.checked_shl(b0 + u32::from(n) * g).unwrap_or(u64::MAX);
             pages.saturating_mul(held)

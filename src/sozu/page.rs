@@ -84,6 +84,15 @@ pub const MIN_PAGE_SIZE: usize = 512;
 /// Largest page size, bytes (entry offsets and counts fit 16 bits).
 pub const MAX_PAGE_SIZE: usize = 32 * 1024;
 
+/// Bytes an edited page's image is allocated with: `page_size` and a
+/// quarter more, room for a block's inserts before its spills (5,120 bytes
+/// for 4 KiB pages, one of mimalloc's size classes, so the allocator rounds
+/// nothing up). The page store allocates edited pages with it, and the
+/// memory plan (`config.rs`) counts pinned pages at this size.
+pub(super) fn edit_capacity(page_size: usize) -> usize {
+    page_size + page_size / 4
+}
+
 const OFF_COUNT: usize = 10;
 const OFF_MAX_CHILD: usize = 16;
 const OFF_PURGE: usize = 20;

@@ -1,16 +1,19 @@
 //! One shard of the table as the writer holds it: its pages, the edits
 //! since the last commit, its allocation state, its records and counters.
 //! Shards are independent (a key's hash prefix names its shard), so each
-//! works on its own thread.
+//! works on its own thread. Each shard also compacts its out-of-line
+//! script records, a bounded step per block (`records.rs` has the format).
 
 use std::sync::Arc;
 
 use super::geo::{Addr, Descent, Geo};
 use super::header::{ShardState, MAX_LAYERS};
 use super::lookup::{self, LookupCounts, PageView, Query};
-use super::ops::{OpError, OpLog};
+use super::ops::{Op, OpError, OpLog};
 use super::page::EntryRef;
-use super::records::{self, Records};
+use super::records::{
+    self, location, record_bytes, segment_file, split, Records, COMPACT_STEP_BYTES, RECORD_HEAD_LEN,
+};
 use super::store::{corrupt, PageStore};
 use super::types::{Entry, OutPointKey};
 use super::SozuError;
@@ -231,4 +234,146 @@ pub(super) fn vanished(layer: u8, page: u64) -> SozuError {
         0,
         "entry vanished between lookup and edit",
     )
+}
+
+impl Shard {
+    /// One block's share of records compaction: starts one when the
+    /// current segment is large enough and more than half dead, or copies
+    /// the live records of the next [`COMPACT_STEP_BYTES`] of the sealed
+    /// segment into the current one.
+    ///
+    /// # Errors
+    /// Storage failure or corruption.
+    pub(super) fn compact_records(
+        &mut self,
+        geo: &super::geo::Geo,
+        min_len: u64,
+    ) -> Result<(), SozuError> {
+        let r = &mut self.state.records;
+        let Some((segment, len, cursor)) = r.compacting else {
+            if r.delete.is_none()
+                && r.current_len >= min_len.max(1)
+                && r.current_dead * 2 > r.current_len
+            {
+                r.compacting = Some((r.current, r.current_len, 0));
+                r.current += 1;
+                r.current_len = 0;
+                r.current_dead = 0;
+            }
+            return Ok(());
+        };
+        let (walked, end) = self.sealed_records(segment, cursor, len)?;
+        self.move_live(geo, &walked)?;
+        let r = &mut self.state.records;
+        if end >= len {
+            r.compacting = None;
+            r.delete = Some(segment);
+        } else {
+            r.compacting = Some((segment, len, end));
+        }
+        Ok(())
+    }
+
+    /// The records of sealed `segment` from `cursor` on, at most about
+    /// [`COMPACT_STEP_BYTES`] of them: (location, key, record bytes), and
+    /// the offset after the last.
+    #[allow(clippy::type_complexity)]
+    fn sealed_records(
+        &mut self,
+        segment: u32,
+        mut at: u64,
+        len: u64,
+    ) -> Result<(Vec<(u64, OutPointKey, Arc<Vec<u8>>)>, u64), SozuError> {
+        let start = at;
+        let mut out = Vec::new();
+        while at < len && at - start < COMPACT_STEP_BYTES {
+            let loc = location(segment, at);
+            let head = self.record_head(loc)?;
+            let script_len = u16::from_le_bytes([head[36], head[37]]) as usize;
+            let rec = self.read_record(loc, script_len)?;
+            let mut key = [0u8; 36];
+            key.copy_from_slice(&rec[..36]);
+            at += rec.len() as u64;
+            out.push((loc, key, rec));
+        }
+        Ok((out, at))
+    }
+
+    /// The record at `loc` with a script of `script_len` bytes (0: its
+    /// head only), from the records not yet committed, the published ones
+    /// or its segment.
+    fn read_record(&mut self, loc: u64, script_len: usize) -> Result<Arc<Vec<u8>>, SozuError> {
+        record_bytes(
+            self.store.storage.as_mut(),
+            self.id,
+            &self.store.published,
+            Some(self.records.pending()),
+            loc,
+            script_len,
+        )
+    }
+
+    /// The first 40 bytes of the record at `loc`.
+    fn record_head(&mut self, loc: u64) -> Result<Vec<u8>, SozuError> {
+        let rec = self.read_record(loc, 0)?;
+        if rec.len() < RECORD_HEAD_LEN {
+            let (segment, offset) = split(loc);
+            return Err(corrupt(
+                self.store.storage.path_of(&segment_file(self.id, segment)),
+                offset,
+                "record head truncated",
+            ));
+        }
+        Ok(rec[..RECORD_HEAD_LEN].to_vec())
+    }
+
+    /// Copies the records whose entries still point at them into the
+    /// current segment and repoints those entries.
+    fn move_live(
+        &mut self,
+        geo: &super::geo::Geo,
+        walked: &[(u64, OutPointKey, Arc<Vec<u8>>)],
+    ) -> Result<(), SozuError> {
+        let queries: Vec<Query> = walked
+            .iter()
+            .map(|(_, key, _)| Query {
+                key: *key,
+                h: geo.hash(key),
+                min_height: 0,
+            })
+            .collect();
+        let mut live = Vec::new();
+        lookup::descend(
+            geo,
+            &queries,
+            &mut self.store,
+            &mut |qi, addr, slot, e| {
+                if e.external().is_some_and(|x| x.location == walked[qi].0) {
+                    live.push((addr, slot, qi));
+                }
+                Ok(())
+            },
+            None,
+        )?;
+        live.sort_unstable();
+        for (addr, slot, qi) in live {
+            let loc = self
+                .records
+                .push(&mut self.state.records, walked[qi].2.to_vec());
+            self.log
+                .apply(&mut self.store, Op::Page(addr))
+                .map_err(op_err)?;
+            self.log
+                .apply(
+                    &mut self.store,
+                    Op::Locate {
+                        slot,
+                        location: loc,
+                    },
+                )
+                .map_err(op_err)?;
+            self.counters.records_moved += 1;
+        }
+        Ok(())
+    }
 }

@@ -21,7 +21,7 @@ use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 use super::geo::{Addr, Descent, SignatureKey};
 use super::header::MAX_LAYERS;
 use super::ops::Pages;
-use super::page;
+use super::page::{self, edit_capacity};
 use super::storage::Storage;
 use super::summary::{PageSummary, Summaries};
 use super::SozuError;
@@ -70,15 +70,6 @@ impl Published {
     pub(super) fn page(&self, addr: &Addr) -> Option<Arc<Vec<u8>>> {
         self.pages.read().get(addr).cloned()
     }
-}
-
-/// Bytes an edited page's image is allocated with: `page_size` and a
-/// quarter more, room for a block's inserts before its spills (5,120 bytes
-/// for 4 KiB pages, one of mimalloc's size classes, so the allocator rounds
-/// nothing up). [`config::MemoryPlan`](super::config::MemoryPlan) counts
-/// pinned pages at this size.
-pub(super) fn edit_capacity(page_size: usize) -> usize {
-    page_size + page_size / 4
 }
 
 /// Bytes of memory a page image holds: its allocation, not its used bytes

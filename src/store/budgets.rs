@@ -5,6 +5,13 @@
 
 use super::runs::RowOptions;
 
+/// Default budget of the cache of the archive's epoch filters, bytes:
+/// 256 MiB, the filters of about 10⁸ spent outputs (the whole
+/// testnet4-sized chain's are ~136 MiB; mainnet's ~7 GB). Config
+/// `archive.filter_cache_mib`; the archive (built on the store) takes its
+/// default from here.
+pub const DEFAULT_ARCHIVE_FILTER_CACHE: usize = 256 << 20;
+
 /// The memory knobs of the index database, its row store and the archive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budgets {
@@ -15,7 +22,7 @@ pub struct Budgets {
     /// partitions, bytes.
     pub rows: RowOptions,
     /// Budget of the cache of the archive's epoch filters, bytes
-    /// ([`crate::archive::DEFAULT_FILTER_CACHE`]).
+    /// ([`DEFAULT_ARCHIVE_FILTER_CACHE`]).
     pub archive_filter_cache: usize,
 }
 
@@ -24,7 +31,7 @@ impl Default for Budgets {
         Budgets {
             index_cache_mib: super::DEFAULT_INDEX_CACHE_MIB,
             rows: RowOptions::default(),
-            archive_filter_cache: crate::archive::DEFAULT_FILTER_CACHE,
+            archive_filter_cache: DEFAULT_ARCHIVE_FILTER_CACHE,
         }
     }
 }

@@ -14,7 +14,7 @@ use super::{StoreError, Trees};
 ///
 /// 2.0 (a 1.x datadir is refused: move it aside and re-import or resync):
 /// - each spent-output record in the `spent/` flat files ends in a CRC-32
-///   (`pipeline::spent`), so a damaged file is refused instead of feeding
+///   ([`super::spent`]), so a damaged file is refused instead of feeding
 ///   wrong values to the archive and HTTP answers; 1.x records have none and
 ///   cannot be told apart;
 /// - `block_id_by_hash` is gone: it was written for every block record and

@@ -30,6 +30,7 @@ mod meta;
 mod records;
 pub mod runs;
 pub mod sled_watch;
+pub mod spent;
 mod tree;
 
 use std::path::Path;
@@ -50,6 +51,7 @@ pub use meta::{
     META_FLAT_SPENT, META_MUHASH, META_ROWS_LOG, META_SOZU_BASE, META_SOZU_LAST, META_TIP,
 };
 pub use records::{txid_prefix, BlockRecord, SpendRecord, SpendRowKey, TxRowKey, TXID_PREFIX_LEN};
+pub use spent::{SpentRecord, SpentRecordError};
 pub use tree::{Trees, TypedTree};
 
 use meta::{check_format, META_FORMAT};

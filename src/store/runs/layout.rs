@@ -4,7 +4,14 @@
 //! for, all in the header. The layout itself is documented in `run.rs`.
 
 use super::bloom::{self, BLOCK_BYTES};
-use super::run::{BLOCK_KEYS, PART_BYTES};
+
+/// Keys per block: 4 KiB of 16-byte keys, 5 KiB of 20-byte keys.
+pub const BLOCK_KEYS: usize = 256;
+
+/// Bytes of a partition of a run's filter (64 filter blocks), and at most
+/// that of its block index (whole entries): the unit read from the file
+/// and cached.
+pub const PART_BYTES: usize = 4096;
 
 /// Magic of a run file.
 pub const MAGIC: &[u8; 8] = b"KKHROWS1";

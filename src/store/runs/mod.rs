@@ -66,10 +66,11 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 pub use error::RunError;
+use layout::PART_BYTES;
 pub use log::LogPosition;
 use log::RowLog;
 use manifest::{Manifest, WriteError};
-use run::{PartCache, Run, PART_BYTES};
+use run::{PartCache, Run};
 pub use set::RowSet;
 use writer::RunWriter;
 

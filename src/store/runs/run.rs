@@ -39,16 +39,10 @@ use std::sync::Arc;
 
 use super::bloom::{self, BLOCK_BYTES};
 use super::error::RunError;
-use super::layout::{entry, index_part_len, Layout, Summary, HEADER, MAGIC, VERSION};
+use super::layout::{
+    entry, index_part_len, Layout, Summary, BLOCK_KEYS, HEADER, MAGIC, PART_BYTES, VERSION,
+};
 use crate::store::byte_cache::ByteCache;
-
-/// Keys per block: 4 KiB of 16-byte keys, 5 KiB of 20-byte keys.
-pub const BLOCK_KEYS: usize = 256;
-
-/// Bytes of a partition of a run's filter (64 filter blocks), and at most
-/// that of its block index (whole entries): the unit read from the file
-/// and cached.
-pub const PART_BYTES: usize = 4096;
 
 /// Which part of a run's tail a partition belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

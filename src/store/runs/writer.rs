@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use super::bloom::{self, BLOCK_BYTES};
 use super::error::RunError;
-use super::layout::{self, index_part_len, Layout, Summary, HEADER};
-use super::run::{prefix_u64, PartCache, Run, BLOCK_KEYS, PART_BYTES};
+use super::layout::{self, index_part_len, Layout, Summary, BLOCK_KEYS, HEADER, PART_BYTES};
+use super::run::{prefix_u64, PartCache, Run};
 use crate::store::durable;
 use crate::store::fault::{self, IoOp};
 

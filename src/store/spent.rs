@@ -1,7 +1,9 @@
 //! The spent-output records of the `spent/` flat files: for every connected
 //! block, the outputs its transactions spent (prevout, coin, spender), in
-//! block order. Read back for BIP-158 filters of stored blocks, the archive
-//! (spent outputs of final blocks become leaves) and outspend lookups.
+//! block order. The pipeline writes one per connected block
+//! ([`encode_spent`]); snapshots read them back ([`SpentRecord`]) for
+//! BIP-158 filters of stored blocks, the archive (spent outputs of final
+//! blocks become leaves) and outspend lookups.
 //!
 //! One record per block, all integers little-endian, built from
 //! rust-bitcoin's consensus encodings (`OutPoint` = txid ‖ vout u32):
@@ -23,7 +25,7 @@
 //! So a record is 8 + Σ (89 + script length) bytes. The checksum catches a
 //! damaged file before its values feed the archive or an HTTP answer (the
 //! flat-file frame only holds magic and length). The layout is part of the
-//! datadir format (`store::FORMAT_VERSION` 2.0 added the checksum).
+//! datadir format ([`super::FORMAT_VERSION`] 2.0 added the checksum).
 
 use std::ops::Range;
 
