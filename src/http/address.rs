@@ -1,15 +1,19 @@
 //! Esplora's address and script-hash routes (Blockstream `API.md`, shapes
 //! and paging of electrs `src/rest.rs`), served from the address index
-//! (`store::history`, `snapshot/history.rs`), and its routes of an empty
-//! mempool: kakehi keeps no mempool, so every mempool part is empty.
+//! (`store::history`, `snapshot/history.rs`) and the mempool's script
+//! index ([`crate::mempool::Pool::by_script_hash`]).
 //!
 //! - `/address/:address` and `/scripthash/:hash`: `{address|scripthash,
 //!   chain_stats, mempool_stats}`;
-//! - `…/txs`: the first page of confirmed transactions (Esplora puts up to
-//!   50 mempool transactions first: none here), newest first, 25 per page
-//!   ([`TXS_PER_PAGE`]); `…/txs/chain[/:last_seen_txid]`: the page after
-//!   `last_seen_txid`; `…/txs/mempool`: `[]`;
-//! - `…/utxo`: the unspent outputs, `{txid, vout, status, value}`.
+//! - `…/txs`: up to [`MEMPOOL_TXS_PER_PAGE`] mempool transactions (newest
+//!   first), then the first page of confirmed transactions, newest first,
+//!   25 per page ([`TXS_PER_PAGE`]); `…/txs/chain[/:last_seen_txid]`: the
+//!   confirmed page after `last_seen_txid`; `…/txs/mempool`: the mempool
+//!   transactions alone;
+//! - `…/utxo`: the unspent outputs, `{txid, vout, status, value}`: the
+//!   confirmed ones no mempool transaction spends, then the mempool's
+//!   outputs to the script that no other mempool transaction spends
+//!   (`status: {"confirmed": false}`).
 //!
 //! An address is parsed by rust-bitcoin's `Address` and must be for the
 //! node's network (`require_network`): anything else is a 400. A script
@@ -28,8 +32,11 @@ use bitcoin::address::NetworkUnchecked;
 use bitcoin::hex::FromHex;
 use bitcoin::{Address, Txid};
 
-use super::esplora_json::{parse_txid, tx_value_with, TransactionValue, TxStatus, TXS_PER_PAGE};
+use super::esplora_json::{
+    parse_txid, tx_value_unconfirmed, tx_value_with, TransactionValue, TxStatus, TXS_PER_PAGE,
+};
 use super::{read, ApiError, ApiResult, AppState};
+use crate::mempool::{MempoolEntry, MempoolSnapshot};
 use crate::primitives::script_hash;
 use crate::snapshot::{ChainSnapshot, ScriptStats, ScriptSummary};
 
@@ -156,32 +163,84 @@ fn check_index(cs: &ChainSnapshot) -> ApiResult<()> {
     }
 }
 
+/// Mempool transactions `…/txs` lists before the confirmed ones, and
+/// `…/txs/mempool` at most (electrs' `MAX_MEMPOOL_TXS`).
+pub const MEMPOOL_TXS_PER_PAGE: usize = 50;
+
+/// The mempool entries paying to or spending from the script `sh`, newest
+/// first.
+fn mempool_entries(mempool: Option<&MempoolSnapshot>, sh: &[u8; 32]) -> Vec<Arc<MempoolEntry>> {
+    mempool
+        .map(|m| m.pool.by_script_hash(sh).rev().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// Esplora's `mempool_stats` of the script `sh` over `entries` (those
+/// [`mempool_entries`] gives).
+fn mempool_stats(entries: &[Arc<MempoolEntry>], sh: &[u8; 32]) -> ScriptStats {
+    let mut st = ScriptStats {
+        tx_count: entries.len() as u64,
+        ..ScriptStats::default()
+    };
+    for e in entries {
+        for o in
+            e.tx.output
+                .iter()
+                .filter(|o| script_hash(o.script_pubkey.as_bytes()) == *sh)
+        {
+            st.funded_txo_count += 1;
+            st.funded_txo_sum += o.value.to_sat();
+        }
+        for o in e
+            .prevouts
+            .iter()
+            .filter(|o| script_hash(o.script_pubkey.as_bytes()) == *sh)
+        {
+            st.spent_txo_count += 1;
+            st.spent_txo_sum += o.value.to_sat();
+        }
+    }
+    st
+}
+
 /// Esplora's `{address|scripthash, chain_stats, mempool_stats}`.
-pub(super) fn stats_json(subject: &Subject, stats: &ScriptStats) -> serde_json::Value {
+fn stats_json(subject: &Subject, chain: &ScriptStats, mempool: &ScriptStats) -> serde_json::Value {
     let (field, name) = subject.field();
     serde_json::json!({
         field: name,
-        "chain_stats": stats,
-        "mempool_stats": ScriptStats::default(),
+        "chain_stats": chain,
+        "mempool_stats": mempool,
     })
 }
 
 async fn stats(s: AppState, cache: Arc<SummaryCache>, subject: Subject) -> ApiResult<Response> {
+    let mempool = super::mempool::snapshot(&s);
     read(&s, move |cs| {
         let sh = subject.resolve(cs)?;
         check_index(cs)?;
         let summary = cache.summary(cs, &sh)?;
-        Ok(Json(stats_json(&subject, &summary.stats)).into_response())
+        let pending = mempool_stats(&mempool_entries(mempool.as_deref(), &sh), &sh);
+        Ok(Json(stats_json(&subject, &summary.stats, &pending)).into_response())
     })
     .await
 }
 
 async fn txs(s: AppState, subject: Subject, last_seen: Option<String>) -> ApiResult<Response> {
     let last_seen: Option<Txid> = last_seen.as_deref().map(parse_txid).transpose()?;
+    let mempool = super::mempool::snapshot(&s);
     read(&s, move |cs| {
         let sh = subject.resolve(cs)?;
         check_index(cs)?;
         let network = cs.params().network;
+        let mut out: Vec<TransactionValue> = Vec::new();
+        if last_seen.is_none() {
+            out.extend(
+                mempool_entries(mempool.as_deref(), &sh)
+                    .iter()
+                    .take(MEMPOOL_TXS_PER_PAGE)
+                    .map(|e| tx_value_unconfirmed(e, network)),
+            );
+        }
         let page = cs
             .script_txs_with(&sh, last_seen.as_ref(), TXS_PER_PAGE, |h, tx, spent| {
                 let e = cs.index().get(h.block).ok_or_else(|| {
@@ -190,27 +249,44 @@ async fn txs(s: AppState, subject: Subject, last_seen: Option<String>) -> ApiRes
                 Ok(tx_value_with(e, tx, spent, network))
             })
             .map_err(ApiError::internal)?;
-        let page: Vec<TransactionValue> = page.into_iter().collect::<ApiResult<_>>()?;
-        Ok(Json(page).into_response())
+        for v in page {
+            out.push(v?);
+        }
+        Ok(Json(out).into_response())
     })
     .await
 }
 
 async fn mempool_txs(s: AppState, subject: Subject) -> ApiResult<Response> {
+    let mempool = super::mempool::snapshot(&s);
     read(&s, move |cs| {
-        subject.resolve(cs)?;
-        Ok(Json(Vec::<()>::new()).into_response())
+        let sh = subject.resolve(cs)?;
+        let network = cs.params().network;
+        let list: Vec<TransactionValue> = mempool_entries(mempool.as_deref(), &sh)
+            .iter()
+            .take(MEMPOOL_TXS_PER_PAGE)
+            .map(|e| tx_value_unconfirmed(e, network))
+            .collect();
+        Ok(Json(list).into_response())
     })
     .await
 }
 
 async fn utxo(s: AppState, cache: Arc<SummaryCache>, subject: Subject) -> ApiResult<Response> {
+    let mempool = super::mempool::snapshot(&s);
     read(&s, move |cs| {
         let sh = subject.resolve(cs)?;
         check_index(cs)?;
         let summary = cache.summary(cs, &sh)?;
+        let pool = mempool.as_deref().map(|m| &m.pool);
+        let spent_in_mempool =
+            |op: &bitcoin::OutPoint| pool.is_some_and(|p| p.spender(op).is_some());
         let mut list = Vec::with_capacity(summary.utxos.len());
-        for u in &summary.utxos {
+        for u in summary
+            .utxos
+            .iter()
+            .filter(|u| !spent_in_mempool(&u.outpoint))
+        {
             let status = cs.index().get(u.block).map(TxStatus::confirmed_in);
             list.push(serde_json::json!({
                 "txid": u.outpoint.txid.to_string(),
@@ -218,6 +294,22 @@ async fn utxo(s: AppState, cache: Arc<SummaryCache>, subject: Subject) -> ApiRes
                 "status": status,
                 "value": u.value,
             }));
+        }
+        for e in mempool_entries(mempool.as_deref(), &sh).iter().rev() {
+            for (vout, o) in e.tx.output.iter().enumerate() {
+                let op = bitcoin::OutPoint {
+                    txid: e.txid,
+                    vout: vout as u32,
+                };
+                if script_hash(o.script_pubkey.as_bytes()) == sh && !spent_in_mempool(&op) {
+                    list.push(serde_json::json!({
+                        "txid": e.txid.to_string(),
+                        "vout": op.vout,
+                        "status": TxStatus::unconfirmed(),
+                        "value": o.value.to_sat(),
+                    }));
+                }
+            }
         }
         Ok(Json(list).into_response())
     })
