@@ -17,6 +17,13 @@
 //! the truth computed here from the blocks the test made, never from
 //! kakehi. No output of regtest-a pays these keys (they come from a seed
 //! made up here), so the test's own blocks are the whole truth.
+//!
+//! With the mempool: Alice pays
+//! Bob through `POST /tx`; Bob's `sync` shows it unconfirmed with the right
+//! `untrusted_pending`; Alice bumps the fee with BDK's `build_fee_bump` and
+//! both wallets then see only the replacement; a block confirms it; a
+//! longer branch without it returns it to the node's mempool, and the
+//! wallets see it unconfirmed again.
 
 mod common;
 
@@ -49,8 +56,13 @@ struct Keys {
 
 impl Keys {
     fn new() -> Self {
+        Self::from_seed(0x5a)
+    }
+
+    /// The accounts of the seed `[byte; 32]`.
+    fn from_seed(byte: u8) -> Self {
         let secp = Secp256k1::new();
-        let master = Xpriv::new_master(bitcoin::NetworkKind::Test, &[0x5a; 32]).unwrap();
+        let master = Xpriv::new_master(bitcoin::NetworkKind::Test, &[byte; 32]).unwrap();
         let account = |p: &str| {
             let path: DerivationPath = p.parse().unwrap();
             master.derive_priv(&secp, &path).unwrap()
@@ -136,6 +148,9 @@ impl Keys {
 /// The chain the test builds above regtest-a's tip, and the node serving it.
 struct World {
     node: TestNode,
+    /// The node's mempool, served over HTTP and kept on the tip by
+    /// [`World::add_block`].
+    mempool: std::sync::Arc<kakehi::mempool::Mempool>,
     _http: common::HttpServer,
     url: String,
     funder: Funder,
@@ -153,13 +168,19 @@ impl World {
         let summary = node.import(&[data("regtest-a/blocks.dat")]);
         assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
         let tip = node.chain.lock().index().tip().clone();
+        let snapshots = node.chain.lock().snapshots();
+        let mempool = std::sync::Arc::new(kakehi::mempool::Mempool::new(
+            snapshots.clone(),
+            kakehi::mempool::MempoolConfig::default(),
+        ));
         let state = AppState {
-            snapshots: node.chain.lock().snapshots(),
+            snapshots,
             p2p: None,
-            mempool: None,
+            mempool: Some(mempool.clone()),
         };
         let http = common::spawn_http(state, kakehi::http::HttpConfig::default());
         World {
+            mempool,
             url: format!("http://{}", http.addr),
             _http: http,
             node,
@@ -196,6 +217,7 @@ impl World {
             matches!(outcome, SubmitOutcome::Accepted { .. }),
             "block {height}: {outcome:?}"
         );
+        self.mempool.sync_with_chain();
         let cb = &block.txdata[0];
         let op = OutPoint {
             txid: cb.compute_txid(),
@@ -244,6 +266,22 @@ impl World {
         let mut tx = unsigned(vec![op], output);
         self.funder.sign(&mut tx, &[(Kind::P2wpkh, coin)]);
         tx
+    }
+
+    /// A funder transaction spending the funder coin `tx` spends (its first
+    /// input) back to the funder: a conflict of `tx`.
+    fn respend(&self, tx: &Transaction) -> Transaction {
+        let op = tx.input[0].previous_output;
+        let coin = self.output(&op);
+        let mut out = unsigned(
+            vec![op],
+            vec![TxOut {
+                value: coin.value - Amount::from_sat(3_000),
+                script_pubkey: self.funder.script_pubkey(Kind::P2wpkh),
+            }],
+        );
+        self.funder.sign(&mut out, &[(Kind::P2wpkh, coin)]);
+        out
     }
 
     /// A wallet transaction spending `coins` (keychain, index, outpoint):
@@ -486,7 +524,7 @@ fn bdk_wallet_full_scan_sync_and_reorg_equal_the_blocks() {
     let f3 = w.fund(&[(s(ext, 4), 400_000), (s(ext, 1), 50_000)]);
     let f3_id = f3.compute_txid();
     let fork = w.height();
-    w.add_block(vec![f3], 0);
+    w.add_block(vec![f3.clone()], 0);
     let w2 = w.spend(
         &keys,
         &[(int, 1, w1_id, 1), (ext, 3, f1_id, 3)],
@@ -501,9 +539,11 @@ fn bdk_wallet_full_scan_sync_and_reorg_equal_the_blocks() {
     assert_eq!(seen(&wallet), t, "after sync");
 
     // A reorg from the fork point: a longer branch without the payment to
-    // external 4 (f3), the wallet's spend re-included.
+    // external 4 (f3), whose coin the funder spends elsewhere there (else
+    // f3 would return to the mempool), the wallet's spend re-included.
+    let conflict = w.respend(&f3);
     w.rewind_to(fork);
-    w.add_block(vec![], 7);
+    w.add_block(vec![conflict], 7);
     w.add_block(vec![w2], 7);
     w.add_block(vec![], 7);
     w.add_block(vec![], 7);
@@ -520,4 +560,191 @@ fn bdk_wallet_full_scan_sync_and_reorg_equal_the_blocks() {
         w.blocks.last().unwrap().block_hash()
     );
     assert_balance_route(&w, &s(ext, 1), &t);
+}
+
+/// The wallet's transactions as (txid, confirmed height or `None` while
+/// unconfirmed), in BDK's canonical view (replaced ones excluded).
+fn positions(wallet: &BdkWallet) -> BTreeMap<Txid, Option<u32>> {
+    wallet
+        .transactions()
+        .map(|c| {
+            let height = match c.chain_position {
+                ChainPosition::Confirmed { anchor, .. } => Some(anchor.block_id.height),
+                ChainPosition::Unconfirmed { .. } => None,
+            };
+            (c.tx_node.txid, height)
+        })
+        .collect()
+}
+
+/// Signs a PSBT BDK built for the watch-only wallet of `keys`: each
+/// input's keychain and index found by its spent script among the first
+/// 40 of each keychain.
+fn sign_psbt(keys: &Keys, psbt: bitcoin::Psbt) -> Transaction {
+    let prevouts: Vec<(KeychainKind, u32, TxOut)> = psbt
+        .inputs
+        .iter()
+        .map(|i| {
+            let out = i.witness_utxo.clone().expect("BDK fills witness_utxo");
+            let (kc, n) = [KeychainKind::External, KeychainKind::Internal]
+                .into_iter()
+                .flat_map(|kc| (0..40).map(move |n| (kc, n)))
+                .find(|&(kc, n)| keys.script(kc, n) == out.script_pubkey)
+                .expect("an input of the wallet");
+            (kc, n, out)
+        })
+        .collect();
+    let mut tx = psbt.unsigned_tx;
+    keys.sign(&mut tx, &prevouts);
+    tx
+}
+
+#[test]
+fn bdk_wallets_see_a_payment_unconfirmed_then_only_its_replacement_then_confirmed_then_back_after_a_reorg(
+) {
+    let mut w = World::new();
+    let (alice, bob) = (Keys::from_seed(0x5a), Keys::from_seed(0x6b));
+    let (mut wa, _) = wallet_of(&alice);
+    let (mut wb, _) = wallet_of(&bob);
+    let (ext, int) = (KeychainKind::External, KeychainKind::Internal);
+    // One funder coinbase matured, then 1,000,000 sats to Alice.
+    for tag in 0..101 {
+        w.add_block(vec![], tag);
+    }
+    let f = w.fund(&[(alice.script(ext, 0), 1_000_000)]);
+    let f_id = f.compute_txid();
+    w.add_block(vec![f], 0);
+    let client = w.client();
+    for wallet in [&mut wa, &mut wb] {
+        let update = client
+            .full_scan(wallet.start_full_scan().build(), 10, 2)
+            .expect("full_scan");
+        wallet.apply_update(update).expect("apply");
+    }
+    // Bob's receiving address and Alice's change address, handed out.
+    assert_eq!(wb.reveal_next_address(ext).index, 0);
+    assert_eq!(wa.reveal_next_address(int).index, 0);
+    assert_eq!(wa.balance().confirmed.to_sat(), 1_000_000);
+
+    // Alice pays Bob 300,000 sats (1,500 sats of fee), broadcast through
+    // POST /tx: both wallets see it unconfirmed.
+    let pay = unsigned(
+        vec![OutPoint {
+            txid: f_id,
+            vout: 0,
+        }],
+        vec![
+            TxOut {
+                value: Amount::from_sat(300_000),
+                script_pubkey: bob.script(ext, 0),
+            },
+            TxOut {
+                value: Amount::from_sat(1_000_000 - 300_000 - 1_500),
+                script_pubkey: alice.script(int, 0),
+            },
+        ],
+    );
+    let mut pay = pay;
+    pay.input[0].sequence = Sequence::ENABLE_RBF_NO_LOCKTIME;
+    alice.sign(
+        &mut pay,
+        &[(
+            ext,
+            0,
+            w.output(&OutPoint {
+                txid: f_id,
+                vout: 0,
+            }),
+        )],
+    );
+    let pay_id = pay.compute_txid();
+    client
+        .broadcast(&pay)
+        .expect("POST /tx accepts the payment");
+    sync(&mut wb, &client);
+    sync(&mut wa, &client);
+    assert_eq!(positions(&wb), BTreeMap::from([(pay_id, None)]));
+    let b = wb.balance();
+    assert_eq!(
+        (b.untrusted_pending.to_sat(), b.confirmed.to_sat()),
+        (300_000, 0)
+    );
+    assert_eq!(
+        positions(&wa),
+        BTreeMap::from([(f_id, Some(w.height())), (pay_id, None)])
+    );
+    assert_eq!(wa.balance().trusted_pending.to_sat(), 698_500);
+    // Its spent output is no longer Alice's to spend: /utxo excludes it.
+    assert!(client.get_tx_status(&f_id).expect("status").confirmed);
+    let outspend = client
+        .get_output_status(&f_id, 0)
+        .expect("outspend")
+        .expect("known");
+    assert!(
+        outspend.spent
+            && outspend.txid == Some(pay_id)
+            && !outspend.status.expect("status").confirmed
+    );
+
+    // Alice bumps the fee with BDK's build_fee_bump: both wallets then see
+    // only the replacement.
+    let mut builder = wa.build_fee_bump(pay_id).expect("fee bump");
+    builder.fee_rate(bitcoin::FeeRate::from_sat_per_vb(25).expect("rate"));
+    let bump = sign_psbt(&alice, builder.finish().expect("psbt"));
+    let bump_id = bump.compute_txid();
+    client
+        .broadcast(&bump)
+        .expect("POST /tx accepts the replacement");
+    let mempool: Vec<Txid> = w
+        .mempool
+        .snapshot()
+        .pool
+        .iter_by_entry()
+        .map(|e| e.txid)
+        .collect();
+    assert_eq!(mempool, vec![bump_id]);
+    sync(&mut wb, &client);
+    sync(&mut wa, &client);
+    assert_eq!(positions(&wb), BTreeMap::from([(bump_id, None)]));
+    assert_eq!(wb.balance().untrusted_pending.to_sat(), 300_000);
+    assert_eq!(
+        positions(&wa),
+        BTreeMap::from([(f_id, Some(w.height())), (bump_id, None)])
+    );
+
+    // A block confirms it.
+    let fork = w.height();
+    w.add_block(vec![bump.clone()], 0);
+    sync(&mut wb, &client);
+    assert_eq!(
+        positions(&wb),
+        BTreeMap::from([(bump_id, Some(w.height()))])
+    );
+    let b = wb.balance();
+    assert_eq!(
+        (b.untrusted_pending.to_sat(), b.confirmed.to_sat()),
+        (0, 300_000)
+    );
+    assert!(w.mempool.snapshot().pool.is_empty());
+
+    // A longer branch without it: the node's mempool takes it back and the
+    // wallets see it unconfirmed again.
+    w.rewind_to(fork);
+    w.add_block(vec![], 9);
+    w.add_block(vec![], 9);
+    let mempool: Vec<Txid> = w
+        .mempool
+        .snapshot()
+        .pool
+        .iter_by_entry()
+        .map(|e| e.txid)
+        .collect();
+    assert_eq!(mempool, vec![bump_id]);
+    sync(&mut wb, &client);
+    assert_eq!(positions(&wb), BTreeMap::from([(bump_id, None)]));
+    let b = wb.balance();
+    assert_eq!(
+        (b.untrusted_pending.to_sat(), b.confirmed.to_sat()),
+        (300_000, 0)
+    );
 }
