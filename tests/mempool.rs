@@ -508,3 +508,39 @@ fn a_full_mempool_evicts_the_lowest_feerate_and_raises_its_minimum() {
     );
     assert_eq!(snapshot.counters.removed.get("sizelimit").copied(), Some(1));
 }
+
+#[test]
+fn projected_blocks_follow_cores_ancestor_feerate_order() {
+    use kakehi::mempool::assemble::{project_blocks, BLOCK_MAX_VSIZE};
+    let f = Fixture::new();
+    // A low-fee parent whose child pays for both (CPFP), and a middling
+    // transaction alone.
+    let parent = f.spend(&[f.coinbase_coin(11)], 1, 200);
+    let child = f.spend(&[out(&parent, 0)], 1, 20_000);
+    let alone = f.spend(&[f.coinbase_coin(12)], 1, 5_000);
+    for t in [&parent, &child, &alone] {
+        f.submit(t).expect("accepted");
+    }
+    let pool = f.mempool.snapshot().pool.clone();
+    let ids =
+        |txs: &[&Transaction]| -> Vec<Txid> { txs.iter().map(|t| t.compute_txid()).collect() };
+    let blocks = project_blocks(&pool, 10, BLOCK_MAX_VSIZE);
+    assert_eq!(blocks.len(), 1);
+    assert_eq!(blocks[0].txids, ids(&[&parent, &child, &alone]));
+    assert_eq!(blocks[0].fees, 25_200);
+    // Blocks of room for two: the package first, then the rest.
+    let (pv, cv, av) = (
+        parent.vsize() as u64,
+        child.vsize() as u64,
+        alone.vsize() as u64,
+    );
+    let blocks = project_blocks(&pool, 10, pv + cv);
+    assert_eq!(
+        blocks.iter().map(|b| b.txids.clone()).collect::<Vec<_>>(),
+        vec![ids(&[&parent, &child]), ids(&[&alone])]
+    );
+    assert_eq!(blocks[0].min_feerate, 20_200 * 1000 / (pv + cv));
+    assert_eq!(blocks[1].min_feerate, 5_000 * 1000 / av);
+    // At most the blocks asked for.
+    assert_eq!(project_blocks(&pool, 1, pv + cv).len(), 1);
+}

@@ -7,6 +7,7 @@
 //!   standardness of a transaction, its outputs, inputs and witnesses,
 //!   dust, sigop limits, the lone-transaction TRUC limit.
 //! - [`accept`]: the acceptance checks of one transaction, in Core's order.
+//! - [`assemble`]: projected blocks, in Core's block-assembly order.
 //! - [`pool`] and [`entry`]: the contents, as persistent maps.
 //! - [`persist`]: `mempool.dat`, saved at a clean stop, reloaded at start.
 //!
@@ -26,6 +27,7 @@
 //! in `docs/mempool.md`.
 
 pub mod accept;
+pub mod assemble;
 pub mod entry;
 pub mod persist;
 pub mod policy;
