@@ -59,10 +59,14 @@ fn node() -> &'static Node {
                 p2p_addr_tx.send(p2p_addr).expect("send p2p addr");
                 let config = HttpConfig::default();
                 let snapshots = chain.lock().snapshots();
+                let mempool = std::sync::Arc::new(kakehi::mempool::Mempool::new(
+                    snapshots.clone(),
+                    kakehi::mempool::MempoolConfig::default(),
+                ));
                 let state = AppState {
                     snapshots,
                     p2p: Some(p2p),
-                    mempool: None,
+                    mempool: Some(mempool),
                 };
                 let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
                 kakehi::http::serve_listener(listener, state, config, std::future::pending())
@@ -683,6 +687,9 @@ fn metrics_show_peers_and_sozu_stats_and_node_status_matches_chain_json() {
     assert_eq!(value("kakehi_peers{direction=\"inbound\"}"), 1.0);
     assert_eq!(value("kakehi_peers{direction=\"outbound\"}"), 0.0);
     assert!(value("kakehi_sozu_bytes_on_disk") > 0.0);
+    // The node's mempool, empty: its size and Core 30's minimum feerate.
+    assert_eq!(value("kakehi_mempool_transactions"), 0.0);
+    assert_eq!(value("kakehi_mempool_min_feerate_sat_per_kvb"), 100.0);
     assert!(value("kakehi_sozu_commits_total") >= 1.0);
     // Every live entry sits in some layer: at least the UTXOs at the tip
     // (spent entries not yet purged come on top).
@@ -715,6 +722,8 @@ fn metrics_show_peers_and_sozu_stats_and_node_status_matches_chain_json() {
     assert_eq!(s["tip"]["time"], tip_time);
     assert_eq!(s["sync"], "synced");
     assert_eq!(s["peers"]["count"], 1);
+    assert_eq!(s["mempool"]["count"], 0);
+    assert_eq!(s["mempool"]["min_feerate"], 0.1);
     let (st, body) = http_get(n.addr, "/");
     assert_eq!(st, 200);
     assert!(String::from_utf8_lossy(&body).contains("id=\"lookup-form\""));

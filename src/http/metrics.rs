@@ -314,6 +314,81 @@ fn register_sozu(r: &mut Registry, st: &SozuStats) {
     }
 }
 
+/// A label of a mempool counter family: Core's reject reason, or why
+/// transactions left.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+/// The mempool's size, minimum feerate, acceptances, refusals by Core's
+/// reason and removals by cause.
+fn register_mempool(r: &mut Registry, m: &crate::mempool::MempoolSnapshot) {
+    let t = m.pool.totals();
+    gauge(
+        r,
+        "kakehi_mempool_transactions",
+        "Transactions in the mempool",
+        t.count,
+    );
+    gauge(
+        r,
+        "kakehi_mempool_vbytes",
+        "Virtual size of the mempool's transactions, vbytes",
+        t.vsize,
+    );
+    gauge(
+        r,
+        "kakehi_mempool_usage_bytes",
+        "Memory the mempool accounts for, bytes",
+        t.usage,
+    );
+    gauge(
+        r,
+        "kakehi_mempool_fees_sats",
+        "Fees of the mempool's transactions, sats",
+        t.fees,
+    );
+    gauge(
+        r,
+        "kakehi_mempool_min_feerate_sat_per_kvb",
+        "The mempool's minimum feerate, sats per 1,000 vbytes",
+        m.min_feerate,
+    );
+    counter(
+        r,
+        "kakehi_mempool_accepted",
+        "Transactions accepted to the mempool since start",
+        m.counters.accepted,
+    );
+    let rejected: Family<ReasonLabel, Counter> = Family::default();
+    for (reason, n) in &m.counters.rejected {
+        rejected
+            .get_or_create(&ReasonLabel {
+                reason: reason.clone(),
+            })
+            .inc_by(*n);
+    }
+    r.register(
+        "kakehi_mempool_rejected",
+        "Transactions refused since start, by Bitcoin Core's reject reason",
+        rejected,
+    );
+    let removed: Family<ReasonLabel, Counter> = Family::default();
+    for (reason, n) in &m.counters.removed {
+        removed
+            .get_or_create(&ReasonLabel {
+                reason: (*reason).to_string(),
+            })
+            .inc_by(*n);
+    }
+    r.register(
+        "kakehi_mempool_removed",
+        "Transactions that left the mempool since start, by cause (confirmed, conflict, replaced, sizelimit, expiry, reorg)",
+        removed,
+    );
+}
+
 /// The connected peers by direction.
 fn register_peers(r: &mut Registry, p2p: &P2pHandle) {
     let peers = p2p.peers();
@@ -337,6 +412,7 @@ pub(super) async fn metrics(
     Extension(m): Extension<Arc<HttpMetrics>>,
 ) -> ApiResult<Response> {
     let p2p = s.p2p.clone();
+    let mempool = super::mempool::snapshot(&s);
     let out = read(&s, move |cs| {
         let mut registry = Registry::default();
         register_chain(&mut registry, cs);
@@ -345,6 +421,9 @@ pub(super) async fn metrics(
         }
         if let Some(p2p) = &p2p {
             register_peers(&mut registry, p2p);
+        }
+        if let Some(mp) = &mempool {
+            register_mempool(&mut registry, mp);
         }
         m.register(&mut registry);
         let mut out = String::new();

@@ -82,13 +82,27 @@ pub(crate) fn peers_json(p2p: &P2pHandle) -> serde_json::Value {
 /// `GET /node/status`: `{"network", "version", "tip": {"height", "hash",
 /// "time", "mediantime"}, "headers": {"height", "hash"}, "sync":
 /// "synced"|"syncing", "validation": {"assumevalid", "inputs_verified",
-/// "blocks_assumed_valid"}, "peers": null | {…}}`. `sync` is `syncing`
+/// "blocks_assumed_valid"}, "peers": null | {…}, "mempool": null |
+/// {"count", "vbytes", "usage_bytes", "total_fee", "min_feerate",
+/// "histogram"}}` (sats; `min_feerate` in sat/vB; `histogram` the fee
+/// histogram of `/mempool`). `sync` is `syncing`
 /// while a valid-looking header chain has more work than the active tip
 /// (Core's `initialblockdownload` test on headers); times are Unix seconds.
 /// `validation.assumevalid` is `"0"` (every script verified) or the
 /// assumevalid block hash; the counters are since the node started.
 pub(super) async fn node_status(State(s): State<AppState>) -> ApiResult<Response> {
     let peers = s.p2p.as_ref().map(peers_json);
+    let mempool = super::mempool::snapshot(&s).map(|m| {
+        let t = m.pool.totals();
+        serde_json::json!({
+            "count": t.count,
+            "vbytes": t.vsize,
+            "usage_bytes": t.usage,
+            "total_fee": t.fees,
+            "min_feerate": m.min_feerate as f64 / 1000.0,
+            "histogram": super::mempool::fee_histogram(m.pool.iter_by_entry()),
+        })
+    });
     read(&s, move |cs| {
         let index = cs.index();
         let tip = index.tip();
@@ -114,6 +128,7 @@ pub(super) async fn node_status(State(s): State<AppState>) -> ApiResult<Response
                 "blocks_assumed_valid": cs.stats().blocks_assumed_valid,
             },
             "peers": peers,
+            "mempool": mempool,
         }))
         .into_response())
     })
