@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::{runs, FlatFileError};
+use super::{runs, FlatFileError, SledOpenError};
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -21,17 +21,16 @@ pub enum StoreError {
         source: sled::Error,
     },
     /// The database files cannot be opened: sled refused them, or panicked
-    /// while recovering them (`source` is `None` then). Damaged files.
+    /// while recovering them. Damaged files (`db`, `conf`, `snap.*` in the
+    /// directory).
     #[error(
-        "the index database at {path} cannot be opened ({}); rebuild it from the block files with `kakehi reindex-chainstate`, or restore the datadir from a backup",
-        source.as_ref().map_or_else(|| "sled panicked while recovering its files".to_owned(), |e| e.to_string())
+        "the index database at {path} cannot be opened ({source}); rebuild it from the block files with `kakehi reindex-chainstate`, or restore the datadir from a backup"
     )]
     Open {
         /// The database directory.
         path: PathBuf,
-        /// sled's error.
-        #[source]
-        source: Option<sled::Error>,
+        /// sled's error or panic.
+        source: SledOpenError,
     },
     /// Writing a batch to the index database failed (a full disk, an I/O
     /// error): nothing of the batch is durable.

@@ -29,6 +29,7 @@ pub mod history;
 mod meta;
 mod records;
 pub mod runs;
+mod sled_open;
 pub mod sled_watch;
 pub mod spent;
 mod tree;
@@ -51,6 +52,7 @@ pub use meta::{
     META_FLAT_SPENT, META_MUHASH, META_ROWS_LOG, META_SOZU_BASE, META_SOZU_LAST, META_TIP,
 };
 pub use records::{txid_prefix, BlockRecord, SpendRecord, SpendRowKey, TxRowKey, TXID_PREFIX_LEN};
+pub use sled_open::SledOpenError;
 pub use spent::{SpentRecord, SpentRecordError};
 pub use tree::{Trees, TypedTree};
 
@@ -179,7 +181,9 @@ impl Store {
     /// one) are removed first.
     ///
     /// # Errors
-    /// [`StoreError::FormatMismatch`] for another major version; sled errors;
+    /// [`StoreError::FormatMismatch`] for another major version;
+    /// [`StoreError::Open`] when sled refuses the files or panics while
+    /// recovering them ([`SledOpenError`]); other sled errors;
     /// [`StoreError::Write`] when an unfinished snapshot cannot be removed;
     /// [`StoreError::Rows`] for the row store (a damaged run or manifest,
     /// named); [`StoreError::Corrupt`] when a database with a format
@@ -187,22 +191,16 @@ impl Store {
     pub fn open(path: &Path, budgets: &Budgets) -> Result<Self, StoreError> {
         let cache_mib = budgets.index_cache_mib;
         remove_unfinished_snapshots(path)?;
-        // sled panics on some damaged files during recovery (seen with a
-        // `db` file cut to half: an index out of bounds); a panic must not
-        // escape as a crash, it is a corrupt database like any other. The
-        // config is moved in and dropped with whatever state the panic left
-        // (hence AssertUnwindSafe): nothing of it is used afterwards.
+        // sled panics on some damaged files during recovery: caught, and
+        // refused like any other corrupt database (`sled_open`).
         let config = sled::Config::new()
             .path(path)
             .mode(sled::Mode::LowSpace)
             .cache_capacity((cache_mib as u64).saturating_mul(1 << 20));
-        let db = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()))
-            .map_err(|_| None)
-            .and_then(|r| r.map_err(Some))
-            .map_err(|source| StoreError::Open {
-                path: path.into(),
-                source,
-            })?;
+        let db = sled_open::open(config).map_err(|source| StoreError::Open {
+            path: path.into(),
+            source,
+        })?;
         let db_file = sled_files_synced(path)?;
         let path: Arc<Path> = Arc::from(path);
         let trees = Trees {

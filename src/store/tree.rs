@@ -26,7 +26,7 @@ impl<K: Codec, V: Codec> TypedTree<K, V> {
     ) -> Result<Self, StoreError> {
         let tree = db.open_tree(name).map_err(|source| StoreError::Open {
             path: path.to_path_buf(),
-            source: Some(source),
+            source: source.into(),
         })?;
         Ok(TypedTree {
             name,
