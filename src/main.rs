@@ -382,6 +382,8 @@ fn render(e: &anyhow::Error) -> String {
 }
 
 fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
+    // Before any store opens, as Core's init.cpp does.
+    let fd_limit = kakehi::fds::raise_limit(kakehi::fds::WANTED_FD_LIMIT);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -438,7 +440,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             print_summary(&summary);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { import, .. } => run_node(&runtime, chain, import, &config, stop),
+        Command::Run { import, .. } => run_node(&runtime, chain, import, &config, stop, fd_limit),
         Command::DumpUtxos { output } => {
             let mut cs = chain.lock();
             match output {
@@ -487,6 +489,7 @@ fn run_node(
     import: Vec<PathBuf>,
     config: &Config,
     stop: Arc<AtomicBool>,
+    fd_limit: Option<kakehi::fds::FdLimit>,
 ) -> anyhow::Result<ExitCode> {
     if !import.is_empty() {
         let stop2 = stop.clone();
@@ -517,6 +520,8 @@ fn run_node(
     p2p_config.addnode = resolve(&config.p2p.addnode)?;
     p2p_config.dns_seeds = config.p2p.connect.is_empty();
     p2p_config.addr_file = Some(config.datadir.join("peers.json"));
+    let mut http_config = kakehi::http::HttpConfig::default();
+    apply_fd_budget(fd_limit, &mut p2p_config, &mut http_config)?;
     let (p2p_stop_tx, p2p_stop_rx) = tokio::sync::watch::channel(false);
     let (p2p, p2p_task) = {
         let _guard = runtime.enter();
@@ -545,7 +550,7 @@ fn run_node(
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
             };
-            kakehi::http::serve(addr, state, shutdown).await
+            kakehi::http::serve_with(addr, state, http_config, shutdown).await
         })
         .with_context(|| format!("HTTP API on {addr}"))?;
     let _ = p2p_stop_tx.send(true);
@@ -559,6 +564,72 @@ fn run_node(
     }
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Shares the process's file descriptors between the stores (those open
+/// now, the chain state being open, and their headroom), P2P and HTTP
+/// (`kakehi::fds`), trims the connection caps to their shares, and logs the
+/// budget; warns when a cap was reduced, as Core does for
+/// `-maxconnections`.
+///
+/// # Errors
+/// The limit leaves too little beside the stores.
+fn apply_fd_budget(
+    limit: Option<kakehi::fds::FdLimit>,
+    p2p: &mut kakehi::p2p::P2pConfig,
+    http: &mut kakehi::http::HttpConfig,
+) -> anyhow::Result<()> {
+    use kakehi::fds::{FdBudget, FdWants};
+    let held = kakehi::fds::open_count().unwrap_or(0);
+    let wants = FdWants {
+        http_connections: http.max_connections,
+        p2p_total: p2p.max_total,
+        p2p_inbound: p2p.max_inbound,
+        p2p_outbound: p2p.max_outbound_full_relay,
+    };
+    let b = FdBudget::plan(limit.map(|l| l.now), held, wants)?;
+    http.max_connections = b.http_connections;
+    p2p.max_total = b.p2p_total;
+    p2p.max_inbound = b.p2p_inbound;
+    p2p.max_outbound_full_relay = b.p2p_outbound;
+    match limit {
+        Some(l) => tracing::info!(
+            limit = l.now,
+            raised_from = l.before,
+            reserved = b.reserved,
+            stores_open = held,
+            http_connections = b.http_connections,
+            p2p_peers = b.p2p_total,
+            p2p_inbound = b.p2p_inbound,
+            "file descriptors: limit {}, {} reserved for the stores and future servers, {} HTTP \
+             connections, {} P2P peers",
+            l.now,
+            b.reserved,
+            b.http_connections,
+            b.p2p_total
+        ),
+        None => tracing::info!(
+            http_connections = b.http_connections,
+            p2p_peers = b.p2p_total,
+            "file descriptors: limit unknown, the configured caps are kept"
+        ),
+    }
+    for (what, wanted, got) in [
+        (
+            "HTTP connections",
+            wants.http_connections,
+            b.http_connections,
+        ),
+        ("P2P peers", wants.p2p_total, b.p2p_total),
+    ] {
+        if got < wanted {
+            tracing::warn!(
+                "reducing the {what} from {wanted} to {got}, because of the open-files limit \
+                 (raise `ulimit -n`)"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The idle tick of group commit: a group of blocks connected while

@@ -38,7 +38,8 @@ pub struct HttpConfig {
     /// than queued. Default 256.
     pub max_concurrent_requests: usize,
     /// Open connections; further connections wait in the kernel's accept
-    /// queue. Default 1,024.
+    /// queue. Default 1,024; the node trims it to its share of the
+    /// open-files limit ([`crate::fds::FdBudget`]).
     pub max_connections: usize,
     /// Origins allowed to read responses from browsers (CORS): empty for
     /// no CORS headers, `"*"` for any origin. Default empty.
@@ -271,6 +272,16 @@ pub(super) async fn json_errors(req: Request, next: Next) -> Response {
     out
 }
 
+/// Pause of the accept loop after a failed accept (a connection reset
+/// before it was accepted, and the like).
+const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
+/// Pause of the accept loop when the process is out of descriptors
+/// (`EMFILE`, `ENFILE`): the connections it has must end first.
+const ACCEPT_PAUSE_EXHAUSTED: Duration = Duration::from_millis(250);
+/// At most one "accept failed" line per this period (with the count of
+/// failures not logged).
+const ACCEPT_LOG_PERIOD: Duration = Duration::from_secs(10);
+
 /// Serves the API on `addr` with `config` until `shutdown` resolves.
 ///
 /// # Errors
@@ -302,6 +313,7 @@ pub async fn serve_listener(
     let app = router_with(state, &config);
     let conns = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut accept_log = crate::fds::LogThrottle::new(ACCEPT_LOG_PERIOD);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -315,9 +327,14 @@ pub async fn serve_listener(
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "HTTP accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // Out of descriptors (EMFILE, ENFILE) is back-pressure:
+                    // stop accepting for a moment, and say so once per
+                    // ACCEPT_LOG_PERIOD rather than at every retry.
+                    if let Some(missed) = accept_log.hit() {
+                        tracing::warn!(error = %e, missed, "HTTP accept failed: pausing accepts");
+                    }
+                    let pause = if crate::fds::is_exhausted(&e) { ACCEPT_PAUSE_EXHAUSTED } else { ACCEPT_PAUSE };
+                    tokio::time::sleep(pause).await;
                     continue;
                 }
             },
