@@ -87,6 +87,11 @@ pub const DEFAULT_INDEX_FILTER_CACHE_MIB: usize = crate::store::runs::DEFAULT_FI
 /// ([`crate::archive::DEFAULT_FILTER_CACHE`]).
 pub const DEFAULT_ARCHIVE_FILTER_CACHE_MIB: usize = crate::archive::DEFAULT_FILTER_CACHE >> 20;
 
+/// Largest configuration file read, bytes (1 MiB; the documented file with
+/// every key is under 2 KiB): a larger one (`--config /dev/zero`) is
+/// refused before it fills the memory.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// Errors reading the configuration.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -99,6 +104,12 @@ pub enum ConfigError {
         /// The cause.
         #[source]
         source: std::io::Error,
+    },
+    /// The file is larger than [`MAX_CONFIG_BYTES`].
+    #[error("config file {path} is over {MAX_CONFIG_BYTES} bytes: not a configuration file?")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
     },
     /// The file is not valid TOML, has an unknown key or a bad value.
     #[error("{path}:{line}: {key}: {message}")]
@@ -467,14 +478,23 @@ impl Layer {
     /// Reads a TOML configuration file.
     ///
     /// # Errors
-    /// [`ConfigError::Read`] when it cannot be read, [`ConfigError::File`]
-    /// (file, line, key) when it is not valid TOML, has an unknown key or a
-    /// bad value.
+    /// [`ConfigError::Read`] when it cannot be read (or is not UTF-8),
+    /// [`ConfigError::TooLarge`] past [`MAX_CONFIG_BYTES`],
+    /// [`ConfigError::File`] (file, line, key) when it is not valid TOML,
+    /// has an unknown key or a bad value.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        use std::io::Read;
+        let read_err = |source| ConfigError::Read {
             path: path.into(),
             source,
-        })?;
+        };
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+            .map_err(read_err)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge { path: path.into() });
+        }
         Self::from_toml_str(&text, path)
     }
 

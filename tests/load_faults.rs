@@ -184,3 +184,108 @@ fn idle_http_connections_do_not_starve_the_stores() {
     assert!(accept_lines <= 3, "{accept_lines} accept-failure lines");
     p2p.stop().expect("A stops");
 }
+
+/// `command` run to its end, with its wall time and, where `/usr/bin/time`
+/// exists, its peak RSS in KiB.
+fn timed(mut command: Command) -> (std::process::Output, Duration, Option<u64>) {
+    let time = Path::new("/usr/bin/time");
+    let (mut c, rss_file) = if time.exists() {
+        let rss_file = common::tempdir();
+        let mut c = Command::new(time);
+        c.arg("-f")
+            .arg("%M")
+            .arg("-o")
+            .arg(rss_file.path().join("rss"))
+            .arg(command.get_program())
+            .args(command.get_args());
+        for (k, v) in command.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        (c, Some(rss_file))
+    } else {
+        (std::mem::replace(&mut command, Command::new("true")), None)
+    };
+    let started = Instant::now();
+    let out = c.output().expect("spawn");
+    let rss = rss_file.and_then(|d| {
+        std::fs::read_to_string(d.path().join("rss"))
+            .ok()?
+            .trim()
+            .lines()
+            .last()?
+            .parse()
+            .ok()
+    });
+    (out, started.elapsed(), rss)
+}
+
+/// `kakehi import` streams its files: `/dev/zero` and a 1 GiB (sparse)
+/// file of garbage are refused at once, naming offset 0, with a flat peak
+/// RSS (both were read whole before: `/dev/zero` until out of memory); a
+/// good record followed by a 1 GiB run of zeros is refused at the offset
+/// where the zeros start, once they pass Core's 16 MiB pre-allocation.
+#[test]
+fn import_streams_its_files() {
+    let home = common::tempdir();
+    let datadir = home.path().join("d");
+    let garbage = home.path().join("garbage.dat");
+    let f = std::fs::File::create(&garbage).expect("create");
+    std::io::Write::write_all(&mut &f, b"not a block file").expect("write");
+    f.set_len(1 << 30).expect("sparse 1 GiB");
+    let zero_tail = home.path().join("zero-tail.dat");
+    let first = common::regtest_a_prefix(home.path(), 1);
+    let first_len = std::fs::metadata(&first).expect("prefix").len();
+    std::fs::rename(&first, &zero_tail).expect("rename");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&zero_tail)
+        .and_then(|f| f.set_len(first_len + (1 << 30)))
+        .expect("sparse zeros");
+    for (file, offset) in [
+        (Path::new("/dev/zero"), 0),
+        (garbage.as_path(), 0),
+        (zero_tail.as_path(), first_len),
+    ] {
+        let mut c = kakehi(home.path(), None);
+        c.arg("--datadir").arg(&datadir).arg("import").arg(file);
+        let (out, took, rss) = timed(c);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{}: accepted", file.display());
+        assert!(
+            stderr.contains(&format!("garbage at offset {offset} ")),
+            "{}: {stderr}",
+            file.display()
+        );
+        assert!(
+            took < Duration::from_secs(20),
+            "{}: {took:?}",
+            file.display()
+        );
+        if let Some(kib) = rss {
+            eprintln!("{}: {took:?}, peak RSS {} MiB", file.display(), kib >> 10);
+            assert!(kib < 300 << 10, "{}: peak RSS {kib} KiB", file.display());
+        }
+    }
+}
+
+/// A configuration file is read up to 1 MiB: `--config /dev/zero` is a
+/// configuration error (exit 2) at once, not a read without end.
+#[test]
+fn config_file_size_is_capped() {
+    let home = common::tempdir();
+    let (out, took, _) = timed({
+        let mut c = kakehi(home.path(), None);
+        c.args(["--config", "/dev/zero", "config", "show"]);
+        c
+    });
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("/dev/zero is over 1048576 bytes"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
