@@ -399,6 +399,13 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             config.datadir.display()
         );
     }
+    if matches!(command, Command::DumpUtxos { .. }) && !config.datadir.exists() {
+        // A dump reads a datadir; it must not create an empty one.
+        anyhow::bail!(
+            "datadir {} does not exist: nothing to dump (check --datadir and --network)",
+            config.datadir.display()
+        );
+    }
     let datadir = DataDir::open(&config.datadir)?;
     if let Command::ReindexChainstate = command {
         return reindex(&config, &datadir, &stop);
@@ -523,10 +530,26 @@ fn run_node(
     let mut http_config = kakehi::http::HttpConfig::default();
     apply_fd_budget(fd_limit, &mut p2p_config, &mut http_config)?;
     let (p2p_stop_tx, p2p_stop_rx) = tokio::sync::watch::channel(false);
-    let (p2p, p2p_task) = {
+    let listen = p2p_config.listen;
+    let (p2p, mut p2p_task) = {
         let _guard = runtime.enter();
         kakehi::node::start_p2p(chain.clone(), p2p_config, p2p_stop_rx)
     };
+    if let Some(addr) = listen {
+        // A listen address that cannot be bound is an error at start, as
+        // the HTTP address's is (not a node that runs without P2P).
+        let bound = runtime.block_on(async {
+            tokio::select! {
+                a = p2p.local_addr() => Ok(a),
+                ended = &mut p2p_task => Err(ended),
+            }
+        });
+        match bound {
+            Ok(_) => {}
+            Err(Ok(Err(e))) => return Err(anyhow::Error::new(e).context(format!("P2P on {addr}"))),
+            Err(ended) => anyhow::bail!("P2P on {addr}: the P2P task ended at start: {ended:?}"),
+        }
+    }
 
     spawn_group_flusher(runtime, chain.clone(), stop.clone());
     let addr = config.http.address;

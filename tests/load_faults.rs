@@ -289,3 +289,158 @@ fn config_file_size_is_capped() {
     );
     assert!(took < Duration::from_secs(10), "{took:?}");
 }
+
+/// `GET path` on `127.0.0.1:port`: the status line's code and the body.
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let code = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+    (code, body.unwrap_or_default())
+}
+
+/// `kakehi run` on `datadir` with its HTTP API on `http`, logging to
+/// `log`, waited for (≤ 30 s) until `/health` answers.
+fn serve(home: &Path, datadir: &Path, http: u16, log: &Path) -> Child {
+    let log_file = std::fs::File::create(log).expect("log file");
+    let mut child = kakehi(home, None)
+        .arg("--datadir")
+        .arg(datadir)
+        .args(["run", "--http", &format!("127.0.0.1:{http}")])
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().expect("log file"))
+        .stderr(log_file)
+        .spawn()
+        .expect("spawn kakehi");
+    let started = Instant::now();
+    while http_json(http, "/health").is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30)
+                && child.try_wait().expect("wait").is_none(),
+            "the node did not serve\n{}",
+            tail(log)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child
+}
+
+/// Start-up refusals: a `--listen` address in use is an error at start
+/// (exit 1, before serving), as an HTTP address in use is; `dump-utxos` on
+/// a datadir that does not exist refuses and creates nothing.
+#[test]
+fn start_up_refuses_what_it_cannot_do() {
+    let home = common::tempdir();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let log = home.path().join("listen.log");
+    let log_file = std::fs::File::create(&log).expect("log file");
+    let mut node = kakehi(home.path(), None)
+        .arg("--datadir")
+        .arg(home.path().join("d"))
+        .args(["run", "--listen", &addr.to_string()])
+        .args(["--http", &format!("127.0.0.1:{}", free_port())])
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().expect("log file"))
+        .stderr(log_file)
+        .spawn()
+        .expect("run");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = node.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = stop(&mut node, Duration::from_secs(10));
+            panic!(
+                "the node ran with its --listen address in use\n{}",
+                tail(&log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on {addr}")),
+        "{stderr}"
+    );
+
+    let missing = home.path().join("missing");
+    let out = kakehi(home.path(), None)
+        .arg("--datadir")
+        .arg(&missing)
+        .arg("dump-utxos")
+        .output()
+        .expect("dump-utxos");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    assert!(
+        !missing.exists(),
+        "dump-utxos created {}",
+        missing.display()
+    );
+}
+
+/// Answers about bad requests and damaged data: `/block-height/+5` is a
+/// 400 (not height 5); a block whose stored record is damaged is a 500
+/// saying "stored data damaged", naming no path.
+#[test]
+fn http_answers_bad_heights_and_damaged_records_honestly() {
+    let home = common::tempdir();
+    let datadir = home.path().join("d");
+    let prefix = common::regtest_a_prefix(home.path(), 10);
+    let out = kakehi(home.path(), None)
+        .arg("--datadir")
+        .arg(&datadir)
+        .arg("import")
+        .arg(&prefix)
+        .output()
+        .expect("import");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every record's magic in the block files overwritten.
+    let blk = datadir.join("blocks/blk00000.dat");
+    let mut bytes = std::fs::read(&blk).expect("blk00000.dat");
+    let magic = [0xfa, 0xbf, 0xb5, 0xda];
+    let mut damaged = 0;
+    for i in 0..bytes.len().saturating_sub(3) {
+        if bytes[i..i + 4] == magic {
+            bytes[i..i + 4].copy_from_slice(b"oops");
+            damaged += 1;
+        }
+    }
+    assert!(damaged >= 10, "{damaged} records");
+    std::fs::write(&blk, &bytes).expect("write");
+
+    let http = free_port();
+    let log = home.path().join("log");
+    let mut node = serve(home.path(), &datadir, http, &log);
+    let (code, body) = http_get(http, "/block-height/+5");
+    assert_eq!(code, 400, "{body}");
+    let (code, hash) = http_get(http, "/block-height/5");
+    assert_eq!(code, 200, "{hash}");
+    let (code, body) = http_get(http, &format!("/block/{}/raw", hash.trim()));
+    assert_eq!(code, 500, "{body}");
+    assert!(body.contains("stored data damaged"), "{body}");
+    let dir = datadir.display().to_string();
+    assert!(!body.contains("blk") && !body.contains(&dir), "{body}");
+    let _ = stop(&mut node, Duration::from_secs(30));
+}
