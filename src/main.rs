@@ -102,6 +102,21 @@ enum Command {
         /// [env: KAKEHI_HTTP]
         #[arg(long, value_name = "ADDR:PORT")]
         http: Option<SocketAddr>,
+        /// Open HTTP connections per client IP address (IPv6: per /64);
+        /// more are closed at once. 0 for no cap (behind a reverse proxy
+        /// every client has its address). [default: 0]
+        /// [env: KAKEHI_HTTP_MAX_CONNECTIONS_PER_IP]
+        #[arg(long, value_name = "N", value_parser = config::parse_connections_per_ip)]
+        http_max_connections_per_ip: Option<usize>,
+        /// HTTP requests per second per client IP address, sustained (429
+        /// beyond); fractions allowed, 0 for no limit. [default: 0]
+        /// [env: KAKEHI_HTTP_RATE_LIMIT_PER_SECOND]
+        #[arg(long, value_name = "PER_SECOND", value_parser = config::parse_rate_limit)]
+        http_rate_limit: Option<f64>,
+        /// HTTP requests an idle client IP may send at once under the rate
+        /// limit. [default: 20] [env: KAKEHI_HTTP_RATE_LIMIT_BURST]
+        #[arg(long, value_name = "N", value_parser = config::parse_rate_burst)]
+        http_rate_burst: Option<u32>,
         /// P2P address to accept inbound peers on, ADDR:PORT (TCP).
         /// [default: none, no inbound] [env: KAKEHI_LISTEN]
         #[arg(long, value_name = "ADDR:PORT")]
@@ -199,6 +214,9 @@ impl Cli {
         };
         if let Command::Run {
             http,
+            http_max_connections_per_ip,
+            http_rate_limit,
+            http_rate_burst,
             listen,
             connect,
             addnode,
@@ -206,6 +224,9 @@ impl Cli {
         } = &self.command
         {
             l.http = *http;
+            l.http_max_connections_per_ip = *http_max_connections_per_ip;
+            l.http_rate_limit = *http_rate_limit;
+            l.http_rate_burst = *http_rate_burst;
             l.listen = *listen;
             l.connect = (!connect.is_empty()).then(|| connect.clone());
             l.addnode = (!addnode.is_empty()).then(|| addnode.clone());
@@ -527,7 +548,16 @@ fn run_node(
     p2p_config.addnode = resolve(&config.p2p.addnode)?;
     p2p_config.dns_seeds = config.p2p.connect.is_empty();
     p2p_config.addr_file = Some(config.datadir.join("peers.json"));
-    let mut http_config = kakehi::http::HttpConfig::default();
+    let mut http_config = kakehi::http::HttpConfig {
+        max_connections_per_ip: config.http.max_connections_per_ip,
+        rate_limit_per_ip: (config.http.rate_limit_per_second > 0.0).then_some(
+            kakehi::http::RateLimit {
+                per_second: config.http.rate_limit_per_second,
+                burst: config.http.rate_limit_burst,
+            },
+        ),
+        ..kakehi::http::HttpConfig::default()
+    };
     apply_fd_budget(fd_limit, &mut p2p_config, &mut http_config)?;
     let (p2p_stop_tx, p2p_stop_rx) = tokio::sync::watch::channel(false);
     let listen = p2p_config.listen;

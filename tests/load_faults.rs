@@ -290,19 +290,22 @@ fn config_file_size_is_capped() {
     assert!(took < Duration::from_secs(10), "{took:?}");
 }
 
-/// `GET path` on `127.0.0.1:port`: the status line's code and the body.
+/// `GET path` on `127.0.0.1:port`: the status line's code and the body
+/// (code 0: the connection closed without an answer).
 fn http_get(port: u16, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
-    write!(
+    let mut out = String::new();
+    let answered = write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     )
-    .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
+    .and_then(|()| s.read_to_string(&mut out));
+    if answered.is_err() {
+        return (0, out);
+    }
     let code = out
         .split(' ')
         .nth(1)
@@ -313,10 +316,19 @@ fn http_get(port: u16, path: &str) -> (u16, String) {
 }
 
 /// `kakehi run` on `datadir` with its HTTP API on `http`, logging to
-/// `log`, waited for (≤ 30 s) until `/health` answers.
-fn serve(home: &Path, datadir: &Path, http: u16, log: &Path) -> Child {
+/// `log`, waited for (≤ 30 s) until `/health` answers; `configure` adds
+/// options.
+fn serve(
+    home: &Path,
+    datadir: &Path,
+    http: u16,
+    log: &Path,
+    configure: impl FnOnce(&mut Command),
+) -> Child {
     let log_file = std::fs::File::create(log).expect("log file");
-    let mut child = kakehi(home, None)
+    let mut command = kakehi(home, None);
+    configure(&mut command);
+    let mut child = command
         .arg("--datadir")
         .arg(datadir)
         .args(["run", "--http", &format!("127.0.0.1:{http}")])
@@ -432,7 +444,7 @@ fn http_answers_bad_heights_and_damaged_records_honestly() {
 
     let http = free_port();
     let log = home.path().join("log");
-    let mut node = serve(home.path(), &datadir, http, &log);
+    let mut node = serve(home.path(), &datadir, http, &log, |_| {});
     let (code, body) = http_get(http, "/block-height/+5");
     assert_eq!(code, 400, "{body}");
     let (code, hash) = http_get(http, "/block-height/5");
@@ -442,5 +454,71 @@ fn http_answers_bad_heights_and_damaged_records_honestly() {
     assert!(body.contains("stored data damaged"), "{body}");
     let dir = datadir.display().to_string();
     assert!(!body.contains("blk") && !body.contains(&dir), "{body}");
+    let _ = stop(&mut node, Duration::from_secs(30));
+}
+
+/// The per-IP connection cap and rate limit, from the three sources: the
+/// cap (4) from the TOML file, the rate (1/s) from the environment, the
+/// burst (3) from the command line. A fifth connection from one address
+/// is closed without an answer while four are open, and served once they
+/// close; past the burst, requests get 429.
+#[test]
+fn per_ip_connection_cap_and_rate_limit_are_settable() {
+    let home = common::tempdir();
+    let toml = home.path().join("kakehi.toml");
+    std::fs::write(&toml, "[http]\nmax_connections_per_ip = 4\n").expect("config");
+    let http = free_port();
+    let log = home.path().join("log");
+    let mut node = {
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let child = kakehi(home.path(), None)
+            .arg("--config")
+            .arg(&toml)
+            .env("KAKEHI_HTTP_RATE_LIMIT_PER_SECOND", "1")
+            .arg("--datadir")
+            .arg(home.path().join("d"))
+            .args(["run", "--http", &format!("127.0.0.1:{http}")])
+            .args(["--http-rate-burst", "3"])
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("log file"))
+            .stderr(log_file)
+            .spawn()
+            .expect("spawn kakehi");
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", http)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{}",
+                tail(&log)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        child
+    };
+    // `config show` sees the three sources too.
+    let out = kakehi(home.path(), None)
+        .arg("--config")
+        .arg(&toml)
+        .env("KAKEHI_HTTP_RATE_LIMIT_PER_SECOND", "1")
+        .args(["config", "show"])
+        .output()
+        .expect("config show");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("max_connections_per_ip = 4"), "{shown}");
+    assert!(shown.contains("rate_limit_per_second = 1.0"), "{shown}");
+
+    let held: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(("127.0.0.1", http)).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, body) = http_get(http, "/health");
+    assert_eq!(code, 0, "a fifth connection was served: {body}");
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    // The bucket is full again after 3 s at 1/s.
+    std::thread::sleep(Duration::from_secs(3));
+    let codes: Vec<u16> = (0..5).map(|_| http_get(http, "/health").0).collect();
+    assert_eq!(&codes[..3], &[200, 200, 200], "{codes:?}");
+    assert!(codes[3..].contains(&429), "{codes:?}");
     let _ = stop(&mut node, Duration::from_secs(30));
 }
