@@ -46,6 +46,31 @@ fn tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
+/// Spawns `command` with standard output and error to the file `log`.
+fn spawn_logged(command: &mut Command, log: &Path) -> Child {
+    let log_file = std::fs::File::create(log).expect("log file");
+    command
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().expect("log file"))
+        .stderr(log_file)
+        .spawn()
+        .expect("spawn kakehi")
+}
+
+/// `kakehi import` of regtest-a's first `blocks` records into `datadir`.
+fn import_prefix(home: &Path, datadir: &Path, blocks: usize) {
+    let prefix = common::regtest_a_prefix(home, blocks);
+    let out = kakehi(home, None)
+        .arg("--datadir")
+        .arg(datadir)
+        .arg("import")
+        .arg(&prefix)
+        .output()
+        .expect("import");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+}
+
 /// Keeps `n` idle connections open to `addr` (none sends a byte; those
 /// the server closes are opened again) until `done`.
 fn hold_idle_connections(addr: SocketAddr, n: usize, done: Arc<AtomicBool>) {
@@ -93,32 +118,17 @@ fn idle_http_connections_do_not_starve_the_stores() {
     // B: the same blocks imported, then run with A as its only peer.
     let home = common::tempdir();
     let datadir_b = home.path().join("b");
-    let prefix = common::regtest_a_prefix(home.path(), FIRST);
-    let out = kakehi(home.path(), None)
-        .arg("--datadir")
-        .arg(&datadir_b)
-        .arg("import")
-        .arg(&prefix)
-        .output()
-        .expect("import");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    import_prefix(home.path(), &datadir_b, FIRST);
     let log = home.path().join("b.log");
-    let log_file = std::fs::File::create(&log).expect("log file");
     let http = free_port();
-    let mut b: Child = kakehi(home.path(), Some(256))
-        .arg("--datadir")
-        .arg(&datadir_b)
-        .args(["run", "--connect", &p2p.addr.to_string()])
-        .args(["--http", &format!("127.0.0.1:{http}")])
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().expect("log file"))
-        .stderr(log_file)
-        .spawn()
-        .expect("spawn kakehi");
+    let mut b = spawn_logged(
+        kakehi(home.path(), Some(256))
+            .arg("--datadir")
+            .arg(&datadir_b)
+            .args(["run", "--connect", &p2p.addr.to_string()])
+            .args(["--http", &format!("127.0.0.1:{http}")]),
+        &log,
+    );
     let started = Instant::now();
     while http_json(http, "/health").is_none() || p2p.handle.peer_count() == 0 {
         assert!(
@@ -315,28 +325,17 @@ fn http_get(port: u16, path: &str) -> (u16, String) {
     (code, body.unwrap_or_default())
 }
 
-/// `kakehi run` on `datadir` with its HTTP API on `http`, logging to
-/// `log`, waited for (≤ 30 s) until `/health` answers; `configure` adds
-/// options.
-fn serve(
-    home: &Path,
-    datadir: &Path,
-    http: u16,
-    log: &Path,
-    configure: impl FnOnce(&mut Command),
-) -> Child {
-    let log_file = std::fs::File::create(log).expect("log file");
-    let mut command = kakehi(home, None);
-    configure(&mut command);
-    let mut child = command
-        .arg("--datadir")
-        .arg(datadir)
-        .args(["run", "--http", &format!("127.0.0.1:{http}")])
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().expect("log file"))
-        .stderr(log_file)
-        .spawn()
-        .expect("spawn kakehi");
+/// `command run` on `datadir` with its HTTP API on `http` and `run_args`,
+/// logging to `log`, waited for (≤ 30 s) until `/health` answers.
+fn serve(mut command: Command, datadir: &Path, http: u16, log: &Path, run_args: &[&str]) -> Child {
+    let mut child = spawn_logged(
+        command
+            .arg("--datadir")
+            .arg(datadir)
+            .args(["run", "--http", &format!("127.0.0.1:{http}")])
+            .args(run_args),
+        log,
+    );
     let started = Instant::now();
     while http_json(http, "/health").is_none() {
         assert!(
@@ -359,17 +358,14 @@ fn start_up_refuses_what_it_cannot_do() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = taken.local_addr().expect("addr");
     let log = home.path().join("listen.log");
-    let log_file = std::fs::File::create(&log).expect("log file");
-    let mut node = kakehi(home.path(), None)
-        .arg("--datadir")
-        .arg(home.path().join("d"))
-        .args(["run", "--listen", &addr.to_string()])
-        .args(["--http", &format!("127.0.0.1:{}", free_port())])
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().expect("log file"))
-        .stderr(log_file)
-        .spawn()
-        .expect("run");
+    let mut node = spawn_logged(
+        kakehi(home.path(), None)
+            .arg("--datadir")
+            .arg(home.path().join("d"))
+            .args(["run", "--listen", &addr.to_string()])
+            .args(["--http", &format!("127.0.0.1:{}", free_port())]),
+        &log,
+    );
     let started = Instant::now();
     let status = loop {
         if let Some(status) = node.try_wait().expect("wait") {
@@ -415,19 +411,7 @@ fn start_up_refuses_what_it_cannot_do() {
 fn http_answers_bad_heights_and_damaged_records_honestly() {
     let home = common::tempdir();
     let datadir = home.path().join("d");
-    let prefix = common::regtest_a_prefix(home.path(), 10);
-    let out = kakehi(home.path(), None)
-        .arg("--datadir")
-        .arg(&datadir)
-        .arg("import")
-        .arg(&prefix)
-        .output()
-        .expect("import");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    import_prefix(home.path(), &datadir, 10);
     // Every record's magic in the block files overwritten.
     let blk = datadir.join("blocks/blk00000.dat");
     let mut bytes = std::fs::read(&blk).expect("blk00000.dat");
@@ -444,7 +428,7 @@ fn http_answers_bad_heights_and_damaged_records_honestly() {
 
     let http = free_port();
     let log = home.path().join("log");
-    let mut node = serve(home.path(), &datadir, http, &log, |_| {});
+    let mut node = serve(kakehi(home.path(), None), &datadir, http, &log, &[]);
     let (code, body) = http_get(http, "/block-height/+5");
     assert_eq!(code, 400, "{body}");
     let (code, hash) = http_get(http, "/block-height/5");
@@ -469,32 +453,13 @@ fn per_ip_connection_cap_and_rate_limit_are_settable() {
     std::fs::write(&toml, "[http]\nmax_connections_per_ip = 4\n").expect("config");
     let http = free_port();
     let log = home.path().join("log");
-    let mut node = {
-        let log_file = std::fs::File::create(&log).expect("log file");
-        let child = kakehi(home.path(), None)
-            .arg("--config")
-            .arg(&toml)
-            .env("KAKEHI_HTTP_RATE_LIMIT_PER_SECOND", "1")
-            .arg("--datadir")
-            .arg(home.path().join("d"))
-            .args(["run", "--http", &format!("127.0.0.1:{http}")])
-            .args(["--http-rate-burst", "3"])
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("log file"))
-            .stderr(log_file)
-            .spawn()
-            .expect("spawn kakehi");
-        let started = Instant::now();
-        while TcpStream::connect(("127.0.0.1", http)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{}",
-                tail(&log)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        child
-    };
+    let mut command = kakehi(home.path(), None);
+    command
+        .arg("--config")
+        .arg(&toml)
+        .env("KAKEHI_HTTP_RATE_LIMIT_PER_SECOND", "1");
+    let datadir = home.path().join("d");
+    let mut node = serve(command, &datadir, http, &log, &["--http-rate-burst", "3"]);
     // `config show` sees the three sources too.
     let out = kakehi(home.path(), None)
         .arg("--config")
