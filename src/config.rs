@@ -17,6 +17,9 @@
 //!
 //! [http]
 //! address = "127.0.0.1:3002"     # ADDR:PORT of the HTTP API
+//! max_connections_per_ip = 0     # open connections per client IP (IPv6: /64); 0 = no cap
+//! rate_limit_per_second = 0.0    # sustained requests/s per client IP (429 beyond); 0 = off
+//! rate_limit_burst = 20          # requests an idle client IP may send at once
 //!
 //! [p2p]
 //! listen = "0.0.0.0:18444"       # ADDR:PORT for inbound peers; unset = no inbound
@@ -101,6 +104,19 @@ pub const DEFAULT_INDEX_FILTER_CACHE_MIB: usize = crate::store::runs::DEFAULT_FI
 /// ([`crate::archive::DEFAULT_FILTER_CACHE`]).
 pub const DEFAULT_ARCHIVE_FILTER_CACHE_MIB: usize = crate::archive::DEFAULT_FILTER_CACHE >> 20;
 
+/// Largest configuration file read, bytes (1 MiB; the documented file with
+/// every key is under 2 KiB): a larger one (`--config /dev/zero`) is
+/// refused before it fills the memory.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Largest `http.max_connections_per_ip`.
+pub const MAX_CONNECTIONS_PER_IP: usize = 1_000_000;
+/// Largest `http.rate_limit_per_second` and `http.rate_limit_burst`.
+pub const MAX_RATE_LIMIT: u32 = 1_000_000;
+/// Default `http.rate_limit_burst`: requests an idle client may send at
+/// once when the rate limit is on.
+pub const DEFAULT_RATE_LIMIT_BURST: u32 = 20;
+
 /// Errors reading the configuration.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -113,6 +129,12 @@ pub enum ConfigError {
         /// The cause.
         #[source]
         source: std::io::Error,
+    },
+    /// The file is larger than [`MAX_CONFIG_BYTES`].
+    #[error("config file {path} is over {MAX_CONFIG_BYTES} bytes: not a configuration file?")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
     },
     /// The file is not valid TOML, has an unknown key or a bad value.
     #[error("{path}:{line}: {key}: {message}")]
@@ -261,11 +283,50 @@ fn parse_u64_in(s: &str, unit: &str, range: &std::ops::RangeInclusive<u64>) -> R
     }
 }
 
+/// Parses `http.max_connections_per_ip`: 0 (no cap) to
+/// [`MAX_CONNECTIONS_PER_IP`].
+///
+/// # Errors
+/// A message naming the accepted range.
+pub fn parse_connections_per_ip(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n <= MAX_CONNECTIONS_PER_IP => Ok(n),
+        _ => Err(format!(
+            "bad connection count {s:?} (expected 0, no cap, to {MAX_CONNECTIONS_PER_IP})"
+        )),
+    }
+}
+
 /// Parses `true` or `false`.
 fn parse_bool(s: &str) -> Result<bool, String> {
     s.trim()
         .parse()
         .map_err(|_| format!("{s:?} is not true or false"))
+}
+
+/// Parses `http.rate_limit_per_second`: requests per second, 0 (off) to
+/// [`MAX_RATE_LIMIT`], fractions allowed (0.5: one every 2 s).
+///
+/// # Errors
+/// A message naming the accepted range.
+pub fn parse_rate_limit(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if (0.0..=f64::from(MAX_RATE_LIMIT)).contains(&r) => Ok(r),
+        _ => Err(format!(
+            "bad rate {s:?} (expected requests per second, 0 (off) to {MAX_RATE_LIMIT})"
+        )),
+    }
+}
+
+/// Parses `http.rate_limit_burst`: 1 to [`MAX_RATE_LIMIT`].
+///
+/// # Errors
+/// A message naming the accepted range.
+pub fn parse_rate_burst(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if (1..=MAX_RATE_LIMIT).contains(&n) => Ok(n),
+        _ => Err(format!("bad burst {s:?} (expected 1 to {MAX_RATE_LIMIT})")),
+    }
 }
 
 /// Parses a memory size in MiB within `range`.
@@ -363,6 +424,12 @@ pub struct Layer {
     pub datadir: Option<PathBuf>,
     /// HTTP API address.
     pub http: Option<SocketAddr>,
+    /// HTTP connections per client IP (0: no cap).
+    pub http_max_connections_per_ip: Option<usize>,
+    /// HTTP requests per second per client IP (0: off).
+    pub http_rate_limit: Option<f64>,
+    /// HTTP requests an idle client IP may send at once.
+    pub http_rate_burst: Option<u32>,
     /// P2P listen address.
     pub listen: Option<SocketAddr>,
     /// Peers to connect to exclusively.
@@ -484,6 +551,12 @@ struct FileArchive {
 #[serde(deny_unknown_fields)]
 struct FileHttp {
     address: Option<SocketAddr>,
+    #[serde(default, deserialize_with = "de_connections_per_ip")]
+    max_connections_per_ip: Option<usize>,
+    #[serde(default, deserialize_with = "de_rate_limit")]
+    rate_limit_per_second: Option<f64>,
+    #[serde(default, deserialize_with = "de_rate_burst")]
+    rate_limit_burst: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -522,6 +595,36 @@ fn de_assumevalid<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Assum
     s.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
+fn de_connections_per_ip<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<usize>, D::Error> {
+    let n = i64::deserialize(d)?;
+    parse_connections_per_ip(&n.to_string())
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+fn de_rate_limit<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    /// TOML keeps `5` and `5.0` apart; both are a rate.
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Number {
+        Int(i64),
+        Float(f64),
+    }
+    let r = match Number::deserialize(d)? {
+        Number::Int(i) => i.to_string(),
+        Number::Float(f) => f.to_string(),
+    };
+    parse_rate_limit(&r)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+fn de_rate_burst<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    let n = i64::deserialize(d)?;
+    parse_rate_burst(&n.to_string())
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
 fn de_network<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Network>, D::Error> {
     let s = String::deserialize(d)?;
     parse_network(&s)
@@ -568,14 +671,23 @@ impl Layer {
     /// Reads a TOML configuration file.
     ///
     /// # Errors
-    /// [`ConfigError::Read`] when it cannot be read, [`ConfigError::File`]
-    /// (file, line, key) when it is not valid TOML, has an unknown key or a
-    /// bad value.
+    /// [`ConfigError::Read`] when it cannot be read (or is not UTF-8),
+    /// [`ConfigError::TooLarge`] past [`MAX_CONFIG_BYTES`],
+    /// [`ConfigError::File`] (file, line, key) when it is not valid TOML,
+    /// has an unknown key or a bad value.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        use std::io::Read;
+        let read_err = |source| ConfigError::Read {
             path: path.into(),
             source,
-        })?;
+        };
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+            .map_err(read_err)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge { path: path.into() });
+        }
         Self::from_toml_str(&text, path)
     }
 
@@ -601,6 +713,9 @@ impl Layer {
             network: file.network,
             datadir: file.datadir,
             http: file.http.address,
+            http_max_connections_per_ip: file.http.max_connections_per_ip,
+            http_rate_limit: file.http.rate_limit_per_second,
+            http_rate_burst: file.http.rate_limit_burst,
             listen: file.p2p.listen,
             connect: file.p2p.connect,
             addnode: file.p2p.addnode,
@@ -632,6 +747,9 @@ impl Layer {
     /// | `KAKEHI_NETWORK` | `network` |
     /// | `KAKEHI_DATADIR` | `datadir` |
     /// | `KAKEHI_HTTP` | `http.address` |
+    /// | `KAKEHI_HTTP_MAX_CONNECTIONS_PER_IP` | `http.max_connections_per_ip` |
+    /// | `KAKEHI_HTTP_RATE_LIMIT_PER_SECOND` | `http.rate_limit_per_second` |
+    /// | `KAKEHI_HTTP_RATE_LIMIT_BURST` | `http.rate_limit_burst` |
     /// | `KAKEHI_LISTEN` | `p2p.listen` |
     /// | `KAKEHI_CONNECT` | `p2p.connect` |
     /// | `KAKEHI_ADDNODE` | `p2p.addnode` |
@@ -687,6 +805,16 @@ impl Layer {
                 "NETWORK" => layer.network = Some(parse_network(&value).map_err(bad)?),
                 "DATADIR" => layer.datadir = Some(PathBuf::from(&value)),
                 "HTTP" => layer.http = Some(addr(&value)?),
+                "HTTP_MAX_CONNECTIONS_PER_IP" => {
+                    layer.http_max_connections_per_ip =
+                        Some(parse_connections_per_ip(&value).map_err(bad)?)
+                }
+                "HTTP_RATE_LIMIT_PER_SECOND" => {
+                    layer.http_rate_limit = Some(parse_rate_limit(&value).map_err(bad)?)
+                }
+                "HTTP_RATE_LIMIT_BURST" => {
+                    layer.http_rate_burst = Some(parse_rate_burst(&value).map_err(bad)?)
+                }
                 "LISTEN" => layer.listen = Some(addr(&value)?),
                 "CONNECT" => layer.connect = Some(list(&value)?),
                 "ADDNODE" => layer.addnode = Some(list(&value)?),
@@ -862,6 +990,16 @@ pub struct HttpConfig {
     /// Address of the HTTP API. Default `127.0.0.1:<network's HTTP port>`
     /// (3000 mainnet, 3001 testnet, 3002 regtest, 3003 signet, 3004 testnet4).
     pub address: SocketAddr,
+    /// Open connections per client IP address (an IPv6 address counts by
+    /// its /64); past it a connection is closed at once. Default 0: no cap
+    /// (behind a reverse proxy every client has the proxy's address).
+    pub max_connections_per_ip: usize,
+    /// Sustained requests per second per client IP (tower_governor's
+    /// GCRA; 429 beyond). Default 0: off.
+    pub rate_limit_per_second: f64,
+    /// Requests an idle client IP may send at once under the rate limit.
+    /// Default [`DEFAULT_RATE_LIMIT_BURST`].
+    pub rate_limit_burst: u32,
 }
 
 /// `[p2p]`.
@@ -933,6 +1071,11 @@ impl Config {
             http: HttpConfig {
                 address: pick(layers, |l| l.http.as_ref())
                     .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], params.http_port))),
+                max_connections_per_ip: pick(layers, |l| l.http_max_connections_per_ip.as_ref())
+                    .unwrap_or(0),
+                rate_limit_per_second: pick(layers, |l| l.http_rate_limit.as_ref()).unwrap_or(0.0),
+                rate_limit_burst: pick(layers, |l| l.http_rate_burst.as_ref())
+                    .unwrap_or(DEFAULT_RATE_LIMIT_BURST),
             },
             p2p: P2pConfig {
                 listen: pick(layers, |l| l.listen.as_ref()),

@@ -2,16 +2,22 @@
 //! network magic, 4 bytes little-endian length, serialized block) through
 //! the same pipeline as blocks from peers.
 //!
-//! A file is scanned whole before anything is imported (each block decoded
-//! to check it, then decoded again one block before its submission, so
-//! that the import holds the file's bytes and two decoded blocks, the one
-//! submitted and the next, which the chain state validates ahead, not the
-//! whole file decoded): a truncated record,
-//! garbage between records, the wrong network's magic or a block that does
-//! not decode is a typed [`ImportError`] naming the file and offset, and
-//! leaves the database unchanged. Zero bytes after the last record (Core
-//! pre-allocates its files) end the file.
+//! A file is scanned whole before anything is imported, streamed record by
+//! record through a bounded buffer (each block decoded to check it, then
+//! read and decoded again one block before its submission, so that the
+//! import holds one record's bytes and two decoded blocks, the one
+//! submitted and the next, which the chain state validates ahead; never
+//! the file, whatever its size): a truncated record, garbage between
+//! records, the wrong network's magic or a block that does not decode is a
+//! typed [`ImportError`] naming the file and offset, found as soon as the
+//! scan reaches it, and leaves the database unchanged. Zero bytes after the
+//! last record end the file if they run to its end within
+//! [`MAX_ZERO_TAIL`] (Core pre-allocates its files); more (`/dev/zero`) are
+//! garbage at the offset where they start.
 
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,6 +31,14 @@ use crate::pipeline::{Chainstate, PipelineError, SubmitOutcome};
 /// Largest record accepted, bytes (a block is at most 4,000,000 weight
 /// units, so at most 4,000,000 bytes serialized).
 pub const MAX_RECORD_LEN: u32 = 4_000_000;
+
+/// Most zero bytes accepted after a file's last record, bytes: Core's
+/// `BLOCKFILE_CHUNK_SIZE` (16 MiB, `node/blockstorage.h`), the step in
+/// which it pre-allocates a block file, so a file of Core's ends in fewer.
+pub const MAX_ZERO_TAIL: u64 = 16 << 20;
+
+/// Read buffer of the scan, bytes.
+const SCAN_BUFFER: usize = 1 << 20;
 
 /// Errors of an import.
 #[derive(Debug, thiserror::Error)]
@@ -141,18 +155,18 @@ pub fn scan_file(path: &Path, params: &ChainParams) -> (Vec<Record>, Option<Impo
     (out, problem)
 }
 
-/// A block file read whole and checked up to its first problem: its bytes
-/// and where each good record is, not its decoded blocks. A decoded block
-/// takes about 2.5 times its serialized size in memory (a 128 MiB file,
-/// Core's largest, about 300 MiB more), so [`BlockFile::records`] decodes
-/// the records one at a time, again: the process holds the file's bytes
-/// plus one block.
+/// A block file checked up to its first problem: where each good record
+/// is, not its bytes nor its decoded blocks (a decoded block takes about
+/// 2.5 times its serialized size in memory). [`BlockFile::records`] reads
+/// and decodes the records one at a time, again: the process holds one
+/// record's bytes plus one block.
 #[derive(Debug)]
 pub struct BlockFile {
     path: PathBuf,
-    data: Vec<u8>,
+    /// The open file (`None` when it could not be opened).
+    file: Option<File>,
     /// (offset, framed length) of each good record, in file order.
-    frames: Vec<(usize, usize)>,
+    frames: Vec<(u64, usize)>,
 }
 
 impl BlockFile {
@@ -166,74 +180,140 @@ impl BlockFile {
         self.frames.is_empty()
     }
 
-    /// The good records in file order, each decoded when reached. A record
-    /// decoded when the file was scanned decodes again: the error case
-    /// ([`ImportError::BadBlock`]) is kept for the type, not expected.
+    /// The good records in file order, each read and decoded when reached.
+    /// A record decoded when the file was scanned decodes again: the error
+    /// cases ([`ImportError::Io`], [`ImportError::BadBlock`]: the file
+    /// changed since) are kept for the type, not expected.
     pub fn records(&self) -> impl ExactSizeIterator<Item = Result<Record, ImportError>> + '_ {
-        self.frames
-            .iter()
-            .map(|&(pos, len)| decode_record(&self.path, &self.data[pos..pos + len], pos as u64))
+        self.frames.iter().map(|&(pos, len)| {
+            let mut frame = vec![0u8; len];
+            let read = match &self.file {
+                Some(f) => f.read_exact_at(&mut frame, pos),
+                None => Err(std::io::ErrorKind::NotFound.into()),
+            };
+            read.map_err(|source| ImportError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+            decode_record(&self.path, &frame, pos)
+        })
     }
 }
 
 /// Reads `path` and checks every record (framing, magic, the block
-/// decodes: each decoded then dropped) up to the first problem: the file
-/// with the good records before it, and the problem ([`ImportError::Io`]
-/// with no records when the file cannot be read). `kakehi import` and
-/// `kakehi reindex-chainstate` read their files with it (the latter's last
-/// file may end in a torn append, cut at the next start).
+/// decodes: each decoded then dropped) up to the first problem, streaming
+/// it through a [`SCAN_BUFFER`] buffer and one record: the file with the
+/// good records before it, and the problem ([`ImportError::Io`] with no
+/// records when the file cannot be read). `kakehi import` and `kakehi
+/// reindex-chainstate` read their files with it (the latter's last file
+/// may end in a torn append, cut at the next start).
 pub fn scan_block_file(path: &Path, params: &ChainParams) -> (BlockFile, Option<ImportError>) {
     let mut file = BlockFile {
         path: path.into(),
-        data: Vec::new(),
+        file: None,
         frames: Vec::new(),
     };
-    file.data = match std::fs::read(path) {
-        Ok(d) => d,
-        Err(source) => {
-            let e = ImportError::Io {
-                path: path.into(),
-                source,
-            };
-            return (file, Some(e));
+    let io = |source| ImportError::Io {
+        path: path.into(),
+        source,
+    };
+    let f = match File::open(path) {
+        Ok(f) => f,
+        Err(source) => return (file, Some(io(source))),
+    };
+    let mut reader = BufReader::with_capacity(SCAN_BUFFER, &f);
+    let mut frame = Vec::new();
+    let mut pos = 0u64;
+    let problem = loop {
+        match next_frame(path, params, &mut reader, &mut frame, pos) {
+            Ok(None) => break None,
+            Ok(Some(len)) => {
+                if let Err(e) = decode_record(path, &frame, pos) {
+                    break Some(e);
+                }
+                file.frames.push((pos, len));
+                pos += len as u64;
+            }
+            Err(e) => break Some(e),
         }
     };
-    let mut pos = 0usize;
-    while pos < file.data.len() {
-        let rest = &file.data[pos..];
-        if rest.iter().all(|b| *b == 0) {
-            break;
-        }
-        match next_record(path, params, rest, pos as u64) {
-            Ok((_, len)) => {
-                file.frames.push((pos, len));
-                pos += len;
-            }
-            Err(e) => return (file, Some(e)),
-        }
-    }
-    (file, None)
+    drop(reader);
+    file.file = Some(f);
+    (file, problem)
 }
 
-/// Decodes the record at the start of `rest` (at `offset` in `path`): the
-/// record and its framed length.
-fn next_record(
+/// Reads `buf.len()` bytes or up to the end of `r`: the number read.
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Whether `r` holds only zero bytes to its end, at most `max` of them
+/// (stops reading at the first other byte or past `max`).
+fn zeros_to_end(r: &mut impl Read, max: u64) -> std::io::Result<bool> {
+    let mut buf = [0u8; 64 << 10];
+    let mut seen = 0u64;
+    loop {
+        let n = read_up_to(r, &mut buf)?;
+        if n == 0 {
+            return Ok(true);
+        }
+        seen += n as u64;
+        if seen > max || buf[..n].iter().any(|b| *b != 0) {
+            return Ok(false);
+        }
+    }
+}
+
+/// Reads the framed record at `offset` (the reader's position in `path`)
+/// into `frame`: its framed length, or `None` at the file's end (zero
+/// bytes to the end, [`MAX_ZERO_TAIL`] at most, included).
+fn next_frame(
     path: &Path,
     params: &ChainParams,
-    rest: &[u8],
+    r: &mut impl Read,
+    frame: &mut Vec<u8>,
     offset: u64,
-) -> Result<(Record, usize), ImportError> {
-    if rest.len() < 8 {
+) -> Result<Option<usize>, ImportError> {
+    let io = |source| ImportError::Io {
+        path: path.into(),
+        source,
+    };
+    let mut head = [0u8; 8];
+    let got = read_up_to(r, &mut head).map_err(io)?;
+    if got == 0 {
+        return Ok(None);
+    }
+    if head[..got].iter().all(|b| *b == 0) {
+        if zeros_to_end(r, MAX_ZERO_TAIL.saturating_sub(got as u64)).map_err(io)? {
+            return Ok(None);
+        }
+        // Zeros that run on into data or past any pre-allocation.
+        return Err(ImportError::BadMagic {
+            path: path.into(),
+            offset,
+            found: [0; 4],
+            expected: params.magic(),
+        });
+    }
+    if got < 8 {
         return Err(ImportError::Truncated {
             path: path.into(),
             offset,
             needed: 8,
-            available: rest.len() as u64,
+            available: got as u64,
         });
     }
-    let found = [rest[0], rest[1], rest[2], rest[3]];
-    check_magic(path, params, found, offset)?;
-    let len = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+    check_magic(path, params, [head[0], head[1], head[2], head[3]], offset)?;
+    let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
     if len > MAX_RECORD_LEN {
         return Err(ImportError::Oversized {
             path: path.into(),
@@ -241,16 +321,18 @@ fn next_record(
             len,
         });
     }
-    let end = 8 + len as usize;
-    if rest.len() < end {
+    frame.clear();
+    frame.extend_from_slice(&head);
+    let got = r.take(u64::from(len)).read_to_end(frame).map_err(io)?;
+    if got < len as usize {
         return Err(ImportError::Truncated {
             path: path.into(),
             offset,
-            needed: end as u64,
-            available: rest.len() as u64,
+            needed: 8 + u64::from(len),
+            available: 8 + got as u64,
         });
     }
-    Ok((decode_record(path, &rest[..end], offset)?, end))
+    Ok(Some(frame.len()))
 }
 
 /// Decodes the block of the framed record `frame` (magic and length

@@ -10,6 +10,7 @@
 pub mod archive;
 pub mod chain;
 pub mod config;
+pub mod fds;
 pub mod filters;
 pub mod http;
 pub mod import;

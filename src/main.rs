@@ -103,6 +103,21 @@ enum Command {
         /// [env: KAKEHI_HTTP]
         #[arg(long, value_name = "ADDR:PORT")]
         http: Option<SocketAddr>,
+        /// Open HTTP connections per client IP address (IPv6: per /64);
+        /// more are closed at once. 0 for no cap (behind a reverse proxy
+        /// every client has its address). [default: 0]
+        /// [env: KAKEHI_HTTP_MAX_CONNECTIONS_PER_IP]
+        #[arg(long, value_name = "N", value_parser = config::parse_connections_per_ip)]
+        http_max_connections_per_ip: Option<usize>,
+        /// HTTP requests per second per client IP address, sustained (429
+        /// beyond); fractions allowed, 0 for no limit. [default: 0]
+        /// [env: KAKEHI_HTTP_RATE_LIMIT_PER_SECOND]
+        #[arg(long, value_name = "PER_SECOND", value_parser = config::parse_rate_limit)]
+        http_rate_limit: Option<f64>,
+        /// HTTP requests an idle client IP may send at once under the rate
+        /// limit. [default: 20] [env: KAKEHI_HTTP_RATE_LIMIT_BURST]
+        #[arg(long, value_name = "N", value_parser = config::parse_rate_burst)]
+        http_rate_burst: Option<u32>,
         /// P2P address to accept inbound peers on, ADDR:PORT (TCP).
         /// [default: none, no inbound] [env: KAKEHI_LISTEN]
         #[arg(long, value_name = "ADDR:PORT")]
@@ -228,6 +243,9 @@ impl Cli {
         };
         if let Command::Run {
             http,
+            http_max_connections_per_ip,
+            http_rate_limit,
+            http_rate_burst,
             listen,
             connect,
             addnode,
@@ -240,6 +258,9 @@ impl Cli {
             l.mempool_persist = mempool.no_persist_mempool.then_some(false);
             l.min_relay_feerate = mempool.min_relay_feerate;
             l.http = *http;
+            l.http_max_connections_per_ip = *http_max_connections_per_ip;
+            l.http_rate_limit = *http_rate_limit;
+            l.http_rate_burst = *http_rate_burst;
             l.listen = *listen;
             l.connect = (!connect.is_empty()).then(|| connect.clone());
             l.addnode = (!addnode.is_empty()).then(|| addnode.clone());
@@ -416,6 +437,8 @@ fn render(e: &anyhow::Error) -> String {
 }
 
 fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
+    // Before any store opens, as Core's init.cpp does.
+    let fd_limit = kakehi::fds::raise_limit(kakehi::fds::WANTED_FD_LIMIT);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -428,6 +451,13 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
     if config.datadir.exists() && !config.datadir.is_dir() {
         anyhow::bail!(
             "datadir {} exists but is not a directory",
+            config.datadir.display()
+        );
+    }
+    if matches!(command, Command::DumpUtxos { .. }) && !config.datadir.exists() {
+        // A dump reads a datadir; it must not create an empty one.
+        anyhow::bail!(
+            "datadir {} does not exist: nothing to dump (check --datadir and --network)",
             config.datadir.display()
         );
     }
@@ -472,7 +502,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             print_summary(&summary);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { import, .. } => run_node(&runtime, chain, import, &config, stop),
+        Command::Run { import, .. } => run_node(&runtime, chain, import, &config, stop, fd_limit),
         Command::DumpUtxos { output } => {
             let mut cs = chain.lock();
             match output {
@@ -521,6 +551,7 @@ fn run_node(
     import: Vec<PathBuf>,
     config: &Config,
     stop: Arc<AtomicBool>,
+    fd_limit: Option<kakehi::fds::FdLimit>,
 ) -> anyhow::Result<ExitCode> {
     if !import.is_empty() {
         let stop2 = stop.clone();
@@ -551,11 +582,38 @@ fn run_node(
     p2p_config.addnode = resolve(&config.p2p.addnode)?;
     p2p_config.dns_seeds = config.p2p.connect.is_empty();
     p2p_config.addr_file = Some(config.datadir.join("peers.json"));
+    let mut http_config = kakehi::http::HttpConfig {
+        max_connections_per_ip: config.http.max_connections_per_ip,
+        rate_limit_per_ip: (config.http.rate_limit_per_second > 0.0).then_some(
+            kakehi::http::RateLimit {
+                per_second: config.http.rate_limit_per_second,
+                burst: config.http.rate_limit_burst,
+            },
+        ),
+        ..kakehi::http::HttpConfig::default()
+    };
+    apply_fd_budget(fd_limit, &mut p2p_config, &mut http_config)?;
     let (p2p_stop_tx, p2p_stop_rx) = tokio::sync::watch::channel(false);
-    let (p2p, p2p_task) = {
+    let listen = p2p_config.listen;
+    let (p2p, mut p2p_task) = {
         let _guard = runtime.enter();
         kakehi::node::start_p2p(chain.clone(), p2p_config, p2p_stop_rx)
     };
+    if let Some(addr) = listen {
+        // A listen address that cannot be bound is an error at start, as
+        // the HTTP address's is (not a node that runs without P2P).
+        let bound = runtime.block_on(async {
+            tokio::select! {
+                a = p2p.local_addr() => Ok(a),
+                ended = &mut p2p_task => Err(ended),
+            }
+        });
+        match bound {
+            Ok(_) => {}
+            Err(Ok(Err(e))) => return Err(anyhow::Error::new(e).context(format!("P2P on {addr}"))),
+            Err(ended) => anyhow::bail!("P2P on {addr}: the P2P task ended at start: {ended:?}"),
+        }
+    }
 
     spawn_group_flusher(runtime, chain.clone(), stop.clone());
     let addr = config.http.address;
@@ -581,7 +639,7 @@ fn run_node(
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
             };
-            kakehi::http::serve(addr, state, shutdown).await
+            kakehi::http::serve_with(addr, state, http_config, shutdown).await
         })
         .with_context(|| format!("HTTP API on {addr}"))?;
     let _ = p2p_stop_tx.send(true);
@@ -636,6 +694,72 @@ fn start_mempool(
         .spawn_follower(stop)
         .context("starting the mempool's follower thread")?;
     Ok(mempool)
+}
+
+/// Shares the process's file descriptors between the stores (those open
+/// now, the chain state being open, and their headroom), P2P and HTTP
+/// (`kakehi::fds`), trims the connection caps to their shares, and logs the
+/// budget; warns when a cap was reduced, as Core does for
+/// `-maxconnections`.
+///
+/// # Errors
+/// The limit leaves too little beside the stores.
+fn apply_fd_budget(
+    limit: Option<kakehi::fds::FdLimit>,
+    p2p: &mut kakehi::p2p::P2pConfig,
+    http: &mut kakehi::http::HttpConfig,
+) -> anyhow::Result<()> {
+    use kakehi::fds::{FdBudget, FdWants};
+    let held = kakehi::fds::open_count().unwrap_or(0);
+    let wants = FdWants {
+        http_connections: http.max_connections,
+        p2p_total: p2p.max_total,
+        p2p_inbound: p2p.max_inbound,
+        p2p_outbound: p2p.max_outbound_full_relay,
+    };
+    let b = FdBudget::plan(limit.map(|l| l.now), held, wants)?;
+    http.max_connections = b.http_connections;
+    p2p.max_total = b.p2p_total;
+    p2p.max_inbound = b.p2p_inbound;
+    p2p.max_outbound_full_relay = b.p2p_outbound;
+    match limit {
+        Some(l) => tracing::info!(
+            limit = l.now,
+            raised_from = l.before,
+            reserved = b.reserved,
+            stores_open = held,
+            http_connections = b.http_connections,
+            p2p_peers = b.p2p_total,
+            p2p_inbound = b.p2p_inbound,
+            "file descriptors: limit {}, {} reserved for the stores and future servers, {} HTTP \
+             connections, {} P2P peers",
+            l.now,
+            b.reserved,
+            b.http_connections,
+            b.p2p_total
+        ),
+        None => tracing::info!(
+            http_connections = b.http_connections,
+            p2p_peers = b.p2p_total,
+            "file descriptors: limit unknown, the configured caps are kept"
+        ),
+    }
+    for (what, wanted, got) in [
+        (
+            "HTTP connections",
+            wants.http_connections,
+            b.http_connections,
+        ),
+        ("P2P peers", wants.p2p_total, b.p2p_total),
+    ] {
+        if got < wanted {
+            tracing::warn!(
+                "reducing the {what} from {wanted} to {got}, because of the open-files limit \
+                 (raise `ulimit -n`)"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The idle tick of group commit: a group of blocks connected while

@@ -266,6 +266,8 @@ fn unusable_datadir_is_a_clear_error() {
 fn the_index_databases_own_log_reaches_the_nodes_log() {
     let home = common::tempdir();
     let datadir = home.path().join("d");
+    // dump-utxos refuses a datadir that does not exist: an empty one.
+    std::fs::create_dir_all(&datadir).expect("datadir");
     let out = run(kakehi(home.path())
         .env("RUST_LOG", "info,sled=trace")
         .arg("--datadir")

@@ -69,11 +69,14 @@ impl Error {
     fn bad_request(m: impl Into<String>) -> Error {
         Error::new(StatusCode::BAD_REQUEST, m)
     }
-    fn internal(m: impl std::fmt::Display) -> Error {
-        tracing::error!("HTTP internal error: {m}");
+    /// A 500, "stored data damaged" or "internal error" (as the API's
+    /// other routes answer, `super::internal_message`).
+    fn internal(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+        let e = e.into();
+        tracing::error!("HTTP internal error: {e}");
         Error::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "internal error (see the node's log)",
+            super::internal_message(&*e),
         )
     }
     /// Maps snapshot read errors: request errors the archive reports are

@@ -74,13 +74,74 @@ impl ApiError {
     fn not_found(m: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, m)
     }
-    fn internal(m: impl std::fmt::Display) -> Self {
-        tracing::error!("HTTP internal error: {m}");
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal error (see the node's log)",
-        )
+    /// A 500: "stored data damaged" when `e` is stored data found damaged
+    /// ([`is_damage`]), else "internal error"; the body names no path, the
+    /// log has the whole error.
+    fn internal(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        let e = e.into();
+        tracing::error!("HTTP internal error: {e}");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, internal_message(&*e))
     }
+}
+
+/// The body of a 500 for `e`, without its paths: [`is_damage`] or not.
+fn internal_message(e: &(dyn std::error::Error + 'static)) -> &'static str {
+    if is_damage(e) {
+        "stored data damaged (see the node's log; docs/operations.md, \"Corruption\")"
+    } else {
+        "internal error (see the node's log)"
+    }
+}
+
+/// Whether `e`, or an error it wraps, is stored data that failed its checks
+/// (a flat-file record, an index row, a UTXO-table page, a run file, an
+/// archive file, a stored block or transaction that does not decode):
+/// damage the operator must repair, not a passing failure.
+fn is_damage(e: &(dyn std::error::Error + 'static)) -> bool {
+    use crate::archive::ArchiveError;
+    use crate::snapshot::ReadError;
+    use crate::sozu::SozuError;
+    use crate::store::runs::RunError;
+    use crate::store::{FlatFileError, StoreError};
+    let mut next = Some(e);
+    while let Some(e) = next {
+        // Transparent variants hand their own source on, not themselves:
+        // look through them by hand.
+        let found = match e.downcast_ref::<ReadError>() {
+            Some(ReadError::CorruptRecord { .. } | ReadError::CorruptSpent { .. }) => true,
+            Some(ReadError::Store(s)) => is_damage(s),
+            Some(ReadError::Flat(f)) => is_damage(f),
+            Some(ReadError::Sozu(t)) => is_damage(t),
+            Some(ReadError::Archive(a)) => is_damage(a),
+            Some(_) => false,
+            None => match e.downcast_ref::<StoreError>() {
+                Some(StoreError::Corrupt { .. }) => true,
+                Some(StoreError::Flat(f)) => is_damage(f),
+                Some(StoreError::Rows(r)) => is_damage(r),
+                Some(_) => false,
+                None => {
+                    matches!(
+                        e.downcast_ref::<FlatFileError>(),
+                        Some(FlatFileError::Corrupt { .. } | FlatFileError::Truncated { .. })
+                    ) || matches!(
+                        e.downcast_ref::<SozuError>(),
+                        Some(SozuError::Corrupt { .. })
+                    ) || matches!(e.downcast_ref::<RunError>(), Some(RunError::Corrupt { .. }))
+                        || matches!(
+                            e.downcast_ref::<ArchiveError>(),
+                            Some(ArchiveError::Corrupt { .. })
+                        )
+                        || e.downcast_ref::<bitcoin::consensus::encode::Error>()
+                            .is_some()
+                }
+            },
+        };
+        if found {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 impl IntoResponse for ApiError {
@@ -173,9 +234,11 @@ async fn block_at_height(
     State(s): State<AppState>,
     Path(height): Path<String>,
 ) -> ApiResult<Response> {
-    let height: u32 = height
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("invalid height {height:?}")))?;
+    // Digits only: `str::parse` would take "+5" for 5.
+    let height: u32 = Some(&height)
+        .filter(|h| h.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|h| h.parse().ok())
+        .ok_or_else(|| ApiError::bad_request(format!("invalid height {height:?}")))?;
     read(&s, move |cs| {
         cs.index()
             .active_at(height)

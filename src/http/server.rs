@@ -38,8 +38,14 @@ pub struct HttpConfig {
     /// than queued. Default 256.
     pub max_concurrent_requests: usize,
     /// Open connections; further connections wait in the kernel's accept
-    /// queue. Default 1,024.
+    /// queue. Default 1,024; the node trims it to its share of the
+    /// open-files limit ([`crate::fds::FdBudget`]).
     pub max_connections: usize,
+    /// Open connections from one client IP address (an IPv6 address counts
+    /// by its /64): a connection past it is closed at once. 0 (the
+    /// default) for no cap: behind a reverse proxy every client has the
+    /// proxy's address.
+    pub max_connections_per_ip: usize,
     /// Origins allowed to read responses from browsers (CORS): empty for
     /// no CORS headers, `"*"` for any origin. Default empty.
     pub cors_allowed_origins: Vec<String>,
@@ -77,18 +83,84 @@ impl tower_governor::key_extractor::KeyExtractor for ClientIp {
         &self,
         req: &axum::http::Request<T>,
     ) -> Result<Self::Key, tower_governor::GovernorError> {
-        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+        use std::net::{IpAddr, Ipv4Addr};
         let ip = req
             .extensions()
             .get::<axum::extract::ConnectInfo<SocketAddr>>()
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
-        Ok(match ip {
-            IpAddr::V6(v6) => {
-                let s = v6.segments();
-                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-            v4 => v4,
+        Ok(client_key(ip))
+    }
+}
+
+/// `ip` as clients are counted: an IPv6 address by its /64 network (one
+/// host usually holds a whole /64).
+fn client_key(ip: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv6Addr};
+    match ip {
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
+    }
+}
+
+/// Open connections per client ([`client_key`]), capped
+/// ([`HttpConfig::max_connections_per_ip`]; 0: no cap, nothing counted).
+#[derive(Clone)]
+struct PerIp {
+    cap: usize,
+    open: Arc<parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+/// One connection counted by [`PerIp`], uncounted when dropped.
+struct PerIpSlot {
+    ip: Option<std::net::IpAddr>,
+    open: Arc<parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+impl PerIp {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            open: Arc::default(),
+        }
+    }
+
+    /// Counts a connection from `ip`: `None` when `ip` is at the cap.
+    fn admit(&self, ip: std::net::IpAddr) -> Option<PerIpSlot> {
+        if self.cap == 0 {
+            return Some(PerIpSlot {
+                ip: None,
+                open: self.open.clone(),
+            });
+        }
+        let key = client_key(ip);
+        let mut open = self.open.lock();
+        let n = open.entry(key).or_insert(0);
+        if *n >= self.cap {
+            return None;
+        }
+        *n += 1;
+        Some(PerIpSlot {
+            ip: Some(key),
+            open: self.open.clone(),
         })
+    }
+}
+
+impl Drop for PerIpSlot {
+    fn drop(&mut self) {
+        let Some(ip) = self.ip else {
+            return;
+        };
+        let mut open = self.open.lock();
+        if let Some(n) = open.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&ip);
+            }
+        }
     }
 }
 
@@ -188,6 +260,7 @@ impl Default for HttpConfig {
             header_read_timeout: Duration::from_secs(5),
             max_concurrent_requests: 256,
             max_connections: 1024,
+            max_connections_per_ip: 0,
             cors_allowed_origins: Vec::new(),
             rate_limit_per_ip: None,
         }
@@ -271,6 +344,16 @@ pub(super) async fn json_errors(req: Request, next: Next) -> Response {
     out
 }
 
+/// Pause of the accept loop after a failed accept (a connection reset
+/// before it was accepted, and the like).
+const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
+/// Pause of the accept loop when the process is out of descriptors
+/// (`EMFILE`, `ENFILE`): the connections it has must end first.
+const ACCEPT_PAUSE_EXHAUSTED: Duration = Duration::from_millis(250);
+/// At most one "accept failed" line per this period (with the count of
+/// failures not logged).
+const ACCEPT_LOG_PERIOD: Duration = Duration::from_secs(10);
+
 /// Serves the API on `addr` with `config` until `shutdown` resolves.
 ///
 /// # Errors
@@ -302,6 +385,9 @@ pub async fn serve_listener(
     let app = router_with(state, &config);
     let conns = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut accept_log = crate::fds::LogThrottle::new(ACCEPT_LOG_PERIOD);
+    let mut per_ip_log = crate::fds::LogThrottle::new(ACCEPT_LOG_PERIOD);
+    let per_ip = PerIp::new(config.max_connections_per_ip);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -315,13 +401,25 @@ pub async fn serve_listener(
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "HTTP accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // Out of descriptors (EMFILE, ENFILE) is back-pressure:
+                    // stop accepting for a moment, and say so once per
+                    // ACCEPT_LOG_PERIOD rather than at every retry.
+                    if let Some(missed) = accept_log.hit() {
+                        tracing::warn!(error = %e, missed, "HTTP accept failed: pausing accepts");
+                    }
+                    let pause = if crate::fds::is_exhausted(&e) { ACCEPT_PAUSE_EXHAUSTED } else { ACCEPT_PAUSE };
+                    tokio::time::sleep(pause).await;
                     continue;
                 }
             },
             _ = &mut shutdown => break,
+        };
+        let Some(per_ip) = per_ip.admit(peer.ip()) else {
+            // Past the per-IP cap: closed at once (dropped).
+            if let Some(missed) = per_ip_log.hit() {
+                tracing::warn!(%peer, missed, cap = config.max_connections_per_ip, "HTTP connection refused: too many from this address");
+            }
+            continue;
         };
         let _ = stream.set_nodelay(true);
         // The client's address for the rate limiter (axum's `ConnectInfo`).
@@ -342,6 +440,7 @@ pub async fn serve_listener(
                 tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
             }
             drop(permit);
+            drop(per_ip);
         });
     }
     tokio::select! {

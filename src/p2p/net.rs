@@ -59,6 +59,7 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_save = Instant::now();
     let mut last_seed: Option<Instant> = None;
+    let mut accept_log = crate::fds::LogThrottle::new(Duration::from_secs(10));
     loop {
         if *shutdown.borrow() {
             break;
@@ -68,7 +69,11 @@ pub async fn run(
                 match accepted {
                     Ok((stream, addr)) => on_inbound(&net, &mut tasks, &shutdown, stream, addr),
                     Err(e) => {
-                        warn!(error = %e, "accept failed");
+                        // Out of descriptors is back-pressure: pause, and
+                        // log once per period, not at every retry.
+                        if let Some(missed) = accept_log.hit() {
+                            warn!(error = %e, missed, "accept failed: pausing accepts");
+                        }
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 }

@@ -126,12 +126,16 @@ impl FsStorage {
     /// The open handle of `name`; reads never create a missing file.
     fn file_opt(&mut self, name: &str, create: bool) -> io::Result<&mut File> {
         if !self.files.contains_key(name) {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(create)
-                .truncate(false)
-                .open(self.dir.join(name))?;
+            let path = self.dir.join(name);
+            // Out of descriptors is back-pressure, not a disk failure.
+            let f = crate::fds::retry_exhausted(&path, || {
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(create)
+                    .truncate(false)
+                    .open(&path)
+            })?;
             self.files.insert(name.to_string(), f);
         }
         self.files
@@ -223,7 +227,7 @@ impl Storage for FsStorage {
         std::fs::rename(self.dir.join(from), self.dir.join(to))
     }
     fn sync_dir(&mut self) -> io::Result<()> {
-        File::open(&self.dir)?.sync_all()
+        crate::fds::retry_exhausted(&self.dir, || File::open(&self.dir))?.sync_all()
     }
     fn path_of(&self, name: &str) -> PathBuf {
         self.dir.join(name)

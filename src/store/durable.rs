@@ -56,7 +56,7 @@ pub fn rename(from: &Path, to: &Path) -> io::Result<()> {
 /// The open or fsync error.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     fault::check(IoOp::Sync, dir)?;
-    File::open(dir)?.sync_all()
+    crate::fds::retry_exhausted(dir, || File::open(dir))?.sync_all()
 }
 
 /// Creates `dir` and its missing parents (nothing if it exists).

@@ -259,11 +259,11 @@ impl FlatFiles {
         }
         if self.writer.is_none() {
             let file = self.current.file;
-            let f = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.path(file))
-                .map_err(self.io(file))?;
+            let path = self.path(file);
+            let f = crate::fds::retry_exhausted(&path, || {
+                OpenOptions::new().create(true).append(true).open(&path)
+            })
+            .map_err(self.io(file))?;
             // Bytes past the position are a frame whose write failed.
             if f.metadata().map_err(self.io(file))?.len() > self.current.len {
                 f.set_len(self.current.len).map_err(self.io(file))?;
@@ -395,7 +395,9 @@ impl FlatReader {
             readers.insert(0, entry);
             return Ok(f);
         }
-        let f = Arc::new(File::open(self.path(file)).map_err(self.io(file))?);
+        let path = self.path(file);
+        let f = crate::fds::retry_exhausted(&path, || File::open(&path)).map_err(self.io(file))?;
+        let f = Arc::new(f);
         readers.insert(0, (file, f.clone()));
         readers.truncate(READ_HANDLES);
         Ok(f)
