@@ -395,9 +395,14 @@ impl FlatReader {
             readers.insert(0, entry);
             return Ok(f);
         }
+        // Opened without the lock: an open short of descriptors waits
+        // (`fds::retry_exhausted`), and reads of open files go on meanwhile.
+        drop(readers);
         let path = self.path(file);
         let f = crate::fds::retry_exhausted(&path, || File::open(&path)).map_err(self.io(file))?;
         let f = Arc::new(f);
+        let mut readers = self.handles.lock();
+        readers.retain(|(n, _)| *n != file);
         readers.insert(0, (file, f.clone()));
         readers.truncate(READ_HANDLES);
         Ok(f)
