@@ -72,6 +72,7 @@ mod load;
 mod open;
 mod rows;
 mod scripts;
+mod sealer;
 mod sealing;
 mod submit;
 use address_index::AddressIndexState;
@@ -303,8 +304,9 @@ pub struct Chainstate {
     refused_tips: HashSet<BlockId>,
     stats: PipelineStats,
     datadir: Arc<Path>,
-    /// Sealed epochs of spent outputs (`datadir/archive`).
-    archive: crate::archive::Archive,
+    /// Sealed epochs of spent outputs (`datadir/archive`) and the epoch
+    /// seal running in the background, if any (`sealer.rs`).
+    sealer: sealer::Sealer,
     /// Set when a block boundary failed half-way (storage error between
     /// the index commit and the table's): the in-memory state may be ahead
     /// of the disk, so every later write is refused until a restart, which
@@ -312,8 +314,6 @@ pub struct Chainstate {
     failed: Option<Arc<PipelineError>>,
     /// Where snapshots are published.
     published: Snapshots,
-    /// The epoch seal running in the background, if any (`sealing`).
-    sealing: Option<sealing::SealJob>,
     /// MuHash state of the UTXO set at the active tip (`utxo_hash`).
     muhash: Arc<MuHash3072>,
     /// Bounds of a group of blocks made durable together while catching
@@ -394,7 +394,7 @@ impl Chainstate {
             blocks: self.blocks.reader(),
             filters: self.filters.reader(),
             spent: self.spent.reader(),
-            archive: self.archive.clone(),
+            archive: self.sealer.archive().clone(),
             utxo: self.utxo.clone(),
             stats: self.stats.clone(),
             table_counters: self.table.sozu_counters(),

@@ -174,7 +174,7 @@ impl Chainstate {
         };
         let rows = super::rows::RowWriter::new(store.clone());
         let mut cs = Chainstate {
-            archive,
+            sealer: super::sealer::Sealer::new(archive),
             index,
             meta,
             store,
@@ -191,7 +191,6 @@ impl Chainstate {
             published: Snapshots::new(first),
             muhash: Arc::new(MuHash3072::new()),
             group_limits: GroupLimits::PER_BLOCK,
-            sealing: None,
             group: None,
             pending: WriteBatch::default(),
             rows,
