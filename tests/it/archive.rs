@@ -2,7 +2,7 @@
 //! feed built here from blocks.dat, expectations from spent.txt and
 //! utxos.txt (written by bcoin, not by us).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

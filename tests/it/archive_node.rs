@@ -8,7 +8,7 @@
 //! re-drive after losing the archive directory) keeps epochs and commitment;
 //! the HTTP routes over a real listener; the `proof verify` CLI function.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

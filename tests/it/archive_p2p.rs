@@ -17,7 +17,7 @@
 //!
 //! Every wait is bounded.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

@@ -19,7 +19,7 @@
 //! relative to best header" among them, is unit-tested in
 //! `src/chain/assumevalid.rs`.
 
-mod common;
+use crate::common;
 
 use bitcoin::{Amount, Block, Transaction, TxOut};
 use common::blockgen::{coinbase, mine, spend_p2wpkh, subsidy, Kind, Wallet};

@@ -3,7 +3,7 @@
 //! fixtures (a real reorg with real proof of work), and the typed errors of
 //! bad block files.
 
-mod common;
+use crate::common;
 
 use bitcoin::{BlockHash, Network};
 use common::{data, json, TestNode};

@@ -17,7 +17,7 @@
 //! the generator's bad flags. The chain is generated once per run into
 //! `target/tmp/chaingen-ci-seed1` (left there for inspection).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

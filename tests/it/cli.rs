@@ -6,7 +6,7 @@
 //! Data: testnet-data/regtest-a (bcoin) and testnet-data/mainnet-samples
 //! (btcd fixtures); see testnet-data/README.md.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -13,7 +13,7 @@
 //! panics, serves a wrong answer (a light client would silently miss its
 //! payments) or changes a block file.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -16,7 +16,7 @@
 //! from the last committed batch and ends equal to an index kept from the
 //! start.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

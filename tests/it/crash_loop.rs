@@ -22,7 +22,7 @@
 //! the counts by kind are printed. `KAKEHI_LONG=1`: 1,000. The seed is
 //! printed; `KAKEHI_SEED=<n>` replays it.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -10,7 +10,7 @@
 //! Needs root (it mounts a tmpfs); elsewhere it prints why and passes
 //! without checking anything.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

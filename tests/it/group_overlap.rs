@@ -16,7 +16,7 @@
 //! - the UTXO set (dump), the tip and the stored MuHash, after a restart,
 //!   are the per-block node's.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! goes on to regtest-a's reference state, and a damaged headers file is
 //! refused at open with an error naming it.
 
-mod common;
+use crate::common;
 
 use bitcoin::Network;
 use common::data;

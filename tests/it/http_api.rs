@@ -4,7 +4,7 @@
 //! filter routes must return `filters.json` exactly; bad input must get a
 //! JSON 4xx, never a 5xx.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

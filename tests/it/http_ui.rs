@@ -6,7 +6,7 @@
 //! listening and one inbound TCP peer. Expected values come from the test
 //! data (`chain.json`, `spent.txt`), never from kakehi.
 
-mod common;
+use crate::common;
 
 use std::io::BufRead;
 use std::net::SocketAddr;

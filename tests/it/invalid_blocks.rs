@@ -17,7 +17,7 @@
 //! activates (Core's regtest activates it at height 1, which makes
 //! duplicate transactions impossible).
 
-mod common;
+use crate::common;
 
 use std::ffi::OsString;
 use std::sync::Arc;

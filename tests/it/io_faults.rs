@@ -24,7 +24,7 @@
 //! `KAKEHI_LONG=1`: 8 points each (144). The seed is printed;
 //! `KAKEHI_SEED=<n>` replays it.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;

@@ -16,7 +16,7 @@
 //!   sibling, submitted instead, is connected;
 //! - the UTXO set (dump), tip and kept MuHash end equal to the other node's.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -16,7 +16,7 @@
 //! - and its caches hold no more than their budgets
 //!   (`ChainSnapshot::memory_use`).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -10,7 +10,7 @@
 //!   rebuilds it from the UTXO table when the stored state is missing (a
 //!   datadir from before MuHash was kept).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::sync::Arc;

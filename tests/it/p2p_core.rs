@@ -37,7 +37,7 @@
 //! bounded (`SCRIPT_TIMEOUT`). Needs Python 3 and, the first time, PyPI
 //! (see `tests/common/python.rs`).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;

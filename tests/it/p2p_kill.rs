@@ -23,7 +23,7 @@
 //! The kill moments come from a seed printed by the test; set
 //! `KAKEHI_KILL_SEED=<n>` to replay a run. Every wait is bounded.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -5,7 +5,7 @@
 //! reaches, answering each of the node's `getheaders`. A test binary of its
 //! own, so that the process's memory is this node's alone.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! blocks received one behind the other are validated ahead.
 //! Every wait is bounded (`SYNC_TIMEOUT`).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;

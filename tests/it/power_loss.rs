@@ -19,7 +19,7 @@
 //! uninterrupted import's tip, MuHash, filter header and archive
 //! commitment. CI: 8 cuts; `KAKEHI_LONG=1`: 60. The seed is printed.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
@@ -150,8 +150,7 @@ fn power_cut_keeps_every_published_block() {
     eprintln!("{cuts} power cuts, each recovered (seed {})", suite.seed);
 }
 
-#[path = "common/lazyfs.rs"]
-mod lazyfs;
+use crate::lazyfs;
 
 /// One power cut on the lazy file system: an import into a datadir on the
 /// mount, stopped by a fault at `op` number `after` (`None`: not stopped,

@@ -3,7 +3,7 @@
 //! 2.2.0): tip, reorgs, BIP-158 filters of active and stale blocks, the UTXO
 //! set byte for byte, and its summary.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;

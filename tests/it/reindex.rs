@@ -9,7 +9,7 @@
 //! Data: testnet-data/format3-datadir (see its README.md: the first 250
 //! blocks of regtest-a imported by the release at commit 1a242f1).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

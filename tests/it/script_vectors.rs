@@ -13,7 +13,7 @@
 //! engine's older error is accepted and counted; the verdict must still be
 //! the same.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -23,7 +23,7 @@
 //! valid block goes to both (or, if the mutation was valid for both, the
 //! chain goes on from it). 50 mutations in CI, 2,000 with `KAKEHI_LONG=1`.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

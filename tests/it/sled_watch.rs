@@ -6,7 +6,7 @@
 //!
 //! One test in its own process: the watch is process-wide.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::AtomicBool;
 

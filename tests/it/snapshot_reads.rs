@@ -12,7 +12,7 @@
 //!   far beyond N and through the chain's reorgs, while a fresh snapshot
 //!   sees the new tip.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;

@@ -12,7 +12,7 @@
 //!   header field out of range under a valid checksum, damaged journal
 //!   record → typed error, and opening wrote nothing.
 
-mod sozu_common;
+use crate::sozu_common;
 
 use std::io::Read;
 use std::process::{Command, Stdio};

@@ -5,7 +5,7 @@
 //!
 //! `KAKEHI_LONG=1` runs 64 cases instead of 6.
 
-mod sozu_common;
+use crate::sozu_common;
 
 use std::collections::HashSet;
 

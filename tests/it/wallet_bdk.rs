@@ -18,7 +18,7 @@
 //! kakehi. No output of regtest-a pays these keys (they come from a seed
 //! made up here), so the test's own blocks are the whole truth.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 
