@@ -236,6 +236,46 @@ pub fn init_test_log() {
     }
 }
 
+/// Whether the calling test runs here: `false` in the integration-test
+/// process, after running it in a child process of this binary, alone;
+/// `true` in that child, where the caller then runs its body.
+///
+/// libtest runs every test of a binary in one process, on its threads. A
+/// test that needs the process to itself (process-wide state, such as
+/// sled's log watch, or the process's own memory figures) calls this
+/// first: `if !common::alone(module_path!(), "the_test_fn") { return; }`.
+/// `module` is the caller's `module_path!()`, `test` its function name.
+/// The child's output is printed (libtest captures it as the test's own).
+///
+/// Panics if the child cannot run, fails, or does not run exactly that
+/// one test (a wrong name would otherwise pass by running nothing).
+pub fn alone(module: &str, test: &str) -> bool {
+    const VAR: &str = "KAKEHI_TEST_ALONE";
+    // libtest names a test by its path without the crate's name.
+    let name = match module.split_once("::") {
+        Some((_, rest)) => format!("{rest}::{test}"),
+        None => test.to_owned(),
+    };
+    if std::env::var(VAR).is_ok_and(|v| v == name) {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args([name.as_str(), "--exact", "--include-ignored", "--test-threads=1"])
+        .arg("--nocapture")
+        .env(VAR, &name)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {name} in a process of its own: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "{name}, alone in a process of its own: {}",
+        out.status
+    );
+    false
+}
+
 /// A small deterministic PRNG (xorshift64*), so a failing randomised run can
 /// be replayed from the seed it prints.
 pub struct Rng(pub u64);

@@ -125,9 +125,6 @@ fn one_case(
     format!("{case}: failed at {shown}, published {published}, reopened {reopened}")
 }
 
-/// The seam is one per process: the tests of this file take turns.
-static SEAM: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
-
 /// Fault cases per (place, fault) pair: 1 in CI, 8 with `KAKEHI_LONG=1`.
 fn rounds() -> u64 {
     if std::env::var_os("KAKEHI_LONG").is_some() {
@@ -139,7 +136,7 @@ fn rounds() -> u64 {
 
 #[test]
 fn io_faults_stop_writes_name_the_file_and_lose_nothing_committed() {
-    let _seam = SEAM.lock();
+    let _seam = common::faults::SEAM.lock();
     let rounds = rounds();
     let mut suite = Suite::new("io fault");
     let reference = &suite.reference;
@@ -311,7 +308,7 @@ fn node_goes_on_after_a_failed_book_save() -> String {
 /// node goes on. Every write and sync of a save, each fault.
 #[test]
 fn address_book_faults_keep_the_old_book_and_the_node_goes_on() {
-    let _seam = SEAM.lock();
+    let _seam = common::faults::SEAM.lock();
     let mut cases = 0;
     for fault in FAULTS {
         for after in 0.. {
@@ -479,7 +476,7 @@ fn errno_message(errno: i32) -> &'static str {
 /// files, its completion marker, its directories, swap and syncs.
 #[test]
 fn reindex_faults_stop_it_naming_the_path_and_lose_nothing() {
-    let _seam = SEAM.lock();
+    let _seam = common::faults::SEAM.lock();
     let mut rng = common::Rng::from_env_or_clock("reindex fault");
     let seed = rng.0;
     let scratch = common::tempdir();
@@ -669,7 +666,7 @@ fn headers_case(
 
 #[test]
 fn header_file_faults_stop_the_sync_and_lose_no_published_header() {
-    let _seam = SEAM.lock();
+    let _seam = common::faults::SEAM.lock();
     let mut rng = common::Rng::from_env_or_clock("headers fault");
     let headers: Vec<bitcoin::block::Header> = kakehi::import::read_file(
         &common::data("regtest-a/blocks.dat"),

@@ -19,7 +19,8 @@
 //! file of it at its next fsync.
 //!
 //! Mounting needs `/dev/fuse` and the right to mount (root here); without
-//! them [`LazyFs::mount`] says why and the caller skips.
+//! them [`LazyFs::mount`] says why and the caller fails (its tests are
+//! `#[ignore]`d: they run where the machine allows, README.md's "Tests").
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};

@@ -2,8 +2,9 @@
 //! Bitcoin Core's `headerssync.cpp`): `tests/python/p2p_core.py lowwork`
 //! (Core's test framework, PyPI `verystable`) feeds them to an empty
 //! regtest node whose minimum chainwork no regtest chain of that length
-//! reaches, answering each of the node's `getheaders`. A test binary of its
-//! own, so that the process's memory is this node's alone.
+//! reaches, answering each of the node's `getheaders`. The test runs in a
+//! process of its own ([`common::alone`]), so that the process's memory is
+//! this node's alone.
 
 use crate::common;
 
@@ -59,6 +60,9 @@ fn dir_bytes(dir: &Path) -> u64 {
 /// throughout.
 #[test]
 fn low_work_headers_are_followed_not_stored() {
+    if !common::alone(module_path!(), "low_work_headers_are_followed_not_stored") {
+        return;
+    }
     let python = common::python::venv_python();
     let dir = common::tempdir();
     let datadir = DataDir::open(dir.path()).expect("datadir");

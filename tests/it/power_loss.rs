@@ -11,7 +11,7 @@
 //! unrenamed temporary files dropped, the index database and the UTXO table as they
 //! are on disk at that moment (sled's buffered writes and its pending flush
 //! are not in the copy; their own crash safety is sled's and
-//! `tests/sozu_crash.rs`'s).
+//! `tests/it/sozu_crash.rs`'s).
 //!
 //! The copy must open at a tip at or above every tip published before the
 //! cut (no block reported committed is lost), with a kept MuHash equal to
@@ -25,9 +25,6 @@ use std::path::Path;
 
 use common::faults::{self, check_recovery, EndState, FaultedImport, Suite};
 use kakehi::store::fault::{FaultPlan, IoOp};
-
-/// The storage seam is one per process: the two tests take turns.
-static SEAM: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 /// Flat-file directories: append-only, so a power cut keeps a prefix.
 const FLAT_DIRS: [&str; 4] = ["blocks", "filters", "spent", "headers"];
@@ -140,7 +137,7 @@ fn random_cut(suite: &mut Suite, i: usize) -> (IoOp, u64) {
 
 #[test]
 fn power_cut_keeps_every_published_block() {
-    let _seam = SEAM.lock();
+    let _seam = faults::SEAM.lock();
     let cuts = cut_count(8, 60);
     let mut suite = Suite::new("power loss");
     for i in 0..cuts {
@@ -191,15 +188,15 @@ fn lazy_cut(
 }
 
 /// A lazy file system mounted on a fresh directory (kept as long as the
-/// returned one), or `None`, saying why, where FUSE cannot be mounted.
-fn mount_lazy() -> Option<(tempfile::TempDir, lazyfs::Mounted)> {
+/// returned one).
+///
+/// Panics, saying why, where FUSE cannot be mounted (not root, no
+/// `/dev/fuse`).
+fn mount_lazy() -> (tempfile::TempDir, lazyfs::Mounted) {
     let at = common::tempdir();
     match lazyfs::LazyFs::mount(&at.path().canonicalize().unwrap()) {
-        Ok(m) => Some((at, m)),
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            None
-        }
+        Ok(m) => (at, m),
+        Err(why) => panic!("cannot mount the lazy file system here: {why}"),
     }
 }
 
@@ -208,14 +205,13 @@ fn mount_lazy() -> Option<(tempfile::TempDir, lazyfs::Mounted)> {
 /// the UTXO table's pages lose what their last fsync did not cover. The
 /// first cut comes right after a whole import returned (every block
 /// published); the others at a random write or sync of the seam. CI: 3
-/// cuts; `KAKEHI_LONG=1`: 20. Skipped, with the reason, where a FUSE file
-/// system cannot be mounted (not root, no `/dev/fuse`).
+/// cuts; `KAKEHI_LONG=1`: 20. Needs root and `/dev/fuse` (ignored
+/// unless asked for: README.md, "Tests").
 #[test]
+#[ignore = "needs root and /dev/fuse: mounts a FUSE file system"]
 fn power_cut_under_sled_and_the_utxo_table_keeps_every_published_block() {
-    let _seam = SEAM.lock();
-    let Some((at, mounted)) = mount_lazy() else {
-        return;
-    };
+    let _seam = faults::SEAM.lock();
+    let (at, mounted) = mount_lazy();
     let mount = at.path().canonicalize().unwrap();
     let cuts = cut_count(3, 20);
     let mut suite = Suite::new("lazy power loss");
@@ -236,13 +232,13 @@ fn power_cut_under_sled_and_the_utxo_table_keeps_every_published_block() {
 /// at its next fsync, as Linux does), between two imports: the second
 /// stops at its first index commit naming `index/db`, nothing published is
 /// lost after a power cut, and the import resumes to the reference. Without the commit's own fsync
-/// of sled's file the commits would go on over the lost pages.
+/// of sled's file the commits would go on over the lost pages. Needs root
+/// and `/dev/fuse` (ignored unless asked for: README.md, "Tests").
 #[test]
+#[ignore = "needs root and /dev/fuse: mounts a FUSE file system"]
 fn a_failed_fsync_in_sleds_flusher_stops_the_writes_and_loses_nothing_published() {
-    let _seam = SEAM.lock();
-    let Some((at, mounted)) = mount_lazy() else {
-        return;
-    };
+    let _seam = faults::SEAM.lock();
+    let (at, mounted) = mount_lazy();
     let mount = at.path().canonicalize().unwrap();
     let suite = Suite::new("sled flusher fault");
     let dir = tempfile::tempdir_in(&mount).unwrap();

@@ -4,7 +4,9 @@
 //! record stops the node's writes: the next commit fails naming the index
 //! database and sled's message, and the published tip does not move.
 //!
-//! One test in its own process: the watch is process-wide.
+//! The watch is process-wide: the test runs in a process of its own
+//! ([`common::alone`]), so that the failure it plants stops no other
+//! test's writes.
 
 use crate::common;
 
@@ -23,6 +25,9 @@ const SLED_FSYNC_FAILED: &str =
 
 #[test]
 fn a_failed_background_fsync_of_sled_stops_the_writes() {
+    if !common::alone(module_path!(), "a_failed_background_fsync_of_sled_stops_the_writes") {
+        return;
+    }
     tracing_subscriber::registry()
         .with(sled_watch::layer())
         .init();

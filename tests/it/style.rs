@@ -1,7 +1,7 @@
 //! The source is formatted as `cargo fmt` formats it (rustfmt's defaults;
 //! no `rustfmt.toml`), so a change that lands unformatted fails CI instead
-//! of reaching the next diff. Skipped, with a message, on a toolchain
-//! without rustfmt. And the fuzz workspace's lock file (`fuzz/`, a
+//! of reaching the next diff (a toolchain without rustfmt fails it, saying
+//! how to add it). And the fuzz workspace's lock file (`fuzz/`, a
 //! workspace of its own that depends on this crate) follows this crate's
 //! dependencies, so `cargo fuzz run` works on a fresh clone.
 
@@ -16,10 +16,10 @@ fn sources_are_formatted_as_cargo_fmt_formats_them() {
         .current_dir(root)
         .output()
         .is_ok_and(|o| o.status.success());
-    if !has_rustfmt {
-        eprintln!("skipped: this toolchain has no rustfmt (`rustup component add rustfmt`)");
-        return;
-    }
+    assert!(
+        has_rustfmt,
+        "this toolchain has no rustfmt: `rustup component add rustfmt`"
+    );
     let out = Command::new(&cargo)
         .args(["fmt", "--all", "--", "--check"])
         .current_dir(root)
