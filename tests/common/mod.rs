@@ -236,6 +236,16 @@ pub fn init_test_log() {
     }
 }
 
+/// libtest's name of the test function `test` of `module` (a
+/// `module_path!()`): its path without the crate's name, what a child
+/// process of the test binary is given with `--exact`.
+pub fn test_name(module: &str, test: &str) -> String {
+    match module.split_once("::") {
+        Some((_, rest)) => format!("{rest}::{test}"),
+        None => test.to_owned(),
+    }
+}
+
 /// Whether the calling test runs here: `false` in the integration-test
 /// process, after running it in a child process of this binary, alone;
 /// `true` in that child, where the caller then runs its body.
@@ -251,11 +261,7 @@ pub fn init_test_log() {
 /// one test (a wrong name would otherwise pass by running nothing).
 pub fn alone(module: &str, test: &str) -> bool {
     const VAR: &str = "KAKEHI_TEST_ALONE";
-    // libtest names a test by its path without the crate's name.
-    let name = match module.split_once("::") {
-        Some((_, rest)) => format!("{rest}::{test}"),
-        None => test.to_owned(),
-    };
+    let name = test_name(module, test);
     if std::env::var(VAR).is_ok_and(|v| v == name) {
         return true;
     }

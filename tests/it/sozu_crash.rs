@@ -514,11 +514,11 @@ fn kill_config() -> SozuConfig {
 }
 
 /// The child: continues the workload from the committed block, forever.
+/// Run only by [`kill_minus_9`], in the processes it kills.
 #[test]
+#[ignore = "the child process of kill_minus_9, which runs it"]
 fn kill_child() {
-    let Ok(spec) = std::env::var(KILL_ENV) else {
-        return;
-    };
+    let spec = std::env::var(KILL_ENV).expect("run by kill_minus_9 only");
     let (dir, seed) = spec.split_once(',').expect("dir,seed");
     let seed: u64 = seed.parse().expect("seed");
     let mut t = SozuTable::open(std::path::Path::new(dir), kill_config()).expect("child open");
@@ -552,7 +552,13 @@ fn kill_minus_9() {
     let mut disk_only = 0u32;
     for round in 0..kills {
         let mut child = Command::new(&exe)
-            .args(["--exact", "kill_child", "--nocapture", "--test-threads=1"])
+            .arg(crate::common::test_name(module_path!(), "kill_child"))
+            .args([
+                "--exact",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(KILL_ENV, format!("{},{seed}", dir.path().display()))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
