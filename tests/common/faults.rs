@@ -221,7 +221,7 @@ impl Suite {
     /// Sets the suite up; `what` names its seed in the log.
     pub fn new(what: &str) -> Self {
         let rng = super::Rng::from_env_or_clock(what);
-        let seed = rng.0;
+        let seed = rng.seed();
         let scratch = super::tempdir();
         let blocks = super::regtest_a_prefix(scratch.path(), BLOCKS);
         let dir = super::tempdir();

@@ -9,6 +9,9 @@ pub mod core_versions;
 pub mod faults;
 pub mod feed;
 pub mod python;
+pub mod rng;
+
+pub use rng::Rng;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -267,7 +270,12 @@ pub fn alone(module: &str, test: &str) -> bool {
     }
     let exe = std::env::current_exe().expect("the test binary's path");
     let out = std::process::Command::new(exe)
-        .args([name.as_str(), "--exact", "--include-ignored", "--test-threads=1"])
+        .args([
+            name.as_str(),
+            "--exact",
+            "--include-ignored",
+            "--test-threads=1",
+        ])
         .arg("--nocapture")
         .env(VAR, &name)
         .output()
@@ -280,41 +288,6 @@ pub fn alone(module: &str, test: &str) -> bool {
         out.status
     );
     false
-}
-
-/// A small deterministic PRNG (xorshift64*), so a failing randomised run can
-/// be replayed from the seed it prints.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// Seeded from `KAKEHI_SEED` when set, else from the clock; prints the
-    /// seed under `what`.
-    pub fn from_env_or_clock(what: &str) -> Self {
-        let seed = std::env::var("KAKEHI_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64)
-            })
-            | 1;
-        eprintln!("{what} seed {seed} (KAKEHI_SEED={seed} replays it)");
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in `lo..hi` milliseconds (`hi > lo`).
-    pub fn millis(&mut self, lo: u64, hi: u64) -> std::time::Duration {
-        std::time::Duration::from_millis(lo + self.next() % (hi - lo))
-    }
 }
 
 /// The first `blocks` records of regtest-a's `blocks.dat` (blk framing:

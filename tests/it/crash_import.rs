@@ -57,18 +57,6 @@ fn kakehi(datadir: &std::path::Path) -> Command {
     c
 }
 
-/// A small deterministic PRNG (xorshift64*), so a failing run can be replayed
-/// from the seed it prints.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
 #[test]
 fn kill_9_during_import_then_resume_reaches_the_reference_state() {
     let kills: usize = if std::env::var_os("KAKEHI_LONG").is_some() {
@@ -76,13 +64,8 @@ fn kill_9_during_import_then_resume_reaches_the_reference_state() {
     } else {
         20
     };
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
-    eprintln!("crash test seed {seed}");
-    let mut rng = Rng(seed);
+    let mut rng = common::Rng::from_env_or_clock("crash test");
+    let seed = rng.seed();
     let dir = common::tempdir();
     let blocks = data("regtest-a/blocks.dat");
 
@@ -185,7 +168,7 @@ fn kill_9_during_import_then_resume_reaches_the_reference_state() {
         reference["txouts"].as_u64().unwrap()
     );
     // MuHash kept through every kill and restart = Core's Python MuHash of
-    // utxos.txt (tests/python/muhash_utxos.py; tests/muhash.rs checks it live).
+    // utxos.txt (tests/python/muhash_utxos.py; tests/it/muhash.rs checks it live).
     assert_eq!(
         cs.utxo_stats().muhash,
         "7621cdc59b72640b7aa9d97d201aacf13027922448df03c13471c64abafe26d0",

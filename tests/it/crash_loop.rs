@@ -371,7 +371,7 @@ fn kill_9_loop_across_import_p2p_sync_and_reorgs_matches_an_uninterrupted_run() 
     };
     let started = Instant::now();
     let mut rng = Rng::from_env_or_clock("crash loop");
-    let seed = rng.0;
+    let seed = rng.seed();
     let scratch = common::tempdir();
     let mut jobs: Vec<Job> = regtest_a_jobs(scratch.path()).into();
 

@@ -478,7 +478,7 @@ fn errno_message(errno: i32) -> &'static str {
 fn reindex_faults_stop_it_naming_the_path_and_lose_nothing() {
     let _seam = common::faults::SEAM.lock();
     let mut rng = common::Rng::from_env_or_clock("reindex fault");
-    let seed = rng.0;
+    let seed = rng.seed();
     let scratch = common::tempdir();
     let base = scratch.path().canonicalize().unwrap();
     let blocks = common::regtest_a_prefix(&base, BLOCKS);

@@ -21,7 +21,7 @@
 //! the archive commitment.
 //!
 //! The kill moments come from a seed printed by the test; set
-//! `KAKEHI_KILL_SEED=<n>` to replay a run. Every wait is bounded.
+//! `KAKEHI_SEED=<n>` to replay a run. Every wait is bounded.
 
 use crate::common;
 
@@ -246,16 +246,7 @@ fn wait_for(b: &mut Child, http: u16, tip: &(u64, String), log: &Path) {
 fn kill_9_during_sync_resumes_to_the_same_state() {
     let long = std::env::var_os("KAKEHI_LONG").is_some();
     let kills = if long { 40 } else { 10 };
-    let seed = std::env::var("KAKEHI_KILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            let mut b = [0u8; 8];
-            getrandom::getrandom(&mut b).expect("os random");
-            u64::from_le_bytes(b) | 1
-        });
-    eprintln!("kill moments from KAKEHI_KILL_SEED={seed}");
-    let rng = Rng(seed);
+    let rng = Rng::from_env_or_clock("kill moments");
 
     // A: regtest-a up to the block before the 12-deep reorg, serving on
     // loopback.

@@ -9,37 +9,8 @@ use bitcoin::{Amount, OutPoint, Txid};
 use kakehi::sozu::model::ModelTable;
 use kakehi::sozu::*;
 
-/// A tiny xorshift RNG (deterministic, no dependency).
-#[derive(Clone, Debug)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03 | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-    pub fn bytes32(&mut self) -> [u8; 32] {
-        let mut b = [0u8; 32];
-        for c in b.chunks_mut(8) {
-            c.copy_from_slice(&self.next().to_le_bytes());
-        }
-        b
-    }
-}
+/// The tests' seeded generator.
+pub use crate::common::Rng;
 
 /// A block tree: ids are indices; block 0 is genesis.
 #[derive(Clone, Debug, Default)]

@@ -688,21 +688,6 @@ fn whole_chain_replays_to_bcoins_utxo_set_and_filters() {
     );
 }
 
-/// xorshift64*: a small deterministic generator for the mutation test.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 /// Random edits of real blocks (values, sequences, lock times, versions,
 /// duplicated/removed/swapped transactions, witnesses, coinbase scripts,
 /// prevouts), with the commitments usually recomputed so the edits reach
@@ -726,7 +711,7 @@ fn random_edits_of_real_blocks_never_panic_and_conserve_value() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_500);
-    let mut rng = Rng(0x6b61_6b65_6869_0001);
+    let mut rng = crate::common::Rng::new(0x6b61_6b65_6869_0001);
     let (mut accepted, mut reasons) = (0usize, HashMap::<&'static str, usize>::new());
     for _ in 0..iterations {
         let mut block = bases[rng.below(bases.len())].clone();
