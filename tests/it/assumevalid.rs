@@ -15,7 +15,7 @@
 //!   accepted with its scripts verified.
 //!
 //! With assumevalid off (regtest's default), case 16 is rejected
-//! (`tests/backbone.rs`); each of Core's conditions alone, "block too recent
+//! (`tests/it/backbone.rs`); each of Core's conditions alone, "block too recent
 //! relative to best header" among them, is unit-tested in
 //! `src/chain/assumevalid.rs`.
 

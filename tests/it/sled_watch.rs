@@ -25,7 +25,10 @@ const SLED_FSYNC_FAILED: &str =
 
 #[test]
 fn a_failed_background_fsync_of_sled_stops_the_writes() {
-    if !common::alone(module_path!(), "a_failed_background_fsync_of_sled_stops_the_writes") {
+    if !common::alone(
+        module_path!(),
+        "a_failed_background_fsync_of_sled_stops_the_writes",
+    ) {
         return;
     }
     tracing_subscriber::registry()
