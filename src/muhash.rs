@@ -24,7 +24,8 @@
 //! multiplication and a fold, as Core's `Num3072::Multiply`; results may
 //! stay in `[p, 2^3072)` until [`MuHash3072::to_bytes`] or the digest
 //! reduce them fully), the one inversion of a digest in Montgomery form.
-//! The keystream is the `chacha20` crate's. Cost, test profile, one core:
+//! The keystream is the `chacha20` crate's. Cost (`cargo bench --bench
+//! muhash`), test profile, one core:
 //! about 3.6 µs per element (0.6 µs of it SHA-256 and ChaCha20, 3.0 µs
 //! the product), against 8.5 µs with a Montgomery conversion and product
 //! per element; a digest (one inversion) about 0.4 ms.
@@ -389,56 +390,5 @@ mod tests {
         want.extend_from_slice(&5_000_000_000u64.to_le_bytes());
         want.extend_from_slice(&[1, 0x51]);
         assert_eq!(b, want);
-    }
-}
-
-#[cfg(test)]
-mod timing {
-    use super::*;
-
-    /// Cost of one insertion and of its parts (`cargo test --lib
-    /// muhash::timing -- --ignored --nocapture`).
-    #[test]
-    #[ignore]
-    fn per_element() {
-        let n = 20_000u32;
-        let data: Vec<[u8; 60]> = (0..n)
-            .map(|i| {
-                let mut d = [7u8; 60];
-                d[..4].copy_from_slice(&i.to_le_bytes());
-                d
-            })
-            .collect();
-        let t = std::time::Instant::now();
-        let mut acc = MuHash3072::new();
-        for d in &data {
-            acc.insert(d);
-        }
-        let all = t.elapsed() / n;
-        let t = std::time::Instant::now();
-        let mut keys = 0u8;
-        for d in &data {
-            let key = sha256::Hash::hash(d).to_byte_array();
-            let mut bytes = [0u8; NUM_BYTES];
-            let mut cipher = ChaCha20::new(&key.into(), &[0u8; 12].into());
-            cipher.apply_keystream(&mut bytes);
-            keys ^= bytes[0];
-        }
-        let hashing = t.elapsed() / n;
-        let x = to_num(b"x");
-        let t = std::time::Instant::now();
-        let mut y = x;
-        for _ in 0..n {
-            y = mul(&y, &x);
-        }
-        let product = t.elapsed() / n;
-        let t = std::time::Instant::now();
-        let digest = acc.finalize();
-        let fin = t.elapsed();
-        eprintln!(
-            "insert {all:?}, sha256+chacha20 {hashing:?}, one product {product:?}, digest {fin:?} ({keys}{}{})",
-            y == x,
-            digest[0]
-        );
     }
 }

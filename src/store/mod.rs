@@ -246,7 +246,7 @@ impl Store {
     /// operations writes out the file's metadata … there are no guarantees
     /// that the data will be available after a crash", the man page), and
     /// fsyncs only from its flusher thread, every 500 ms. Without this a
-    /// power cut lost index commits reported durable (`tests/power_loss.rs`,
+    /// power cut lost index commits reported durable (`tests/it/power_loss.rs`,
     /// the lazy file system: the index at height 336 under a UTXO table at
     /// 400).
     fn sync_db_file(&self) -> Result<(), StoreError> {
@@ -528,7 +528,7 @@ mod tests {
     /// then reads it as the newest snapshot (its listing keeps
     /// `.generating` files, and that name sorts after `snap.<lsn>`) and
     /// refuses the database ("Read corrupted data at file offset None",
-    /// spacejam/sled#1527; seen once in `tests/crash_loop.rs`). The store
+    /// spacejam/sled#1527; seen once in `tests/it/crash_loop.rs`). The store
     /// opens it, with the rows committed before.
     #[test]
     fn a_snapshot_torn_by_a_kill_during_open_is_not_read() {

@@ -40,7 +40,7 @@
 //! - Coin heights come from the caller (the Sozu payload's creation height
 //!   on the block's branch); maturity and BIP68 trust them.
 //!
-//! Evidence: `tests/validation_regtest.rs` replays all 1,529 blocks of
+//! Evidence: `tests/it/validation_regtest.rs` replays all 1,529 blocks of
 //! regtest-a (bcoin) without a false rejection, ends on bcoin's exact UTXO
 //! set and filters, and rejects its 19 invalid blocks with bcoin's reasons.
 //!

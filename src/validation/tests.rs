@@ -1,5 +1,5 @@
 //! Unit tests per rule, with small constructed blocks, for the rules the
-//! real regtest-a data has no case for (tests/validation_regtest.rs covers
+//! real regtest-a data has no case for (tests/it/validation_regtest.rs covers
 //! the 19 real invalid blocks and the whole real chain).
 
 use super::*;

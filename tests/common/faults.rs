@@ -18,6 +18,13 @@ use kakehi::store::Budgets;
 use parking_lot::Mutex;
 use tempfile::TempDir;
 
+/// The storage fault seam ([`kakehi::store::fault`]) is one per process,
+/// and all the integration tests share one: a test that arms it holds
+/// this lock from before its first [`fault::arm`] (its [`Suite::new`]
+/// included) until its last [`fault::disarm`], so the tests of
+/// `io_faults` and `power_loss` take turns.
+pub static SEAM: Mutex<()> = Mutex::new(());
+
 /// Groups of 100 blocks, whatever the time (the node's default also ends
 /// a group after 1 s, which would make the number of syncs vary).
 pub const LIMITS: GroupLimits = GroupLimits {
@@ -214,7 +221,7 @@ impl Suite {
     /// Sets the suite up; `what` names its seed in the log.
     pub fn new(what: &str) -> Self {
         let rng = super::Rng::from_env_or_clock(what);
-        let seed = rng.0;
+        let seed = rng.seed();
         let scratch = super::tempdir();
         let blocks = super::regtest_a_prefix(scratch.path(), BLOCKS);
         let dir = super::tempdir();

@@ -9,6 +9,9 @@ pub mod core_versions;
 pub mod faults;
 pub mod feed;
 pub mod python;
+pub mod rng;
+
+pub use rng::Rng;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -236,39 +239,55 @@ pub fn init_test_log() {
     }
 }
 
-/// A small deterministic PRNG (xorshift64*), so a failing randomised run can
-/// be replayed from the seed it prints.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// Seeded from `KAKEHI_SEED` when set, else from the clock; prints the
-    /// seed under `what`.
-    pub fn from_env_or_clock(what: &str) -> Self {
-        let seed = std::env::var("KAKEHI_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64)
-            })
-            | 1;
-        eprintln!("{what} seed {seed} (KAKEHI_SEED={seed} replays it)");
-        Rng(seed)
+/// libtest's name of the test function `test` of `module` (a
+/// `module_path!()`): its path without the crate's name, what a child
+/// process of the test binary is given with `--exact`.
+pub fn test_name(module: &str, test: &str) -> String {
+    match module.split_once("::") {
+        Some((_, rest)) => format!("{rest}::{test}"),
+        None => test.to_owned(),
     }
+}
 
-    /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+/// Whether the calling test runs here: `false` in the integration-test
+/// process, after running it in a child process of this binary, alone;
+/// `true` in that child, where the caller then runs its body.
+///
+/// libtest runs every test of a binary in one process, on its threads. A
+/// test that needs the process to itself (process-wide state, such as
+/// sled's log watch, or the process's own memory figures) calls this
+/// first: `if !common::alone(module_path!(), "the_test_fn") { return; }`.
+/// `module` is the caller's `module_path!()`, `test` its function name.
+/// The child's output is printed (libtest captures it as the test's own).
+///
+/// Panics if the child cannot run, fails, or does not run exactly that
+/// one test (a wrong name would otherwise pass by running nothing).
+pub fn alone(module: &str, test: &str) -> bool {
+    const VAR: &str = "KAKEHI_TEST_ALONE";
+    let name = test_name(module, test);
+    if std::env::var(VAR).is_ok_and(|v| v == name) {
+        return true;
     }
-
-    /// Uniform in `lo..hi` milliseconds (`hi > lo`).
-    pub fn millis(&mut self, lo: u64, hi: u64) -> std::time::Duration {
-        std::time::Duration::from_millis(lo + self.next() % (hi - lo))
-    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args([
+            name.as_str(),
+            "--exact",
+            "--include-ignored",
+            "--test-threads=1",
+        ])
+        .arg("--nocapture")
+        .env(VAR, &name)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {name} in a process of its own: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "{name}, alone in a process of its own: {}",
+        out.status
+    );
+    false
 }
 
 /// The first `blocks` records of regtest-a's `blocks.dat` (blk framing:

@@ -1,5 +1,5 @@
 """Bitcoin Core's engine (libbitcoinkernel via PyPI py-bitcoinkernel, module
-`pbk`, Core 31.99) as a judge for tests/scripts_core.rs.
+`pbk`, Core 31.99) as a judge for tests/it/scripts_core.rs.
 
 Usage: core_judge.py FILE...
 

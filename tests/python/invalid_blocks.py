@@ -3,7 +3,7 @@
 Bitcoin Core's own validation engine (py-bitcoinkernel, libbitcoinkernel) as
 the judge.
 
-Run by tests/invalid_blocks.rs against a fresh regtest node:
+Run by tests/it/invalid_blocks.rs against a fresh regtest node:
 
     python invalid_blocks.py --p2p PORT --http PORT
 
@@ -922,7 +922,7 @@ class Suite:
     def bip30_and_locks(self):
         """Finality (nLockTime, BIP113's median time past) and BIP68
         relative locks. BIP30 cannot be reached on regtest (BIP34 from
-        height 1 makes every txid unique): tests/invalid_blocks.rs checks
+        height 1 makes every txid unique): tests/it/invalid_blocks.rs checks
         it on a node whose BIP34 never activates (check `bip30`)."""
         b, out, case = self.b, self.out, self.case
         b.move_tip(69)

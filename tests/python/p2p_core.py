@@ -2,7 +2,7 @@
 """Bitcoin Core's P2P test framework (verystable.core.p2p / .messages)
 against a running kakehi node on regtest.
 
-Run by tests/p2p_core.rs:
+Run by tests/it/p2p_core.rs:
 
     python p2p_core.py --port PORT --data testnet-data/regtest-a CHECK
 
@@ -32,7 +32,7 @@ CHECK is one of
              node's getheaders: the node follows the whole chain (its last
              getheaders starts at the last header) and keeps the peer,
              while a second peer's pings are answered within 2 s; what the
-             node stored and held is checked by tests/p2p_core.rs.
+             node stored and held is checked by tests/it/p2p_core.rs.
 
 Exit status 0 when every check passes; an AssertionError (exit 1) names the
 failing check otherwise.

@@ -3,7 +3,7 @@
 //! headers) and invalid blocks on its tip: an oracle for kakehi that shares
 //! no code with kakehi's validation, UTXO table, store or filters (it
 //! imports nothing from the `kakehi` library). Bitcoin Core's engine judges
-//! its chains in `tests/chaingen.rs`; docs/chaingen.md describes them.
+//! its chains in `tests/it/chaingen.rs`; docs/chaingen.md describes them.
 
 mod assemble;
 mod coins;

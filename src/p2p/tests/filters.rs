@@ -265,45 +265,6 @@ async fn bad_filter_requests_disconnect_good_ones_are_served() {
     a.stop().await;
 }
 
-/// Filter-serving throughput on loopback (issue 4's benchmark). Run with
-/// `cargo test --lib p2p::tests::bench_getcfilters -- --ignored --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark; run explicitly"]
-async fn bench_getcfilters_throughput() {
-    let data = dataset();
-    let a = Node::start(MockBackend::regtest_a(), test_config()).await;
-    let mut p = TestPeer::handshake(a.addr).await;
-    let batches = 50;
-    let t = Instant::now();
-    let mut bytes = 0usize;
-    for i in 0..batches {
-        let start = (i % 2) * 500 + 1;
-        let stop = data.best_chain[start + 999];
-        p.send(NetworkMessage::GetCFilters(GetCFilters {
-            filter_type: 0,
-            start_height: start as u32,
-            stop_hash: stop,
-        }))
-        .await;
-        for _ in 0..1000 {
-            let f = p
-                .recv_until(|m| match m {
-                    NetworkMessage::CFilter(f) => Some(f),
-                    _ => None,
-                })
-                .await;
-            bytes += f.filter.len() + 24 + 1 + 32 + 3;
-        }
-    }
-    let s = t.elapsed().as_secs_f64();
-    eprintln!(
-        "getcfilters: {batches} batches of 1,000 in {s:.2} s = {:.1} batches/s, {:.1} MB/s",
-        batches as f64 / s,
-        bytes as f64 / s / 1e6
-    );
-    a.stop().await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filter_service_bit_only_when_index_synced() {
     let b = Node::start(MockBackend::genesis_only(), test_config()).await;
