@@ -182,6 +182,14 @@ pub fn entry_json(snap: &MempoolSnapshot, e: &MempoolEntry) -> serde_json::Value
         .iter()
         .map(|t| t.to_string())
         .collect();
+    // Core's `IsRBFOptIn` (`policy/rbf.cpp`): BIP125 signalling by the
+    // transaction or by one of its in-mempool ancestors. Full RBF replaces
+    // either way; the field still reports the signal, as Core 30 does.
+    let bip125 = e.tx.is_explicitly_rbf()
+        || ancestors
+            .iter()
+            .filter_map(|a| pool.get(a))
+            .any(|a| a.tx.is_explicitly_rbf());
     serde_json::json!({
         "vsize": e.vsize,
         "weight": e.weight,
@@ -200,7 +208,7 @@ pub fn entry_json(snap: &MempoolSnapshot, e: &MempoolEntry) -> serde_json::Value
         },
         "depends": depends,
         "spentby": spentby,
-        "bip125-replaceable": true,
+        "bip125-replaceable": bip125,
         "unbroadcast": false,
     })
 }

@@ -15,6 +15,7 @@
 //! `src/policy/rbf.cpp`, `src/policy/truc_policy.cpp`,
 //! `src/txmempool.cpp` (`CalculateMemPoolAncestors`).
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -31,7 +32,9 @@ use super::MempoolConfig;
 use crate::primitives::Coin;
 use crate::snapshot::ChainSnapshot;
 use crate::sozu::ViewStatus;
-use crate::validation::script::{block_script_flags, PreparedTx, SpentTxOut, VerifyError};
+use crate::validation::script::{
+    block_script_flags, PreparedTx, ScriptFlags, SpentTxOut, VerifyError,
+};
 use crate::validation::{self, BlockContext, BlockError};
 
 /// Why acceptance could not decide: the transaction is refused
@@ -149,9 +152,17 @@ pub fn check(
     // TRUC sibling eviction: a version-3 child whose parent already has a
     // child replaces that child under the replacement rules.
     let parents = pool.parents_of(&tx);
-    truc_checks(pool, &tx, vsize, &parents, &mut conflicts)?;
-    let replaced = replacement_checks(pool, ctx, &tx, txid, fee, vsize, &conflicts, &parents)?;
-    let ancestors = pool.ancestors_from(parents);
+    // Core skips the TRUC rules with the other limits for transactions
+    // returning after a reorg (`m_bypass_limits`): a reorg may leave a
+    // TRUC parent with two children, or a non-TRUC child of it.
+    let sibling_eviction = if ctx.bypass_limits {
+        false
+    } else {
+        truc_checks(pool, &tx, vsize, &parents, &mut conflicts)?
+    };
+    // Core's PreChecks refuses a transaction spending what it replaces
+    // (EntriesAndTxidsDisjoint) before ReplacementChecks.
+    let ancestors = pool.ancestors_from(parents.clone());
     if let Some(t) = ancestors.iter().find(|a| conflicts.contains(*a)) {
         return Err(TxReject::with_debug(
             TxRejectClass::Consensus,
@@ -160,8 +171,21 @@ pub fn check(
         )
         .into());
     }
+    let replaced = replacement_checks(
+        pool,
+        ctx,
+        &tx,
+        Replacing {
+            txid,
+            fee,
+            vsize,
+            conflicts: &conflicts,
+            parents: &parents,
+            sibling_eviction,
+        },
+    )?;
     if !ctx.bypass_limits {
-        check_package_limits(pool, &ctx.config.limits, vsize, &ancestors, &replaced)?;
+        check_package_limits(pool, &ctx.config.limits, vsize, &parents, &replaced)?;
     }
     let flags = block_script_flags(index.params(), tip.height + 1, &BlockHash::all_zeros());
     script_checks(&tx, &prevouts, flags)?;
@@ -334,8 +358,19 @@ fn check_inputs(
     })
 }
 
-/// Sats as Core's `FormatMoney` prints them (`0.00001000`).
+/// Sats as Core's `FormatMoney` prints them: eight decimals, trailing
+/// zeros trimmed down to two (`3.00`, `0.002`, `0.00000011`).
 fn btc(sats: u64) -> String {
+    let mut s = btc8(sats);
+    while s.ends_with('0') && s.len() - s.find('.').unwrap_or(0) > 3 {
+        s.pop();
+    }
+    s
+}
+
+/// Sats as BTC with all eight decimals (`0.00001000`), as Core's
+/// `CFeeRate::ToString` prints a feerate's amount.
+fn btc8(sats: u64) -> String {
     format!("{}.{:08}", sats / 100_000_000, sats % 100_000_000)
 }
 
@@ -371,14 +406,15 @@ fn check_fee_rate(
 /// too, and a child of at most 1,000 vbytes; a parent has at most one
 /// child (a second one replaces the first: sibling eviction, added to
 /// `conflicts`); a non-version-3 transaction spends no unconfirmed
-/// version-3 output.
+/// version-3 output. Returns whether a sibling was added to `conflicts`
+/// (Core's `m_sibling_eviction`).
 fn truc_checks(
     pool: &Pool,
     tx: &Transaction,
     vsize: u64,
     parents: &BTreeSet<Txid>,
     conflicts: &mut BTreeSet<Txid>,
-) -> Result<(), TxReject> {
+) -> Result<bool, TxReject> {
     let me = TxIds::of(tx);
     let is_truc = policy::truc::is_truc(tx);
     for p in parents.iter().filter_map(|p| pool.get(p)) {
@@ -397,11 +433,11 @@ fn truc_checks(
         }
     }
     if !is_truc {
-        return Ok(());
+        return Ok(false);
     }
     policy::truc::check_truc_size(tx, vsize)?;
     let Some(parent) = parents.iter().next() else {
-        return Ok(());
+        return Ok(false);
     };
     if parents.len() + pool.ancestors(parent).len() + 1 > policy::truc::TRUC_ANCESTOR_LIMIT {
         return Err(TrucViolation::TooManyAncestors { tx: me }.reject());
@@ -409,26 +445,45 @@ fn truc_checks(
     if vsize > policy::truc::TRUC_CHILD_MAX_VSIZE {
         return Err(TrucViolation::ChildTooBig { tx: me, vsize }.reject());
     }
-    let sibling = pool
-        .children_of(parent)
-        .into_iter()
-        .find(|c| !conflicts.contains(c));
-    if let Some(sibling) = sibling {
-        // Sibling eviction (Core 28+): the parent's other child, which has
-        // no children of its own by these rules, may be replaced.
-        if !pool.children_of(&sibling).is_empty() {
-            let p = pool.get(parent).map(|e| TxIds {
-                txid: e.txid,
-                wtxid: e.wtxid,
-            });
-            return Err(match p {
-                Some(parent) => TrucViolation::TooManyDescendants { parent }.reject(),
-                None => TrucViolation::TooManyAncestors { tx: me }.reject(),
-            });
-        }
+    // Core's SingleTRUCChecks: the parent would have a second descendant,
+    // unless one of its children is replaced by this transaction. A lone
+    // child without other ancestors may then be evicted (sibling eviction,
+    // Core 28+); with more descendants (after a reorg) it is refused.
+    let children = pool.children_of(parent);
+    let child_will_be_replaced = children.iter().any(|c| conflicts.contains(c));
+    let descendants = pool.descendants(parent);
+    if descendants.len() + 2 > policy::truc::TRUC_DESCENDANT_LIMIT && !child_will_be_replaced {
+        let sibling = match children.iter().next() {
+            Some(c) if descendants.len() == 1 && pool.ancestors(c).len() == 1 => *c,
+            _ => {
+                let p = pool.get(parent).map(|e| TxIds {
+                    txid: e.txid,
+                    wtxid: e.wtxid,
+                });
+                return Err(match p {
+                    Some(parent) => TrucViolation::TooManyDescendants { parent }.reject(),
+                    None => TrucViolation::TooManyAncestors { tx: me }.reject(),
+                });
+            }
+        };
         conflicts.insert(sibling);
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
+}
+
+/// What a replacement is checked with: the new transaction's txid, fee
+/// (sats) and sigop-adjusted vsize, the mempool transactions it conflicts
+/// with directly, its in-mempool parents, and whether one conflict is a
+/// TRUC sibling it evicts (Core's `m_sibling_eviction`).
+#[derive(Clone, Copy)]
+struct Replacing<'a> {
+    txid: Txid,
+    fee: u64,
+    vsize: u64,
+    conflicts: &'a BTreeSet<Txid>,
+    parents: &'a BTreeSet<Txid>,
+    sibling_eviction: bool,
 }
 
 /// Core 30's `ReplacementChecks` under full RBF (no BIP-125 signal
@@ -436,23 +491,48 @@ fn truc_checks(
 /// a higher feerate than every direct conflict, at least the evicted fees,
 /// plus the incremental relay fee for the new transaction's size. Returns
 /// every txid the transaction evicts (conflicts and their descendants).
-#[allow(clippy::too_many_arguments)]
 fn replacement_checks(
     pool: &Pool,
     ctx: &AcceptContext<'_>,
     tx: &Transaction,
-    txid: Txid,
-    fee: u64,
-    vsize: u64,
-    conflicts: &BTreeSet<Txid>,
-    parents: &BTreeSet<Txid>,
+    r: Replacing<'_>,
 ) -> Result<BTreeSet<Txid>, TxReject> {
+    let Replacing {
+        txid,
+        fee,
+        vsize,
+        conflicts,
+        parents,
+        sibling_eviction,
+    } = r;
     if conflicts.is_empty() {
         return Ok(BTreeSet::new());
     }
+    // Core words every refusal of a sibling eviction with this suffix.
     let policy_reject = |reason: &'static str, debug: String| {
+        let reason: Cow<'static, str> = if sibling_eviction {
+            format!("{reason} (including sibling eviction)").into()
+        } else {
+            reason.into()
+        };
         TxReject::with_debug(TxRejectClass::MempoolPolicy, reason, debug)
     };
+    // Core's order: PaysMoreThanConflicts (a higher feerate than each
+    // direct conflict), the eviction count, no new unconfirmed inputs,
+    // PaysForRBF.
+    let new_rate = feerate_sat_per_kvb(fee, vsize);
+    for c in conflicts.iter().filter_map(|c| pool.get(c)) {
+        if u128::from(fee) * u128::from(c.vsize) <= u128::from(c.fee) * u128::from(vsize) {
+            return Err(policy_reject(
+                "insufficient fee",
+                format!(
+                    "rejecting replacement {txid}; new feerate {} <= old feerate {}",
+                    fmt_feerate(new_rate),
+                    fmt_feerate(c.feerate_sat_per_kvb())
+                ),
+            ));
+        }
+    }
     let mut evicted: BTreeSet<Txid> = BTreeSet::new();
     for c in conflicts {
         evicted.insert(*c);
@@ -480,20 +560,6 @@ fn replacement_checks(
             return Err(policy_reject(
                 "replacement-adds-unconfirmed",
                 format!("replacement {txid} adds unconfirmed input, idx {idx}"),
-            ));
-        }
-    }
-    // PaysMoreThanConflicts: a higher feerate than each direct conflict.
-    let new_rate = feerate_sat_per_kvb(fee, vsize);
-    for c in conflicts.iter().filter_map(|c| pool.get(c)) {
-        if u128::from(fee) * u128::from(c.vsize) <= u128::from(c.fee) * u128::from(vsize) {
-            return Err(policy_reject(
-                "insufficient fee",
-                format!(
-                    "rejecting replacement {txid}; new feerate {} <= old feerate {}",
-                    fmt_feerate(new_rate),
-                    fmt_feerate(c.feerate_sat_per_kvb())
-                ),
             ));
         }
     }
@@ -531,18 +597,19 @@ pub const MAX_REPLACEMENT_CANDIDATES: usize = 100;
 /// A feerate as Core's `CFeeRate::ToString` prints it:
 /// `0.00001000 BTC/kvB`.
 fn fmt_feerate(sat_per_kvb: u64) -> String {
-    format!("{} BTC/kvB", btc(sat_per_kvb))
+    format!("{} BTC/kvB", btc8(sat_per_kvb))
 }
 
 /// Core's ancestor and descendant limits (`CalculateMemPoolAncestors`
 /// with `-limitancestorcount`, `-limitancestorsize`,
 /// `-limitdescendantcount`, `-limitdescendantsize`), counted on the pool
-/// without the transactions it replaces.
+/// without the transactions it replaces, from the transaction's in-mempool
+/// `parents` up, in Core's order, so the first limit reported is Core's.
 fn check_package_limits(
     pool: &Pool,
     limits: &super::AncestorLimits,
     vsize: u64,
-    ancestors: &BTreeSet<Txid>,
+    parents: &BTreeSet<Txid>,
     replaced: &BTreeSet<Txid>,
 ) -> Result<(), TxReject> {
     let chain = |debug: String| {
@@ -552,37 +619,58 @@ fn check_package_limits(
             debug,
         )
     };
-    let (anc_vsize, _) = pool.sum_of(ancestors);
-    if ancestors.len() as u64 + 1 > limits.ancestor_count {
+    if parents.len() as u64 + 1 > limits.ancestor_count {
         return Err(chain(format!(
-            "too many unconfirmed ancestors [limit: {}]",
+            "too many unconfirmed parents [limit: {}]",
             limits.ancestor_count
         )));
     }
-    if anc_vsize + vsize > limits.ancestor_size_vbytes {
-        return Err(chain(format!(
-            "exceeds ancestor size limit [limit: {}]",
-            limits.ancestor_size_vbytes
-        )));
-    }
-    for a in ancestors {
+    // Core's traversal: ancestors staged in txid order, each checked when
+    // it is taken (its descendant size, its descendant count, the
+    // ancestors' size so far), then the ancestor count with what is staged.
+    let mut staged: BTreeSet<Txid> = parents.clone();
+    let mut seen: BTreeSet<Txid> = parents.clone();
+    let mut taken: u64 = 0;
+    let mut ancestors_vsize = vsize;
+    while let Some(a) = staged.pop_first() {
+        let Some(entry) = pool.get(&a) else {
+            continue;
+        };
+        taken += 1;
+        ancestors_vsize += entry.vsize;
         let desc: BTreeSet<Txid> = pool
-            .descendants(a)
+            .descendants(&a)
             .into_iter()
             .filter(|d| !replaced.contains(d))
             .collect();
         let (desc_vsize, _) = pool.sum_of(&desc);
-        let own = pool.get(a).map_or(0, |e| e.vsize);
+        if entry.vsize + desc_vsize + vsize > limits.descendant_size_vbytes {
+            return Err(chain(format!(
+                "exceeds descendant size limit for tx {a} [limit: {}]",
+                limits.descendant_size_vbytes
+            )));
+        }
         if desc.len() as u64 + 2 > limits.descendant_count {
             return Err(chain(format!(
                 "too many descendants for tx {a} [limit: {}]",
                 limits.descendant_count
             )));
         }
-        if own + desc_vsize + vsize > limits.descendant_size_vbytes {
+        if ancestors_vsize > limits.ancestor_size_vbytes {
             return Err(chain(format!(
-                "exceeds descendant size limit for tx {a} [limit: {}]",
-                limits.descendant_size_vbytes
+                "exceeds ancestor size limit [limit: {}]",
+                limits.ancestor_size_vbytes
+            )));
+        }
+        for p in pool.parents_of(&entry.tx) {
+            if seen.insert(p) {
+                staged.insert(p);
+            }
+        }
+        if staged.len() as u64 + taken + 1 > limits.ancestor_count {
+            return Err(chain(format!(
+                "too many unconfirmed ancestors [limit: {}]",
+                limits.ancestor_count
             )));
         }
     }
@@ -620,8 +708,20 @@ fn script_checks(
         )
     };
     let prepared = PreparedTx::new(&bytes, &spent).map_err(|e| failed(&e))?;
-    for index in 0..prepared.inputs() {
-        prepared.verify(index, flags).map_err(|e| failed(&e))?;
+    for (index, prevout) in prevouts.iter().enumerate().take(prepared.inputs()) {
+        // Core 28+'s interpreter succeeds on a bare pay-to-anchor spend
+        // before the upgradable-witness-program policy check
+        // (`IsPayToAnchor` in `VerifyWitnessProgram`); the Core 26.0
+        // engine here predates it, so that policy flag is left out for such
+        // an input (a P2SH-wrapped anchor keeps it).
+        let input_flags = if policy::solver::is_pay_to_anchor(&prevout.script_pubkey) {
+            flags.without(ScriptFlags::DISCOURAGE_UPGRADABLE_WITNESS_PROGRAM)
+        } else {
+            flags
+        };
+        prepared
+            .verify(index, input_flags)
+            .map_err(|e| failed(&e))?;
     }
     Ok(())
 }

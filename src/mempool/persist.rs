@@ -5,7 +5,7 @@
 //!
 //! | field | size | meaning |
 //! | --- | --- | --- |
-//! | version | 8 | 1 (plain) or 2 (the rest XORed with the key below); kakehi writes 1 |
+//! | version | 8 | 1 (plain) or 2 (the rest XORed with the key below, by file offset: the byte at offset `p` with `key[p % 8]`); kakehi writes 1 |
 //! | key | 1 + 8 | version 2 only: a compact-size length (8) and the XOR key |
 //! | count | 8 | number of transactions |
 //! | per transaction | var | the transaction with witness, then entry time (i64, seconds since the UNIX epoch), then fee delta (i64, sats: `prioritisetransaction`, written 0) |
@@ -104,8 +104,14 @@ pub fn save<'a>(
         })
 }
 
+/// Bytes before the obfuscated part of a version-2 file: the version (8)
+/// and the key as a vector (a compact-size 8, then 8 bytes).
+const XOR_HEADER_LEN: usize = 8 + 1 + 8;
+
 /// A reader that XORs what it reads with a repeating key (Core's
-/// `AutoFile` obfuscation of version 2).
+/// `AutoFile` obfuscation of version 2). The key is applied by file
+/// position, as `AutoFile` does: the byte at offset `p` is XORed with
+/// `key[p % 8]`, so `pos` starts at the offset of the first byte read.
 struct Xor<R> {
     inner: R,
     key: [u8; 8],
@@ -164,7 +170,7 @@ pub fn load(dir: &Path) -> Result<Option<Vec<(Transaction, u64)>>, PersistError>
             let mut x = bitcoin::io::FromStd::new(Xor {
                 inner: r.into_inner(),
                 key,
-                pos: 0,
+                pos: XOR_HEADER_LEN,
             });
             read_entries(&mut x)
         }
@@ -230,13 +236,19 @@ mod tests {
             ]
         );
         // The same content as Core's version 2: the key, then every byte
-        // after it XORed with the key.
+        // after it XORed with the key by file offset (`AutoFile`: the
+        // first obfuscated byte, at offset 17, with key[1]).
         let plain = std::fs::read(dir.path().join(FILE_NAME)).expect("read");
         let key = [0x5a, 1, 2, 3, 4, 5, 6, 0xff];
         let mut v2 = VERSION_XOR.to_le_bytes().to_vec();
         v2.push(8);
         v2.extend_from_slice(&key);
-        v2.extend(plain[8..].iter().enumerate().map(|(i, b)| b ^ key[i % 8]));
+        v2.extend(
+            plain[8..]
+                .iter()
+                .enumerate()
+                .map(|(i, b)| b ^ key[(XOR_HEADER_LEN + i) % 8]),
+        );
         std::fs::write(dir.path().join(FILE_NAME), v2).expect("write");
         assert_eq!(load(dir.path()).expect("load v2").expect("file"), back);
     }
