@@ -43,6 +43,7 @@ mod load_faults;
 mod lookahead;
 mod memory_budgets;
 mod mempool;
+mod mempool_core;
 mod muhash;
 mod p2p_core;
 mod p2p_kill;

@@ -3,7 +3,7 @@
 node with Core's own test framework (verystable: MiniWallet, blocktools,
 P2P).
 
-Run by tests/mempool_core.rs:
+Run by tests/it/mempool_core.rs:
 
     python mempool_core.py --kakehi BINARY --tmp DIR [GROUP ...]
 

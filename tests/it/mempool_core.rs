@@ -15,7 +15,7 @@
 //! output. Needs Python 3 and, the first time, PyPI
 //! (`tests/common/python.rs`).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
