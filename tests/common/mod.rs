@@ -9,6 +9,7 @@ pub mod core_versions;
 pub mod faults;
 pub mod feed;
 pub mod python;
+pub mod test_peer;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
