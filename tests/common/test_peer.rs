@@ -25,6 +25,9 @@ pub struct TestPeer {
     pub wr: OwnedWriteHalf,
     /// The node's `version`.
     pub version: VersionMessage,
+    /// Messages the node sent between its `verack` and the `pong` that
+    /// ends [`TestPeer::handshake`] (other than `ping`s).
+    pub early: Vec<NetworkMessage>,
 }
 
 impl TestPeer {
@@ -48,6 +51,7 @@ impl TestPeer {
             rd,
             wr,
             version: v.clone(),
+            early: Vec::new(),
         };
         for m in [
             NetworkMessage::Version(v),
@@ -68,7 +72,17 @@ impl TestPeer {
         p.version = theirs.unwrap();
         // A pong proves the node finished the handshake (messages arriving
         // during it are dropped).
-        p.ping(1).await;
+        p.send(NetworkMessage::Ping(1)).await;
+        let mut early = Vec::new();
+        p.recv_until(|m| match m {
+            NetworkMessage::Pong(1) => Some(()),
+            other => {
+                early.push(other);
+                None
+            }
+        })
+        .await;
+        p.early = early;
         p
     }
 
