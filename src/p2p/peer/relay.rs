@@ -120,7 +120,7 @@ pub(crate) fn round_fee_filter(fee: i64, r: u64) -> i64 {
     }
     // lower_bound: the first bucket ≥ fee.
     let mut i = buckets.partition_point(|x| *x < fee as f64);
-    if i == buckets.len() || (i != 0 && r % 3 != 0) {
+    if i == buckets.len() || (i != 0 && !r.is_multiple_of(3)) {
         i -= 1;
     }
     buckets[i] as i64
@@ -444,7 +444,12 @@ impl Peer {
     /// [`INVENTORY_BROADCAST_MAX`]); the rest wait for the next one.
     async fn send_trickle(&mut self) -> Result<(), Disconnect> {
         let b = self.backend();
-        if let Some(from) = self.relay.mempool_cursor {
+        // The mempool at the handshake, read on as the queue drains.
+        if let Some(from) = self
+            .relay
+            .mempool_cursor
+            .filter(|_| self.relay.to_send.len() < INVENTORY_BROADCAST_MAX)
+        {
             let (ids, next) = b.mempool_txids(from, INVENTORY_BROADCAST_MAX);
             if ids.len() < INVENTORY_BROADCAST_MAX {
                 self.relay.mempool_cursor = None;
