@@ -593,11 +593,21 @@ fn run_node(
         ..kakehi::http::HttpConfig::default()
     };
     apply_fd_budget(fd_limit, &mut p2p_config, &mut http_config)?;
+    let snapshots = chain.lock().snapshots();
+    let mempool = Arc::new(Mempool::new(
+        snapshots.clone(),
+        config.mempool.mempool_config(),
+    ));
     let (p2p_stop_tx, p2p_stop_rx) = tokio::sync::watch::channel(false);
     let listen = p2p_config.listen;
     let (p2p, mut p2p_task) = {
         let _guard = runtime.enter();
-        kakehi::node::start_p2p(chain.clone(), p2p_config, p2p_stop_rx)
+        kakehi::node::start_p2p_with_mempool(
+            chain.clone(),
+            Some(mempool.clone()),
+            p2p_config,
+            p2p_stop_rx,
+        )
     };
     if let Some(addr) = listen {
         // A listen address that cannot be bound is an error at start, as
@@ -617,8 +627,7 @@ fn run_node(
 
     spawn_group_flusher(runtime, chain.clone(), stop.clone());
     let addr = config.http.address;
-    let snapshots = chain.lock().snapshots();
-    let mempool = start_mempool(&snapshots, config, &p2p, stop.clone())?;
+    start_mempool(&mempool, config, &p2p, stop.clone())?;
     let state = kakehi::http::AppState {
         snapshots,
         p2p: Some(p2p),
@@ -662,19 +671,22 @@ fn run_node(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The mempool: reloaded from `mempool.dat` when `mempool.persist` is on,
-/// following the chain's tip on a thread of its own, and announcing every
-/// accepted transaction to peers.
+/// Starts the mempool (the one the P2P layer relays through): announcing
+/// every accepted transaction to peers, reloaded from `mempool.dat` when
+/// `mempool.persist` is on, following the chain's tip on a thread of its
+/// own.
 fn start_mempool(
-    snapshots: &kakehi::snapshot::Snapshots,
+    mempool: &Arc<Mempool>,
     config: &Config,
     p2p: &kakehi::p2p::P2pHandle,
     stop: Arc<AtomicBool>,
-) -> anyhow::Result<Arc<Mempool>> {
-    let mempool = Arc::new(Mempool::new(
-        snapshots.clone(),
-        config.mempool.mempool_config(),
-    ));
+) -> anyhow::Result<()> {
+    let relay = p2p.clone();
+    mempool.on_accepted(Box::new(move |entry| {
+        if let Err(e) = relay.relay_transaction((*entry.tx).clone()) {
+            tracing::debug!(txid = %entry.txid, "not announced: {e}");
+        }
+    }));
     if config.mempool.persist {
         match mempool.load_saved() {
             Ok((0, 0)) => {}
@@ -684,16 +696,10 @@ fn start_mempool(
             Err(e) => tracing::warn!("mempool.dat not loaded, starting empty: {e}"),
         }
     }
-    let relay = p2p.clone();
-    mempool.on_accepted(Box::new(move |entry| {
-        if let Err(e) = relay.relay_transaction((*entry.tx).clone()) {
-            tracing::debug!(txid = %entry.txid, "not announced: {e}");
-        }
-    }));
     mempool
         .spawn_follower(stop)
         .context("starting the mempool's follower thread")?;
-    Ok(mempool)
+    Ok(())
 }
 
 /// Shares the process's file descriptors between the stores (those open

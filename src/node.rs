@@ -14,10 +14,11 @@
 
 mod p2p_archive;
 pub mod p2p_backend;
+mod p2p_mempool;
 mod p2p_view;
 pub mod presync;
 
-pub use p2p_backend::{start_p2p, NodeP2p};
+pub use p2p_backend::{start_p2p, start_p2p_with_mempool, NodeP2p};
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

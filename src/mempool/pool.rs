@@ -104,6 +104,14 @@ impl Pool {
         self.order.values().filter_map(|t| self.entries.get(t))
     }
 
+    /// Entries whose entry sequence is at least `sequence`, in entry order
+    /// (the relay walks the pool from where it stopped).
+    pub fn iter_from(&self, sequence: u64) -> impl Iterator<Item = &Arc<MempoolEntry>> + '_ {
+        self.order
+            .range(sequence..)
+            .filter_map(|(_, t)| self.entries.get(t))
+    }
+
     /// Entries that pay to or spend from the scriptPubKey whose SHA256 is
     /// `script_hash`, oldest entry first.
     pub fn by_script_hash(

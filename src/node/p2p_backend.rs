@@ -24,16 +24,19 @@ use bitcoin::bip158::{FilterHash, FilterHeader};
 use bitcoin::block::Header;
 use bitcoin::hashes::Hash;
 use bitcoin::pow::{Target, Work};
-use bitcoin::{Block, BlockHash};
+use bitcoin::{Block, BlockHash, Transaction, Txid, Wtxid};
 use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::watch;
 
 use super::p2p_archive;
+use super::p2p_mempool;
 use super::p2p_view::{branch_ids, View};
 use super::presync::{anti_dos_threshold, Offer, Presync};
 use crate::chain::index::BlockStatus;
 use crate::chain::ChainParams;
+use crate::mempool::Mempool;
 use crate::p2p::archive::ArchEpochs;
+use crate::p2p::backend::{GenTxid, MempoolTx, TxSubmitError};
 use crate::p2p::{
     ArchiveQueryError, FilterQueryError, HeadersError, HeadersOutcome, NodeBackend, P2pConfig,
     P2pError, P2pHandle, SubmitError, SubmitOutcome,
@@ -55,6 +58,9 @@ pub struct NodeP2p {
     params: ChainParams,
     view: Mutex<View>,
     presync: Mutex<Presync>,
+    /// The mempool transactions are relayed from and submitted to (`None`:
+    /// no transaction relay).
+    mempool: Option<Arc<Mempool>>,
 }
 
 impl NodeP2p {
@@ -79,7 +85,16 @@ impl NodeP2p {
             params,
             view: Mutex::new(view),
             presync: Mutex::new(Presync::default()),
+            mempool: None,
         }
+    }
+
+    /// Relays transactions through `mempool`: peers' transactions are
+    /// submitted to it, `getdata` is served from it, and `version` asks
+    /// peers for transaction relay.
+    pub fn with_mempool(mut self, mempool: Arc<Mempool>) -> Self {
+        self.mempool = Some(mempool);
+        self
     }
 
     /// The view, refreshed from the latest snapshot if it changed.
@@ -430,6 +445,30 @@ impl NodeBackend for NodeP2p {
         let cs = self.snapshots.load();
         p2p_archive::proof(&cs, outpoints, epoch, txoutproofs)
     }
+
+    fn mempool_min_feerate(&self) -> Option<u64> {
+        self.mempool.as_ref().map(|m| m.snapshot().min_feerate)
+    }
+
+    fn mempool_tx(&self, id: GenTxid) -> Option<MempoolTx> {
+        p2p_mempool::tx(self.mempool.as_deref()?, id)
+    }
+
+    fn mempool_txids(&self, from: u64, max: usize) -> (Vec<(Txid, Wtxid)>, u64) {
+        match &self.mempool {
+            Some(m) => p2p_mempool::txids(m, from, max),
+            None => (Vec::new(), 0),
+        }
+    }
+
+    fn submit_tx(&self, tx: Arc<Transaction>) -> Result<(), TxSubmitError> {
+        match &self.mempool {
+            Some(m) => p2p_mempool::submit(m, tx),
+            None => Err(TxSubmitError::Unavailable {
+                source: "no mempool".into(),
+            }),
+        }
+    }
 }
 
 fn hash_of(cs: &ChainSnapshot, id: BlockId) -> BlockHash {
@@ -486,7 +525,27 @@ pub fn start_p2p(
     config: P2pConfig,
     shutdown: watch::Receiver<bool>,
 ) -> (P2pHandle, tokio::task::JoinHandle<Result<(), P2pError>>) {
-    let backend = Arc::new(NodeP2p::new(chain));
+    start_p2p_with_mempool(chain, None, config, shutdown)
+}
+
+/// [`start_p2p`] relaying transactions through `mempool` (see
+/// [`NodeP2p::with_mempool`]; `None`: as [`start_p2p`]). The caller
+/// hands the mempool's accepted transactions to
+/// [`P2pHandle::relay_transaction`] (`Mempool::on_accepted`).
+///
+/// # Panics
+/// Outside a tokio runtime (like `tokio::spawn`).
+pub fn start_p2p_with_mempool(
+    chain: Arc<Mutex<Chainstate>>,
+    mempool: Option<Arc<Mempool>>,
+    config: P2pConfig,
+    shutdown: watch::Receiver<bool>,
+) -> (P2pHandle, tokio::task::JoinHandle<Result<(), P2pError>>) {
+    let mut node = NodeP2p::new(chain);
+    if let Some(m) = mempool {
+        node = node.with_mempool(m);
+    }
+    let backend = Arc::new(node);
     let (handle, task) = crate::p2p::spawn(backend.clone(), config, shutdown.clone());
     let watcher = handle.clone();
     let mut shutdown = shutdown;

@@ -20,12 +20,17 @@
 //! defaults (no archive) so other backends need not implement them, nor
 //! [`NodeBackend::submit_block_with_next`] (which defaults to
 //! [`NodeBackend::submit_block`]).
+//!
+//! Transaction relay: [`NodeBackend::mempool_min_feerate`] (`None`: no
+//! mempool, the default), [`NodeBackend::mempool_tx`] and
+//! [`NodeBackend::mempool_txids`] are cheap (a lock-free snapshot);
+//! [`NodeBackend::submit_tx`] is blocking (UTXO reads, scripts).
 
 use std::sync::Arc;
 
 use bitcoin::bip158::{FilterHash, FilterHeader};
 use bitcoin::block::Header;
-use bitcoin::{Block, BlockHash};
+use bitcoin::{Block, BlockHash, Transaction, Txid, Wtxid};
 
 use tracing::warn;
 
@@ -182,6 +187,128 @@ pub trait NodeBackend: Send + Sync + 'static {
         let _ = (outpoints, epoch, txoutproofs);
         Err(ArchiveQueryError::NoArchive)
     }
+
+    /// The mempool's minimum feerate (Core's `mempoolminfee`), sats per
+    /// 1,000 vbytes, or `None` when the node keeps no mempool (then the
+    /// P2P layer asks peers not to relay transactions: `version` relay =
+    /// false, no `feefilter`, announced transactions not fetched). Cheap.
+    /// Default: no mempool.
+    fn mempool_min_feerate(&self) -> Option<u64> {
+        None
+    }
+
+    /// The mempool transaction `id` names (by txid or by wtxid), with its
+    /// feerate and entry sequence. Cheap. Default: none.
+    fn mempool_tx(&self, id: GenTxid) -> Option<MempoolTx> {
+        let _ = id;
+        None
+    }
+
+    /// The mempool's transactions with entry sequence at least `from`, in
+    /// entry order (parents before children), at most `max`, and the
+    /// sequence the next entry will get. Cheap (a snapshot walk of `max`
+    /// entries). Default: none.
+    fn mempool_txids(&self, from: u64, max: usize) -> (Vec<(Txid, Wtxid)>, u64) {
+        let _ = (from, max);
+        (Vec::new(), 0)
+    }
+
+    /// Submits a transaction received from a peer to the mempool (Core's
+    /// `ProcessTransaction` without a fee ceiling). Blocking. Default: no
+    /// mempool, refused with [`TxSubmitError::Unavailable`].
+    ///
+    /// # Errors
+    /// [`TxSubmitError`].
+    fn submit_tx(&self, tx: Arc<Transaction>) -> Result<(), TxSubmitError> {
+        let _ = tx;
+        Err(TxSubmitError::Unavailable {
+            source: "no mempool".into(),
+        })
+    }
+}
+
+/// A transaction hash that is either a txid or a wtxid (Core's `GenTxid`):
+/// what an `inv` or `getdata` names, depending on the peer's BIP-339
+/// `wtxidrelay`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GenTxid {
+    /// By txid (`MSG_TX`, `MSG_WITNESS_TX`; parents of orphans).
+    Txid(Txid),
+    /// By wtxid (`MSG_WTX`).
+    Wtxid(Wtxid),
+}
+
+impl GenTxid {
+    /// The 32 hash bytes, whichever kind.
+    pub fn bytes(&self) -> [u8; 32] {
+        use bitcoin::hashes::Hash;
+        match self {
+            GenTxid::Txid(t) => t.to_byte_array(),
+            GenTxid::Wtxid(w) => w.to_byte_array(),
+        }
+    }
+}
+
+/// A mempool transaction as the relay needs it.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct MempoolTx {
+    /// The transaction.
+    pub tx: Arc<Transaction>,
+    /// Its own feerate (fee over vsize), sats per 1,000 vbytes: compared
+    /// with a peer's BIP-133 `feefilter`.
+    pub feerate: u64,
+    /// Its entry sequence (the mempool's counter when it entered): it is
+    /// served by `getdata` only to a peer that was sent an `inv` after it
+    /// entered (Core's `m_last_inv_sequence`).
+    pub sequence: u64,
+}
+
+impl MempoolTx {
+    /// Builds one.
+    pub fn new(tx: Arc<Transaction>, feerate: u64, sequence: u64) -> Self {
+        MempoolTx {
+            tx,
+            feerate,
+            sequence,
+        }
+    }
+}
+
+/// Why a transaction from a peer did not enter the mempool. None of these
+/// punishes the peer: Bitcoin Core 30.0 no longer discourages a peer for
+/// a consensus-invalid transaction (`net_processing.cpp`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxSubmitError {
+    /// An input is neither in the UTXO set nor in the mempool
+    /// (`TX_MISSING_INPUTS`): an orphan, perhaps valid once its parents
+    /// arrive.
+    #[error("orphan: missing inputs")]
+    MissingInputs,
+    /// Refused with Core's reason. `remember`: the wtxid goes into the
+    /// recent rejects (not for a stripped witness); `by_txid`: the txid as
+    /// well (`TX_INPUTS_NOT_STANDARD`: no witness makes it standard).
+    #[error("rejected: {reason}")]
+    Rejected {
+        /// Core's reject reason and debug text.
+        reason: String,
+        /// Whether the wtxid is remembered as rejected.
+        remember: bool,
+        /// Whether the txid is remembered as rejected too.
+        by_txid: bool,
+    },
+    /// Already in the mempool.
+    #[error("already in the mempool")]
+    Duplicate,
+    /// No mempool, or the chain state could not be read: nothing is known
+    /// about the transaction.
+    #[error("mempool unavailable: {source}")]
+    Unavailable {
+        /// The cause.
+        #[source]
+        source: BoxError,
+    },
 }
 
 /// Result of [`NodeBackend::accept_headers`].

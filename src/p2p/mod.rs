@@ -34,6 +34,8 @@ mod net;
 mod peer;
 mod state;
 pub mod sync;
+mod txdownload;
+pub mod txrequest;
 
 #[cfg(test)]
 mod mock;
@@ -51,17 +53,22 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
 pub use backend::{
-    ArchiveQueryError, BoxError, FilterQueryError, HeadersError, HeadersOutcome, NodeBackend,
-    SubmitError, SubmitOutcome,
+    ArchiveQueryError, BoxError, FilterQueryError, GenTxid, HeadersError, HeadersOutcome,
+    MempoolTx, NodeBackend, SubmitError, SubmitOutcome, TxSubmitError,
 };
 pub use codec::CodecError;
 pub use misbehaviour::{Disconnect, Misbehaviour};
 pub use net::run;
+pub use peer::relay::{
+    INBOUND_INVENTORY_BROADCAST_INTERVAL, INVENTORY_BROADCAST_MAX,
+    OUTBOUND_INVENTORY_BROADCAST_INTERVAL,
+};
 pub use peer::{
     MAX_BLOCKS_TO_ANNOUNCE, MAX_GETBLOCKS, MAX_GETCFHEADERS, MAX_GETCFILTERS,
     MAX_SUBVERSION_LENGTH, MAX_UNCONNECTING_HEADERS,
 };
 pub use sync::{PeerId, DOWNLOAD_WINDOW, MAX_IN_FLIGHT_PER_PEER};
+pub use txdownload::{MAX_ORPHAN_TRANSACTIONS, MAX_RECENT_REJECTS, ORPHAN_TX_EXPIRE_TIME};
 
 /// Filter headers are checkpointed every this many blocks in `cfcheckpt`
 /// (BIP157 `CFCHECKPT_INTERVAL`).
@@ -295,8 +302,12 @@ impl P2pHandle {
     }
 
     /// Relays a transaction: `inv` (by wtxid to wtxidrelay peers) to peers
-    /// that asked for transaction relay, and serves it on `getdata` for a
-    /// while (the 100 most recent are kept). No mempool checks here.
+    /// that asked for transaction relay. With a mempool behind the backend
+    /// ([`NodeBackend::mempool_min_feerate`]) it is queued for each peer's
+    /// next trickle, announced only while in the mempool, above the peer's
+    /// `feefilter`, and not to peers known to have it (the one that sent
+    /// it), and served from the mempool; without one, announced at once
+    /// and served on `getdata` for a while (the 100 most recent are kept).
     ///
     /// # Errors
     /// [`P2pError::Stopped`] when the network task is gone,

@@ -20,7 +20,7 @@ use bitcoin::p2p::message_filter::{
 };
 use bitcoin::p2p::message_network::VersionMessage;
 use bitcoin::p2p::ServiceFlags;
-use bitcoin::{Block, BlockHash, Transaction};
+use bitcoin::{Block, BlockHash, Transaction, Txid, Wtxid};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -35,10 +35,12 @@ use super::misbehaviour::{codec_disconnect, misbehaving, refused, Disconnect, Mi
 use super::state::{Net, PeerCmd};
 use super::sync::{PeerId, DOWNLOAD_WINDOW, MAX_IN_FLIGHT_PER_PEER};
 use super::{PROTOCOL_VERSION, SENDHEADERS_VERSION, WTXID_RELAY_VERSION};
+use relay::TxRelay;
 
 mod download;
 mod filters;
 mod handshake;
+pub(crate) mod relay;
 mod serve;
 
 /// Maximum blocks per `getcfilters` (BIP157 `MAX_GETCFILTERS_SIZE`).
@@ -125,6 +127,15 @@ pub(crate) async fn run_peer(
     net.unregister(id);
 }
 
+/// Sleeps until `at`, or for ever when `None` (a `select!` arm that is
+/// off).
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// A message taken from the reader before its turn, to see whether the
 /// block being handled has its child right behind it (then handed to the
 /// node with it: [`NodeBackend::submit_block_with_next`]); handled next.
@@ -182,6 +193,8 @@ struct Peer {
     /// The last block of a full `getblocks` answer: when the peer asks for
     /// it, our tip is announced (Core's `m_continuation_block`).
     continuation_block: Option<BlockHash>,
+    /// Transaction relay with this peer.
+    relay: TxRelay,
 }
 
 impl Peer {
@@ -211,6 +224,7 @@ impl Peer {
             not_found: HashSet::new(),
             sent_getaddr_answer: false,
             continuation_block: None,
+            relay: TxRelay::default(),
         }
     }
 
@@ -280,6 +294,7 @@ impl Peer {
                     None => Err(Disconnect::Shutdown),
                 },
                 _ = tick.tick() => self.on_tick().await,
+                _ = sleep_until_opt(self.relay.next_wake()) => self.relay_tick().await,
                 m = next_message(&mut peeked, &mut msg_rx) => match m {
                     Some(Peeked::Block(block)) => {
                         self.block_with_next(block, &mut msg_rx, &mut peeked).await
@@ -308,7 +323,13 @@ impl Peer {
     async fn on_command(&mut self, cmd: PeerCmd) -> Result<(), Disconnect> {
         match cmd {
             PeerCmd::AnnounceTip => self.announce_tip().await,
+            PeerCmd::RelayTx(tx) if self.net.backend.mempool_min_feerate().is_some() => {
+                self.queue_announcement(&tx);
+                Ok(())
+            }
             PeerCmd::RelayTx(tx) => {
+                // No mempool: announced at once, served from the recent
+                // relays.
                 let relay = self.version.as_ref().is_some_and(|v| v.relay);
                 if !relay {
                     return Ok(());
@@ -355,6 +376,7 @@ impl Peer {
             return Err(Disconnect::BlockTimeout);
         }
         self.maybe_start_header_sync().await?;
+        self.request_txs().await?;
         self.request_blocks().await
     }
 
@@ -375,14 +397,7 @@ impl Peer {
             NetworkMessage::FilterLoad(_) => Err(refused("filterload", NO_BLOOM)),
             NetworkMessage::FilterAdd(_) => Err(refused("filteradd", NO_BLOOM)),
             NetworkMessage::FilterClear => Err(refused("filterclear", NO_BLOOM)),
-            NetworkMessage::Tx(tx) => {
-                // Our `version` said relay = false, and Core's -blocksonly
-                // disconnects here; but BIP157 light clients (kyoto sends
-                // to a random peer) broadcast whatever the flag, and would
-                // lose their filter server. We keep no mempool: dropped.
-                debug!(peer = %self.addr, txid = %tx.compute_txid(), "unsolicited tx ignored");
-                Ok(())
-            }
+            NetworkMessage::Tx(tx) => self.on_tx(tx).await,
             NetworkMessage::SendHeaders => {
                 self.send_headers = true;
                 Ok(())
@@ -446,8 +461,14 @@ impl Peer {
     }
 
     /// A `notfound`: the blocks it names go back to the download plan, and
-    /// are not asked of this peer again (at most 10,000 remembered).
+    /// are not asked of this peer again (at most 10,000 remembered); the
+    /// transactions it names may be asked of another announcer.
     fn on_notfound(&mut self, inv: Vec<Inventory>) {
+        self.on_tx_notfound(inv.iter().filter_map(|i| match i {
+            Inventory::Transaction(t) | Inventory::WitnessTransaction(t) => Some(GenTxid::Txid(*t)),
+            Inventory::WTx(w) => Some(GenTxid::Wtxid(*w)),
+            _ => None,
+        }));
         let mut sched = self.net.sched.lock();
         for i in inv {
             if let Inventory::Block(h) | Inventory::WitnessBlock(h) = i {

@@ -27,6 +27,7 @@ use tracing::warn;
 use super::addrman::{AddrBook, BanList};
 use super::misbehaviour::Disconnect;
 use super::sync::{PeerId, Scheduler};
+use super::txdownload::TxDownload;
 use super::{HandleShared, NodeBackend, P2pConfig, P2pError, PeerInfo};
 
 /// Commands from the network to a peer task.
@@ -96,6 +97,12 @@ pub(crate) struct Net {
     /// progress.
     pub header_sync: Mutex<Option<(PeerId, Instant)>>,
     pub recent_txs: Mutex<VecDeque<Arc<Transaction>>>,
+    /// Transaction announcements, requests, recent rejects and orphans.
+    pub txdownload: Mutex<TxDownload>,
+    /// The next `inv` trickle of every inbound peer (Core's
+    /// `m_next_inv_to_inbounds`: one timer, so that inbound peers cannot
+    /// tell apart when we learned of a transaction).
+    next_inv_to_inbounds: Mutex<Option<Instant>>,
     /// Nonces of our outbound `version` messages (self-connection check).
     pub our_nonces: Mutex<HashSet<u64>>,
     pub nonces: Nonces,
@@ -137,6 +144,8 @@ impl Net {
             sched: Mutex::new(sched),
             header_sync: Mutex::new(None),
             recent_txs: Mutex::new(VecDeque::new()),
+            txdownload: Mutex::new(TxDownload::default()),
+            next_inv_to_inbounds: Mutex::new(None),
             our_nonces: Mutex::new(HashSet::new()),
             nonces,
             shared,
@@ -199,6 +208,7 @@ impl Net {
         self.peers.lock().remove(&id);
         self.shared.peers.lock().remove(&id);
         self.sched.lock().release_peer(id);
+        self.txdownload.lock().disconnected(id);
         let mut hs = self.header_sync.lock();
         if matches!(*hs, Some((p, _)) if p == id) {
             *hs = None;
@@ -209,6 +219,20 @@ impl Net {
     pub fn broadcast(&self, cmd: impl Fn() -> PeerCmd) {
         for e in self.peers.lock().values() {
             let _ = e.tx.try_send(cmd());
+        }
+    }
+
+    /// The next inbound trickle: the shared time, moved `rand_exp(mean)`
+    /// past `now` once it has passed (Core's `NextInvToInbounds`).
+    pub fn next_inv_to_inbounds(&self, now: Instant, mean: Duration) -> Instant {
+        let mut next = self.next_inv_to_inbounds.lock();
+        match *next {
+            Some(t) if t > now => t,
+            _ => {
+                let t = now + super::peer::relay::rand_exp(mean, self.nonces.next());
+                *next = Some(t);
+                t
+            }
         }
     }
 

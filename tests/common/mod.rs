@@ -10,6 +10,7 @@ pub mod faults;
 pub mod feed;
 pub mod python;
 pub mod rng;
+pub mod test_peer;
 
 pub use rng::Rng;
 

@@ -25,14 +25,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bitcoin::hashes::Hash;
-use bitcoin::p2p::address::Address;
 use bitcoin::p2p::message::NetworkMessage;
 use bitcoin::p2p::message_blockdata::Inventory;
 use bitcoin::p2p::message_network::VersionMessage;
-use bitcoin::p2p::{Magic, ServiceFlags};
+use bitcoin::p2p::Magic;
 use bitcoin::{Network, OutPoint, Txid};
 use common::data;
 use common::feed::{self, Chain};
+use common::test_peer::TestPeer;
 use kakehi::archive::{verify_bytes, Anchor, Archive, EpochHeader, VerifiedStatus};
 use kakehi::chain::ChainParams;
 use kakehi::import::import_files;
@@ -42,12 +42,11 @@ use kakehi::p2p::archive::{
     archive_service, ArchEpochs, ArchProof, ArchProofStatus, GetArchEpochs, GetArchProof,
     ARCHEPOCHS, ARCHPROOF, GETARCHEPOCH, GETARCHPROOF, MAX_ARCHPROOF_PROOF_BYTES,
 };
-use kakehi::p2p::codec::{self, encode_message, encode_raw, CodecError};
+use kakehi::p2p::codec::{self, encode_raw, CodecError};
 use kakehi::p2p::{P2pConfig, P2pError, P2pHandle};
 use kakehi::pipeline::Chainstate;
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::timeout;
@@ -157,91 +156,7 @@ impl P2p {
     }
 }
 
-/// A hand-driven peer on the node's codec.
-struct TestPeer {
-    rd: OwnedReadHalf,
-    wr: OwnedWriteHalf,
-    version: VersionMessage,
-}
-
 impl TestPeer {
-    /// Connects and completes the handshake (`relay`: BIP37 flag).
-    async fn handshake(addr: SocketAddr, relay: bool) -> TestPeer {
-        let s = TcpStream::connect(addr).await.unwrap();
-        let (rd, wr) = s.into_split();
-        let me: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        let v = VersionMessage {
-            version: 70016,
-            services: ServiceFlags::NONE,
-            timestamp: 0,
-            receiver: Address::new(&addr, ServiceFlags::NONE),
-            sender: Address::new(&me, ServiceFlags::NONE),
-            nonce: 7,
-            user_agent: "/archive-test/".into(),
-            start_height: 0,
-            relay,
-        };
-        let mut p = TestPeer {
-            rd,
-            wr,
-            version: v.clone(),
-        };
-        for m in [
-            NetworkMessage::Version(v),
-            NetworkMessage::WtxidRelay,
-            NetworkMessage::SendAddrV2,
-            NetworkMessage::Verack,
-        ] {
-            p.send(m).await;
-        }
-        let (mut theirs, mut verack) = (None, false);
-        while theirs.is_none() || !verack {
-            match p.recv().await.expect("handshake") {
-                NetworkMessage::Version(v) => theirs = Some(v),
-                NetworkMessage::Verack => verack = true,
-                _ => {}
-            }
-        }
-        p.version = theirs.unwrap();
-        // A pong proves the node finished the handshake (messages arriving
-        // during it are dropped).
-        p.ping(1).await;
-        p
-    }
-
-    async fn send(&mut self, msg: NetworkMessage) {
-        self.wr.write_all(&encode_message(M, msg)).await.unwrap();
-    }
-
-    async fn recv(&mut self) -> Result<NetworkMessage, CodecError> {
-        timeout(
-            Duration::from_secs(30),
-            codec::read_message(&mut self.rd, M, Duration::from_secs(30)),
-        )
-        .await
-        .expect("a message within 30 s")
-    }
-
-    /// Receives until `f` returns Some, answering pings on the way.
-    async fn recv_until<T>(&mut self, mut f: impl FnMut(NetworkMessage) -> Option<T>) -> T {
-        loop {
-            let m = self.recv().await.expect("connection open");
-            if let NetworkMessage::Ping(n) = m {
-                self.send(NetworkMessage::Pong(n)).await;
-                continue;
-            }
-            if let Some(t) = f(m) {
-                return t;
-            }
-        }
-    }
-
-    async fn ping(&mut self, nonce: u64) {
-        self.send(NetworkMessage::Ping(nonce)).await;
-        self.recv_until(|m| matches!(m, NetworkMessage::Pong(n) if n == nonce).then_some(()))
-            .await;
-    }
-
     /// The next unknown-command message named `command`, its payload.
     async fn recv_custom(&mut self, command: &str) -> Vec<u8> {
         self.recv_until(|m| match m {

@@ -109,11 +109,15 @@ impl Peer {
     }
 
     pub(super) async fn on_inv(&mut self, inv: Vec<Inventory>) -> Result<(), Disconnect> {
-        // Transaction entries are not fetched (no mempool) and, unlike
-        // Core's -blocksonly, not punished (see the `tx` arm of
-        // `on_message`).
+        // Transaction entries go to the relay (`relay::on_tx_inv`).
         let mut unknown = false;
+        let mut txs = Vec::new();
         for item in inv {
+            match item {
+                Inventory::Transaction(t) => txs.push(GenTxid::Txid(t)),
+                Inventory::WTx(w) => txs.push(GenTxid::Wtxid(w)),
+                _ => {}
+            }
             if let Inventory::Block(h) | Inventory::WitnessBlock(h) = item {
                 match self.net.backend.block_height(&h) {
                     Some(height) => {
@@ -126,6 +130,9 @@ impl Peer {
                     None => unknown = true,
                 }
             }
+        }
+        if !txs.is_empty() {
+            self.on_tx_inv(txs).await?;
         }
         if unknown {
             let loc = self.locator();

@@ -30,8 +30,8 @@ impl Peer {
             nonce,
             user_agent: self.net.config.user_agent.clone(),
             start_height: height as i32,
-            // We keep no mempool: ask peers not to send transactions.
-            relay: false,
+            // Without a mempool, ask peers not to send transactions.
+            relay: self.net.backend.mempool_min_feerate().is_some(),
         }
     }
 
@@ -154,6 +154,7 @@ impl Peer {
         }
         msgs.push(NetworkMessage::Ping(self.new_ping_nonce()));
         self.send_all(msgs).await?;
+        self.start_relay();
         self.maybe_start_header_sync().await?;
         Ok(())
     }

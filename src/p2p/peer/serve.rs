@@ -1,4 +1,4 @@
-//! Serving a peer: headers (`getheaders`), block inventories (`getblocks` with Core's continuation `inv`), blocks and transactions (`getdata`), addresses (`getaddr`), and announcing our new tip.
+//! Serving a peer: headers (`getheaders`), block inventories (`getblocks` with Core's continuation `inv`), blocks and transactions (`getdata`, transactions from the mempool), addresses (`getaddr`), and announcing our new tip.
 
 use super::*;
 
@@ -120,15 +120,11 @@ impl Peer {
                 Inventory::WitnessBlock(h) | Inventory::CompactBlock(h) => {
                     self.serve_block(h, true).await?
                 }
-                Inventory::Transaction(txid) => {
-                    self.serve_tx(|t| t.compute_txid() == txid, false).await?
-                }
+                Inventory::Transaction(txid) => self.serve_tx(GenTxid::Txid(txid), false).await?,
                 Inventory::WitnessTransaction(txid) => {
-                    self.serve_tx(|t| t.compute_txid() == txid, true).await?
+                    self.serve_tx(GenTxid::Txid(txid), true).await?
                 }
-                Inventory::WTx(wtxid) => {
-                    self.serve_tx(|t| t.compute_wtxid() == wtxid, true).await?
-                }
+                Inventory::WTx(wtxid) => self.serve_tx(GenTxid::Wtxid(wtxid), true).await?,
                 _ => false,
             };
             if !served {
@@ -166,14 +162,24 @@ impl Peer {
         Ok(true)
     }
 
-    /// Sends the relayed transaction matching `pick`; false when there is
-    /// none (we keep no mempool: Core answers `notfound` likewise).
+    /// Sends transaction `id`: from the mempool when the node keeps one
+    /// (only what may be served to this peer: [`Peer::tx_for_getdata`]),
+    /// else from the recent relays; false when there is none (Core answers
+    /// `notfound` likewise).
     pub(super) async fn serve_tx(
         &mut self,
-        pick: impl Fn(&Transaction) -> bool,
+        id: GenTxid,
         witness: bool,
     ) -> Result<bool, Disconnect> {
-        let tx = self.net.recent_txs.lock().iter().find(|t| pick(t)).cloned();
+        let tx = if self.net.backend.mempool_min_feerate().is_some() {
+            self.tx_for_getdata(id)
+        } else {
+            let pick = |t: &Transaction| match id {
+                GenTxid::Txid(txid) => t.compute_txid() == txid,
+                GenTxid::Wtxid(wtxid) => t.compute_wtxid() == wtxid,
+            };
+            self.net.recent_txs.lock().iter().find(|t| pick(t)).cloned()
+        };
         let Some(tx) = tx else { return Ok(false) };
         let mut tx = (*tx).clone();
         if !witness {
