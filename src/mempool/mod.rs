@@ -517,12 +517,7 @@ impl Mempool {
     /// their descendants.
     fn expire(&self, inner: &mut Inner) {
         let cutoff = now().saturating_sub(self.config.expiry_hours.saturating_mul(3600));
-        let old: Vec<Txid> = inner
-            .pool
-            .iter_by_entry()
-            .filter(|e| e.time < cutoff)
-            .map(|e| e.txid)
-            .collect();
+        let old: Vec<Txid> = inner.pool.entered_before(cutoff).collect();
         let mut expired = 0;
         for t in old {
             expired += inner.pool.remove_with_descendants(&t).len();

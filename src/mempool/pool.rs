@@ -27,6 +27,8 @@ pub struct Pool {
     by_script: imbl::HashMap<[u8; 32], imbl::OrdSet<(u64, Txid)>>,
     /// Entry sequence → txid: the order transactions entered.
     order: imbl::OrdMap<u64, Txid>,
+    /// (entry time, txid), for expiry (Core's `entry_time` index).
+    by_time: imbl::OrdSet<(u64, Txid)>,
     totals: Totals,
     next_sequence: u64,
     /// The chain tip the pool is consistent with.
@@ -110,6 +112,15 @@ impl Pool {
         self.order
             .range(sequence..)
             .filter_map(|(_, t)| self.entries.get(t))
+    }
+
+    /// Txids of the entries that entered before `cutoff` (seconds since
+    /// the UNIX epoch), oldest first.
+    pub fn entered_before(&self, cutoff: u64) -> impl Iterator<Item = Txid> + '_ {
+        self.by_time
+            .iter()
+            .take_while(move |(time, _)| *time < cutoff)
+            .map(|(_, t)| *t)
     }
 
     /// Entries that pay to or spend from the scriptPubKey whose SHA256 is
@@ -214,6 +225,7 @@ impl Pool {
         }
         self.by_wtxid.insert(entry.wtxid, txid);
         self.order.insert(entry.sequence, txid);
+        self.by_time.insert((entry.time, txid));
         let t = &mut self.totals;
         t.count += 1;
         t.vsize += entry.vsize;
@@ -228,6 +240,8 @@ impl Pool {
     /// keeping its place in the entry order.
     pub(super) fn set_time(&mut self, txid: &Txid, time: u64) {
         if let Some(e) = self.entries.get_mut(txid) {
+            self.by_time.remove(&(e.time, *txid));
+            self.by_time.insert((time, *txid));
             Arc::make_mut(e).time = time;
         }
     }
@@ -251,6 +265,7 @@ impl Pool {
         }
         self.by_wtxid.remove(&entry.wtxid);
         self.order.remove(&entry.sequence);
+        self.by_time.remove(&(entry.time, *txid));
         let t = &mut self.totals;
         t.count -= 1;
         t.vsize -= entry.vsize;
