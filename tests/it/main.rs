@@ -44,6 +44,7 @@ mod lookahead;
 mod memory_budgets;
 mod mempool;
 mod mempool_core;
+mod mempool_model;
 mod mempool_relay;
 mod muhash;
 mod p2p_core;
