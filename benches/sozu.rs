@@ -31,7 +31,7 @@
 //! `SOZU_BENCH_SPILL_CONSUMED` (`first`, `last-into-disk` or `last`:
 //! `SozuConfig::spill_consumed`; default that of `SozuConfig::default()`;
 //! `first` for rounds 1-16's policy), `SOZU_BENCH_SEED_SPILL` (set: first
-//! run the table with seed 000's literal spill policy too, for comparison
+//! run the table with the Sozu paper's literal spill policy too, for comparison
 //! in the same run), `SOZU_BENCH_PERF_CTL`
 //! (a `perf record --control fifo:PATH` control FIFO: the bench writes
 //! `enable` to it before the first measured block and `disable` after the
@@ -947,7 +947,7 @@ fn main() {
         w.live, w.warmup, w.blocks
     );
     if std::env::var("SOZU_BENCH_SEED_SPILL").is_ok() {
-        // The seed's literal spill policy, for comparison in the same run.
+        // The Sozu paper's literal spill policy, for comparison in the same run.
         let cfg = SozuConfig {
             spill_fewest_children: false,
             spill_consumed: SpillConsumed::First,

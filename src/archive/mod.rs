@@ -1,5 +1,5 @@
-//! Archival proofs (seed 003, Stellar CAP-57, adapted to Bitcoin; DESIGN.md
-//! "Archival proofs"; formats in `docs/archive.md`).
+//! Archival proofs (Stellar CAP-57, adapted to Bitcoin; `docs/references.md`;
+//! formats in `docs/archive.md`).
 //!
 //! When a block is final (100 deep on the best chain), each output it spent
 //! becomes a [`Leaf`]. Leaves are grouped by the spend height into epochs of

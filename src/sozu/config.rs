@@ -4,7 +4,7 @@
 use super::page::{MAX_GROWTH_BITS, MAX_PAGE_SIZE, MIN_PAGE_SIZE};
 use super::SozuError;
 
-/// Capacity and keep-ratio of one layer (seed 000, "Tuning the flow between
+/// Capacity and keep-ratio of one layer (the Sozu paper, "Tuning the flow between
 /// layers").
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LayerConfig {
@@ -136,7 +136,7 @@ pub struct SozuConfig {
 /// page is next rewritten; flowing first carries it down meanwhile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpillConsumed {
-    /// Seed 000 literally: consumed entries flow first in every layer, so
+    /// The Sozu paper literally: consumed entries flow first in every layer, so
     /// that live entries stay up.
     First,
     /// First while the spill goes to a pinned layer, last when it goes to

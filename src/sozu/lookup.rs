@@ -1,4 +1,4 @@
-//! Seed 000's `ReadSozu` for a whole batch of keys, over any view of a
+//! The Sozu paper's `ReadSozu` for a whole batch of keys, over any view of a
 //! shard's pages: the writer's (its current pages) or a concurrent
 //! reader's (the committed ones).
 //!
@@ -21,7 +21,7 @@ pub(super) struct Query {
     pub(super) key: OutPointKey,
     /// Its hash ([`Geo::hash`]).
     pub(super) h: u64,
-    /// Seed 000's height floor: the descent stops where nothing produced at
+    /// The Sozu paper's height floor: the descent stops where nothing produced at
     /// or after it went below (0: no floor).
     pub(super) min_height: u32,
 }

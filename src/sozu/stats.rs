@@ -41,7 +41,7 @@ pub struct LayerFlow {
     pub file_reads: u64,
 }
 
-/// Statistics of a [`super::SozuTable`] (seed 000's quantities).
+/// Statistics of a [`super::SozuTable`] (the Sozu paper's quantities).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SozuStats {
     /// Per layer, from layer 0 down (computed by a full scan).

@@ -1,4 +1,4 @@
-//! The table's shard workers (seed 000, "Sharding the Sozu table"):
+//! The table's shard workers (the Sozu paper, "Sharding the Sozu table"):
 //! long-lived threads that run each shard's part of a lookup batch, a
 //! block's write and a commit's publish.
 //!
