@@ -10,6 +10,8 @@
 //! committed state. Unconfirmed transactions go through the [`mempool`]
 //! (Core's acceptance rules), which follows the published chain snapshots.
 
+#![warn(missing_docs)]
+
 pub mod archive;
 pub mod chain;
 pub mod config;
