@@ -191,7 +191,7 @@ impl Gen {
 /// a node's table (a chain that spends at every height) is never in that
 /// state. Measuring after the warm-up measures the state a running node is
 /// in: spends purged as fast as they come. With 0, the measured blocks
-/// start right after the fill, as in rounds 1-16 of `BENCHMARKS.md`.
+/// start right after the fill, as in rounds 1-16 of `docs/benchmarks-history.md`.
 const WARMUP: usize = 250;
 
 /// The workload's sizes, read from the environment (module docs).

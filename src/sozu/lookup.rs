@@ -151,7 +151,7 @@ impl Batch<'_, '_> {
     /// Announces the pages of a disk layer that this layer's visits will
     /// read: those whose summary may hold one of their keys, or that have
     /// none. A page read costs a synchronous file read when it is not in
-    /// memory; announced together, the reads overlap (`BENCHMARKS.md`,
+    /// memory; announced together, the reads overlap (`docs/benchmarks-history.md`,
     /// Sozu round 11: 4× less CPU and wall per read from the virtual disk).
     fn prefetch(&mut self, view: &mut dyn PageView, layer: u8, pending: &[(u64, usize)]) {
         let mut wanted = Vec::new();

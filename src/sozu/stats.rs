@@ -22,7 +22,7 @@ pub struct LayerStats {
 
 /// Counters of one layer's share of the write path since open, from
 /// [`super::SozuTable::counters`]: where a block's page work and file
-/// reads fall, layer by layer (`BENCHMARKS.md`, Sozu round 14).
+/// reads fall, layer by layer (`docs/benchmarks-history.md`, Sozu round 14).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LayerFlow {
     /// Pages of this layer rewritten by blocks (each page once per block
