@@ -19,7 +19,7 @@
 //! Module layout: [`leaf`] (leaf and tree-entry encodings), [`merkle`]
 //! (tree and batch paths), [`header`] (epoch headers, commitment),
 //! [`filter`] (fuse filters), [`proof`] (proof encodings, verification),
-//! [`format`] (file magics, version, limits), [`seal`] (writing an epoch
+//! [`format`](mod@format) (file magics, version, limits), [`seal`] (writing an epoch
 //! file), [`store`] (the on-disk archive). Errors: [`ArchiveError`] for the store,
 //! [`VerifyError`] for proofs (their callers differ: the pipeline vs. a
 //! client), [`leaf::LeafDecodeError`] for leaf bytes.
