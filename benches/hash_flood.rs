@@ -1,6 +1,6 @@
 //! Hash flooding: outpoints chosen to collide under an unkeyed hash go into
 //! the Sozu table as fast as random ones, because its bucket hash is SipHash
-//! keyed with a per-table random key (DESIGN.md, "The Sozu table").
+//! keyed with a per-table random key (`docs/sozu-format.md`).
 //!
 //! Three sets of `KAKEHI_BENCH_OUTPOINTS` outpoints (1,000,000 by default),
 //! each written into a fresh table (two shards, the node's configuration)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# HTTP load numbers for BENCHMARKS.md "HTTP" (issue 6), loopback only.
+# HTTP load numbers for BENCHMARKS.md "HTTP", loopback only.
 #
 # Starts a release `kakehi run` imported from testnet-data/regtest-a, then
 # runs wrk (Debian package `wrk`) against the filter, header, outspend and

@@ -31,7 +31,7 @@
 //! `SOZU_BENCH_SPILL_CONSUMED` (`first`, `last-into-disk` or `last`:
 //! `SozuConfig::spill_consumed`; default that of `SozuConfig::default()`;
 //! `first` for rounds 1-16's policy), `SOZU_BENCH_SEED_SPILL` (set: first
-//! run the table with seed 000's literal spill policy too, for comparison
+//! run the table with the Sozu paper's literal spill policy too, for comparison
 //! in the same run), `SOZU_BENCH_PERF_CTL`
 //! (a `perf record --control fifo:PATH` control FIFO: the bench writes
 //! `enable` to it before the first measured block and `disable` after the
@@ -191,7 +191,7 @@ impl Gen {
 /// a node's table (a chain that spends at every height) is never in that
 /// state. Measuring after the warm-up measures the state a running node is
 /// in: spends purged as fast as they come. With 0, the measured blocks
-/// start right after the fill, as in rounds 1-16 of `BENCHMARKS.md`.
+/// start right after the fill, as in rounds 1-16 of `docs/benchmarks-history.md`.
 const WARMUP: usize = 250;
 
 /// The workload's sizes, read from the environment (module docs).
@@ -947,7 +947,7 @@ fn main() {
         w.live, w.warmup, w.blocks
     );
     if std::env::var("SOZU_BENCH_SEED_SPILL").is_ok() {
-        // The seed's literal spill policy, for comparison in the same run.
+        // The Sozu paper's literal spill policy, for comparison in the same run.
         let cfg = SozuConfig {
             spill_fewest_children: false,
             spill_consumed: SpillConsumed::First,

@@ -202,7 +202,7 @@ impl BlockFile {
 
 /// Reads `path` and checks every record (framing, magic, the block
 /// decodes: each decoded then dropped) up to the first problem, streaming
-/// it through a [`SCAN_BUFFER`] buffer and one record: the file with the
+/// it through a 1 MiB buffer (`SCAN_BUFFER`) and one record: the file with the
 /// good records before it, and the problem ([`ImportError::Io`] with no
 /// records when the file cannot be read). `kakehi import` and `kakehi
 /// reindex-chainstate` read their files with it (the latter's last file

@@ -4,8 +4,13 @@
 //! [`pipeline`]: header checks against the [`chain`] index, consensus checks
 //! in [`validation`] against the [`sozu`] UTXO table under the block's
 //! branch view, BIP-158 [`filters`], and one commit per block boundary across
-//! the [`store`] and the table. The [`http`] API reads committed state.
-//! Scripts and signatures are not evaluated.
+//! the [`store`] and the table. Every input's script is evaluated by Bitcoin
+//! Core's own interpreter ([`validation::script`]; blocks buried under the
+//! assumevalid block skip their scripts, as in Core). The [`http`] API reads
+//! committed state. Unconfirmed transactions go through the [`mempool`]
+//! (Core's acceptance rules), which follows the published chain snapshots.
+
+#![warn(missing_docs)]
 
 pub mod archive;
 pub mod chain;

@@ -29,7 +29,7 @@ use kakehi::sozu::{SozuConfig, SozuTable};
 /// mimalloc: the Sozu table's block writes decode and re-encode thousands
 /// of pages per block; under glibc's allocator `malloc`/`free` were ~22 % of
 /// its samples, and blocks connect ~20 % faster with mimalloc
-/// (BENCHMARKS.md, "Round 4").
+/// (`docs/benchmarks-history.md`, Sozu round 4).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -10,7 +10,7 @@ use bitcoin::hashes::Hash;
 use bitcoin::{Amount, OutPoint, Txid};
 
 /// A 4-byte identifier given once to every block the node connects, stale
-/// blocks included (seed 000: "4-bytes integers are sufficient to uniquely
+/// blocks included (the Sozu paper: "4-bytes integers are sufficient to uniquely
 /// identify all blocks in existence"). Allocated by the chain index in
 /// arrival order; `BlockId(0)` is the genesis block.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]

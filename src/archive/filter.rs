@@ -1,5 +1,5 @@
 //! The per-epoch binary fuse filter over outpoint keys (the archival
-//! filter of DESIGN.md "Archival proofs"), used to find the epochs that
+//! filter of Stellar CAP-57), used to find the epochs that
 //! may hold an outpoint.
 //!
 //! `xorf::BinaryFuse16`: about 18 bits per key and a false-positive rate of

@@ -23,7 +23,7 @@ pub const LEAF_FIXED_LEN: usize = 36 + 8 + 4 + 32 + 4 + 32 + 4 + 2;
 pub const MAX_ENTRY_LEN: usize = 5 + LEAF_FIXED_LEN + MAX_SCRIPT_LEN;
 
 /// The spend of an archived output: where and by what it was spent
-/// (Teranode's spending data, seed 004, plus the block).
+/// (the spending data of Teranode's UTXO model, plus the block).
 #[derive(Clone, PartialEq, Eq, Debug, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Spend {
@@ -38,8 +38,8 @@ pub struct Spend {
     pub vin: u32,
 }
 
-/// One archived leaf: a spent output of a final block (DESIGN.md
-/// "Archival proofs").
+/// One archived leaf: a spent output of a final block (Stellar
+/// CAP-57's archived entry, adapted to Bitcoin).
 ///
 /// Encoded by [`Leaf::to_bytes`] in [`LEAF_FIXED_LEN`] + script bytes.
 #[derive(Clone, PartialEq, Eq, Debug, Hash, Serialize, Deserialize)]
@@ -198,8 +198,8 @@ impl Leaf {
 }
 
 /// One entry of a sealed epoch's sorted leaf list: the lower boundary (index
-/// 0), a spent output, or the upper boundary (last index) (seed 003,
-/// `COLD_ARCHIVE_BOUNDARY_LEAF`).
+/// 0), a spent output, or the upper boundary (last index) (Stellar
+/// CAP-57's `COLD_ARCHIVE_BOUNDARY_LEAF`).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum TreeEntry {

@@ -1,5 +1,5 @@
 //! The epoch Merkle tree: SHA-256 with RFC 6962 domain separation, and
-//! batched (multi-leaf) proofs that send each sibling node once (seed 003).
+//! batched (multi-leaf) proofs that send each sibling node once (Stellar CAP-57).
 //!
 //! Tree shape: level 0 holds the leaf hashes `SHA256(0x00 || entry)`; each
 //! next level pairs nodes left to right as `SHA256(0x01 || left || right)`,

@@ -1,5 +1,5 @@
-//! Archival proofs (seed 003, Stellar CAP-57, adapted to Bitcoin; DESIGN.md
-//! "Archival proofs"; formats in `docs/archive.md`).
+//! Archival proofs (Stellar CAP-57, adapted to Bitcoin; `docs/references.md`;
+//! formats in `docs/archive.md`).
 //!
 //! When a block is final (100 deep on the best chain), each output it spent
 //! becomes a [`Leaf`]. Leaves are grouped by the spend height into epochs of
@@ -19,7 +19,7 @@
 //! Module layout: [`leaf`] (leaf and tree-entry encodings), [`merkle`]
 //! (tree and batch paths), [`header`] (epoch headers, commitment),
 //! [`filter`] (fuse filters), [`proof`] (proof encodings, verification),
-//! [`format`] (file magics, version, limits), [`seal`] (writing an epoch
+//! [`format`](mod@format) (file magics, version, limits), [`seal`] (writing an epoch
 //! file), [`store`] (the on-disk archive). Errors: [`ArchiveError`] for the store,
 //! [`VerifyError`] for proofs (their callers differ: the pipeline vs. a
 //! client), [`leaf::LeafDecodeError`] for leaf bytes.

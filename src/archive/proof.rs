@@ -1,5 +1,5 @@
 //! Proof batches: their binary and JSON forms, and verification with no
-//! database (seed 003, "Proof Structure", adapted to Bitcoin).
+//! database (Stellar CAP-57, "Proof Structure", adapted to Bitcoin).
 //!
 //! A [`ProofBatch`] answers for up to [`MAX_ITEMS`] outpoints at once. Per
 //! epoch it carries the tree entries it needs and the sibling nodes of their

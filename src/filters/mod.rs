@@ -17,7 +17,7 @@
 //! The coding is rust-bitcoin's [`bitcoin::bip158`]; this module supplies
 //! the spent scripts and checks they match the block's inputs.
 //!
-//! Source: BIP-158 (seed 002), BIP-157 (filter headers), Bitcoin Core
+//! Source: BIP-158, BIP-157 (filter headers; both in `docs/references.md`), Bitcoin Core
 //! `src/blockfilter.cpp` (`BasicFilterElements`).
 
 use std::collections::HashMap;

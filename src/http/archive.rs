@@ -1,4 +1,4 @@
-//! HTTP routes of the archive of spent outputs (issue 5, `docs/archive.md`).
+//! HTTP routes of the archive of spent outputs (`docs/archive.md`).
 //!
 //! | route | answer |
 //! | --- | --- |

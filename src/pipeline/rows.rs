@@ -3,7 +3,7 @@
 //! of their own, while the writer goes on with the next blocks.
 //!
 //! Inserting those rows (into sled, then) was two thirds of the writer
-//! thread's CPU in a regtest-a import (BENCHMARKS.md, "Import profile"),
+//! thread's CPU in a regtest-a import (`docs/benchmarks-history.md`, "Import profile"),
 //! all of it at the group's durable boundary, with the other core idle. Readers
 //! ignore rows of blocks that are not connected (index format 3.0), so
 //! rows may reach the database before their block's commit: each block of

@@ -4,7 +4,7 @@
 use super::page::{MAX_GROWTH_BITS, MAX_PAGE_SIZE, MIN_PAGE_SIZE};
 use super::SozuError;
 
-/// Capacity and keep-ratio of one layer (seed 000, "Tuning the flow between
+/// Capacity and keep-ratio of one layer (the Sozu paper, "Tuning the flow between
 /// layers").
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LayerConfig {
@@ -23,7 +23,7 @@ pub const DEFAULT_RAM_MIB: usize = 512;
 /// passes 1/`JOURNAL_SHARE` of the bytes of the table's other files, or
 /// [`SozuConfig::checkpoint_bytes`] if less, but not before
 /// [`JOURNAL_FLOOR`]: the page files hold 1.36–1.48× the live payload
-/// (`BENCHMARKS.md`, Sozu round 26), so a journal of 2.5 % of them keeps
+/// (`docs/benchmarks-history.md`, Sozu round 26), so a journal of 2.5 % of them keeps
 /// the bytes on disk under 1.5× the payload between checkpoints
 /// (`docs/sozu-format.md`, "Rotation").
 pub const JOURNAL_SHARE: u64 = 40;
@@ -54,14 +54,14 @@ pub struct SozuConfig {
     /// g: layer i+1 has 2^g times the buckets of layer i, in 1..=4
     /// (default 1: two children per bucket, so the deepest layer in use,
     /// which is never full, is at most about half of all pages;
-    /// `BENCHMARKS.md`, Sozu round 5, measured 1 against 2 and 3).
+    /// `docs/benchmarks-history.md`, Sozu round 5, measured 1 against 2 and 3).
     pub growth_bits: u8,
     /// Per-layer capacity and α, from layer 0 down; the last item applies to
     /// every deeper layer. Default: 3,000 / 3,600 / 4,064 bytes (a 4 KiB
     /// page's whole payload) with α 0.5 / 0.75 / 0.93 — room in the top
     /// layers for a block's new outputs, full pages below. Below layer 1
     /// the pages keep 3,779 bytes after a spill (3,600 with 4,000 bytes and
-    /// α 0.9 until Sozu round 26 of `BENCHMARKS.md`): the deepest layers in
+    /// α 0.9 until Sozu round 26 of `docs/benchmarks-history.md`): the deepest layers in
     /// use, never full, then hold fewer entries, and the bench's 1M-entry
     /// table takes 1.48x its live payload on disk instead of 1.55x, for 1 %
     /// more page images per block.
@@ -74,7 +74,7 @@ pub struct SozuConfig {
     /// the spills per disk layer and the page reads unchanged, cut the
     /// checkpointed images by 10 % and took bytes on disk from 1.40x to
     /// 1.49x the live payload (`docs/sozu-format.md`, "Spill policy";
-    /// `BENCHMARKS.md`, Sozu round 14).
+    /// `docs/benchmarks-history.md`, Sozu round 14).
     pub disk_alpha: Option<f64>,
     /// Memory budget of the table's pages, MiB (default
     /// [`DEFAULT_RAM_MIB`]): five eighths pin the top layers in memory (as
@@ -136,7 +136,7 @@ pub struct SozuConfig {
 /// page is next rewritten; flowing first carries it down meanwhile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpillConsumed {
-    /// Seed 000 literally: consumed entries flow first in every layer, so
+    /// The Sozu paper literally: consumed entries flow first in every layer, so
     /// that live entries stay up.
     First,
     /// First while the spill goes to a pinned layer, last when it goes to
@@ -145,7 +145,7 @@ pub enum SpillConsumed {
     /// it, instead of being carried through the disk layers. At 20M entries
     /// in the benchmark this cut the entries spilled into the disk layers
     /// by 22 % and the page reads from files by 9 %; a table that the
-    /// pinned layers hold whole spills as with `First` (`BENCHMARKS.md`,
+    /// pinned layers hold whole spills as with `First` (`docs/benchmarks-history.md`,
     /// Sozu round 17).
     LastIntoDisk,
     /// Consumed entries flow last in every layer: fewer spills still, but

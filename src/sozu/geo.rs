@@ -132,7 +132,7 @@ impl Geo {
     /// The page one layer down where a key of hash `h` that a page (at
     /// `layer`, descent fields `d`) does not hold may be: the child
     /// covering `h`, if written and if entries produced at `min_height` or
-    /// later ever went below (seed 000's `ReadSozu` early stop; 0: no floor).
+    /// later ever went below (the Sozu paper's `ReadSozu` early stop; 0: no floor).
     pub(super) fn child_of(&self, d: Descent, h: u64, layer: u8, min_height: u32) -> Option<u64> {
         (layer < self.max_layer
             && d.children != 0

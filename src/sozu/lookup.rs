@@ -1,4 +1,4 @@
-//! Seed 000's `ReadSozu` for a whole batch of keys, over any view of a
+//! The Sozu paper's `ReadSozu` for a whole batch of keys, over any view of a
 //! shard's pages: the writer's (its current pages) or a concurrent
 //! reader's (the committed ones).
 //!
@@ -21,7 +21,7 @@ pub(super) struct Query {
     pub(super) key: OutPointKey,
     /// Its hash ([`Geo::hash`]).
     pub(super) h: u64,
-    /// Seed 000's height floor: the descent stops where nothing produced at
+    /// The Sozu paper's height floor: the descent stops where nothing produced at
     /// or after it went below (0: no floor).
     pub(super) min_height: u32,
 }
@@ -151,7 +151,7 @@ impl Batch<'_, '_> {
     /// Announces the pages of a disk layer that this layer's visits will
     /// read: those whose summary may hold one of their keys, or that have
     /// none. A page read costs a synchronous file read when it is not in
-    /// memory; announced together, the reads overlap (`BENCHMARKS.md`,
+    /// memory; announced together, the reads overlap (`docs/benchmarks-history.md`,
     /// Sozu round 11: 4× less CPU and wall per read from the virtual disk).
     fn prefetch(&mut self, view: &mut dyn PageView, layer: u8, pending: &[(u64, usize)]) {
         let mut wanted = Vec::new();

@@ -1,4 +1,5 @@
-//! The Sozu table: kakehi's UTXO store (seed 000, Vermorel 2018).
+//! The Sozu table: kakehi's UTXO store (the Sozu paper, Vermorel 2018;
+//! `docs/references.md`).
 //!
 //! A layered hash table whose entries carry their lifecycle (production and
 //! consumption blocks), so one table answers for every recent branch: an
@@ -30,14 +31,14 @@
 //!   descend layer by layer for the whole batch at once: the keys are
 //!   grouped by bucket, so each bucket is read at most once per batch. A
 //!   bucket's max-production-height stops the descent early when the caller
-//!   gives a height floor (seed 000's `ReadSozu(k, b, h)`).
-//! - **Writes** ([`UtxoTable::write_block`], seed 000's `WriteSozu` /
+//!   gives a height floor (the Sozu paper's `ReadSozu(k, b, h)`).
+//! - **Writes** ([`UtxoTable::write_block`], the Sozu paper's `WriteSozu` /
 //!   `MergeEntries`): keys not `known_absent` (and every spent key) are
 //!   located by one batched descent and merged where they live (unicity);
 //!   new keys go to layer 0. Buckets are then rewritten top-down, each once
 //!   per block: merge, purge the entries [`Entry::is_purgeable`] says are
 //!   final (handed to the callback), and if the bucket exceeds its layer's
-//!   capacity, spill until it holds α × capacity: the seed's order
+//!   capacity, spill until it holds α × capacity: the Sozu paper's order
 //!   (consumed on the best chain first — last in spills into the disk
 //!   layers, [`SpillConsumed`] — then oldest max production height, then
 //!   key) picks what should flow, and the spill goes to the fewest
@@ -46,7 +47,7 @@
 //!   policy"). The spilled entries become inserts of the children,
 //!   processed in the next layer's pass.
 //! - **Scripts** longer than `inline_script_max` bytes live out of line in a
-//!   per-shard records file (seed 004's external records), so a 10,000-byte
+//!   per-shard records file (external records, as in Teranode's UTXO model), so a 10,000-byte
 //!   script never breaks a page.
 //! - **Durability** ([`UtxoTable::commit`]): a redo journal of page deltas.
 //!   A commit appends one record — every page changed since the last commit
@@ -62,7 +63,7 @@
 //!   every block, wait in the journal for the generation's end). A crash at any
 //!   instant leaves exactly the last committed state; checksums are
 //!   verified on every page read and, by default, on every page at open.
-//! - **Sharding** by hash prefix (seed 000): each shard is an independent
+//! - **Sharding** by hash prefix (the Sozu paper): each shard is an independent
 //!   tree with its own files and storage handle; `get_batch`, `write_block`
 //!   and the publish of `commit` run the shards at once (the calling
 //!   thread and `shards − 1` long-lived workers); one journal record and
@@ -128,7 +129,7 @@ pub enum SozuError {
         outpoint: OutPoint,
     },
     /// A production of an existing outpoint carries another amount or
-    /// script (seed 000: the write is invalid).
+    /// script (the Sozu paper: the write is invalid).
     #[error("outpoint {outpoint} produced again with a different amount or script")]
     CoinMismatch {
         /// The outpoint.

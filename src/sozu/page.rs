@@ -20,7 +20,7 @@
 //! 9      1    reserved, 0
 //! 10     2    entry count n
 //! 12     4    reserved, 0
-//! 16     4    max production height of any entry ever spilled below (seed 000's Height(B))
+//! 16     4    max production height of any entry ever spilled below (the Sozu paper's Height(B))
 //! 20     4    purge hint: no entry can become purgeable before the tip reaches this height
 //! 24     8    children: bits 0..48 = 0 (nil) or child group number + 1;
 //!             bits 48..64 = mask of the children written (bit c: child c)

@@ -1,4 +1,4 @@
-//! Out-of-line scripts (seed 004's external records): per shard, records
+//! Out-of-line scripts (the external records of Teranode's UTXO model): per shard, records
 //! appended to numbered segment files, and their compaction
 //! (`docs/sozu-format.md`, "Records files").
 //!

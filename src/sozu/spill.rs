@@ -10,11 +10,11 @@ pub(super) struct SpillEntry {
     /// A spend marker: markers flow before any entry, to meet their
     /// entries below (`docs/sozu-format.md`, "Spend markers").
     pub(super) marker: bool,
-    /// Consumed by a block of the best chain (the seed's first key).
+    /// Consumed by a block of the best chain (the Sozu paper's first key).
     pub(super) consumed_on_best: bool,
-    /// Its highest production height (the seed's second key: oldest first).
+    /// Its highest production height (the Sozu paper's second key: oldest first).
     pub(super) max_height: u32,
-    /// Its key (the seed's third key).
+    /// Its key (the Sozu paper's third key).
     pub(super) key: OutPointKey,
     /// The child (index within the bucket's group) its hash falls in.
     pub(super) child: usize,
@@ -33,29 +33,29 @@ pub(super) struct SpillInput<'a> {
     pub(super) fanout: usize,
     /// Bit c set: child c already has a page.
     pub(super) written: u16,
-    /// The fewest-children policy (false: seed 000 literally, any child).
+    /// The fewest-children policy (false: the Sozu paper literally, any child).
     pub(super) fewest_children: bool,
-    /// The seed's first key: consumed entries flow first (true) or last.
+    /// The Sozu paper's first key: consumed entries flow first (true) or last.
     pub(super) consumed_first: bool,
 }
 
 /// The indices (into `entries`, ascending) of the entries that flow down:
 ///
-/// 1. spend markers first, then the seed's order — consumed on the best
+/// 1. spend markers first, then the Sozu paper's order — consumed on the best
 ///    chain first (or last, with `consumed_first` off), then oldest
-///    highest production height, then key — give the seed's spill prefix:
+///    highest production height, then key — give the Sozu paper's spill prefix:
 ///    the entries it would move until the bucket holds `target` bytes;
 ///    count that prefix's bytes per child;
 /// 2. choose children — those already written first, then by decreasing
 ///    prefix bytes, then by decreasing bytes in all, then by index — until
 ///    the chosen children's bytes cover the excess (with
 ///    `fewest_children` off, every child is chosen);
-/// 3. walk the seed's order again, moving the entries of chosen children
+/// 3. walk the Sozu paper's order again, moving the entries of chosen children
 ///    until the bucket holds `target` bytes.
 pub(super) fn choose(input: &SpillInput<'_>) -> Vec<usize> {
     let e = input.entries;
     let mut order: Vec<usize> = (0..e.len()).collect();
-    // The seed's order, field by field: the key (36 bytes) is compared
+    // The Sozu paper's order, field by field: the key (36 bytes) is compared
     // only on ties of the first two, and never copied.
     order.sort_unstable_by(|&a, &b| {
         let (x, y) = (&e[a], &e[b]);
@@ -150,7 +150,7 @@ mod tests {
         }
     }
 
-    /// Step 1: the seed's order — consumed first, then oldest, then key —
+    /// Step 1: the Sozu paper's order — consumed first, then oldest, then key —
     /// and nothing moves once the bucket is at the target.
     #[test]
     fn seed_order_within_one_child() {
@@ -179,7 +179,7 @@ mod tests {
     }
 
     /// Step 2: one child when it covers the excess — the one holding most
-    /// of the seed's prefix — and its younger entries flow before the
+    /// of the Sozu paper's prefix — and its younger entries flow before the
     /// other child's older ones.
     #[test]
     fn fewest_children_by_prefix_bytes() {
@@ -193,7 +193,7 @@ mod tests {
         // Excess 300: prefix = {1 (c1), 2, 3 (c0)}: child 0 holds 200 of it
         // and 300 in all, enough; so 2, 3, 4 move, not the older 1.
         assert_eq!(choose(&input(&e, 200, 0)), vec![1, 2, 3]);
-        // With seed 000's literal policy the prefix moves whatever child.
+        // With the Sozu paper's literal policy the prefix moves whatever child.
         let literal = SpillInput {
             fewest_children: false,
             ..input(&e, 200, 0)
@@ -201,7 +201,7 @@ mod tests {
         assert_eq!(choose(&literal), vec![0, 1, 2]);
     }
 
-    /// Step 1: spend markers flow before everything else, the seed's
+    /// Step 1: spend markers flow before everything else, the Sozu paper's
     /// order after them.
     #[test]
     fn markers_flow_first() {

@@ -22,7 +22,7 @@ pub struct LayerStats {
 
 /// Counters of one layer's share of the write path since open, from
 /// [`super::SozuTable::counters`]: where a block's page work and file
-/// reads fall, layer by layer (`BENCHMARKS.md`, Sozu round 14).
+/// reads fall, layer by layer (`docs/benchmarks-history.md`, Sozu round 14).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LayerFlow {
     /// Pages of this layer rewritten by blocks (each page once per block
@@ -41,7 +41,7 @@ pub struct LayerFlow {
     pub file_reads: u64,
 }
 
-/// Statistics of a [`super::SozuTable`] (seed 000's quantities).
+/// Statistics of a [`super::SozuTable`] (the Sozu paper's quantities).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SozuStats {
     /// Per layer, from layer 0 down (computed by a full scan).

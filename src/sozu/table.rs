@@ -66,7 +66,7 @@ pub(super) struct TableCounters {
     pub(super) held_twice_peak: u64,
 }
 
-/// The Sozu table (seed 000): layered buckets of one page, lazily allocated
+/// The Sozu table (the Sozu paper): layered buckets of one page, lazily allocated
 /// children, keyed-SipHash bucket index, a redo journal of page edits for
 /// block-boundary durability, checkpoints in the background. Implements
 /// [`UtxoTable`].
@@ -326,7 +326,7 @@ impl SozuTable {
         Ok(n)
     }
 
-    /// Like [`UtxoTable::get_batch`], with seed 000's height filter: for each
+    /// Like [`UtxoTable::get_batch`], with the Sozu paper's height filter: for each
     /// key, `min_height` is a lower bound on any production height it can
     /// have, and the descent stops at a bucket whose children hold nothing
     /// produced at or above it (`ReadSozu(k, b, h)`).

@@ -1,15 +1,16 @@
 //! Entry, key and chain-view types shared by the Sozu table, its in-memory
 //! model and the block pipeline.
 //!
-//! Source: seed 000 (payload with production and consumption lists) and
-//! seed 004 (Teranode's spending data: spending txid + input index).
+//! Source: the Sozu paper (payload with production and consumption lists) and
+//! Teranode's UTXO model (its spending data: spending txid + input index); both
+//! in `docs/references.md`.
 
 use bitcoin::{OutPoint, Txid};
 
 pub use crate::primitives::{key_outpoint, outpoint_key, BlockId, Coin, OutPointKey};
 
 /// One spend of an entry: which block consumed it, by which transaction and
-/// input (Teranode's spending data, seed 004).
+/// input (the spending data of Teranode's UTXO model).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, PartialOrd, Ord)]
 pub struct Consumption {
     /// The consuming block.
@@ -94,7 +95,7 @@ impl Entry {
     }
 
     /// Merges `other`'s lifecycle records into `self` (set union, sorted).
-    /// The coins must be equal; the caller checks (seed 000: "otherwise the
+    /// The coins must be equal; the caller checks (the Sozu paper: "otherwise the
     /// write operation itself is invalid").
     pub fn merge_records(&mut self, produced: &[Production], consumed: &[Consumption]) {
         for p in produced {
@@ -109,7 +110,7 @@ impl Entry {
         }
     }
 
-    /// The seed's hard-delete rule, judged against the best chain:
+    /// The Sozu paper's hard-delete rule, judged against the best chain:
     /// permanently consumed (a consumption on the best chain at least
     /// [`PURGE_DEPTH`] deep) or dead (every production on blocks off the best
     /// chain at least [`PURGE_DEPTH`] below the tip, so no allowed reorg can
@@ -140,7 +141,7 @@ impl Entry {
     }
 }
 
-/// The seed's hard-delete rule over an entry's lifecycle records, judged
+/// The Sozu paper's hard-delete rule over an entry's lifecycle records, judged
 /// against the best chain whose tip is at height `tip`: permanently
 /// consumed (a consumption on the best chain at least [`PURGE_DEPTH`]
 /// deep) or dead (every production on blocks off the best chain at least
@@ -188,13 +189,13 @@ pub fn is_dead_marker(
 }
 
 /// Depth in blocks after which spent and dead entries are hard-deleted and
-/// beyond which reorgs are refused (seed 000 suggests 100, the coinbase
+/// beyond which reorgs are refused (the Sozu paper suggests 100, the coinbase
 /// maturity).
 pub const PURGE_DEPTH: u32 = 100;
 
 /// A set of blocks forming one branch from genesis to a tip: the active
 /// chain, or a side branch being validated. Every read of the table is
-/// interpreted under a view (seed 000: "query not just one UTXO dataset, but
+/// interpreted under a view (the Sozu paper: "query not just one UTXO dataset, but
 /// all the recent UTXO datasets").
 pub trait ChainView {
     /// Whether `block` is an ancestor of (or equal to) the view's tip.
@@ -222,7 +223,7 @@ pub struct NewOutput {
     pub outpoint: OutPoint,
     /// Its coin (height = the producing block's height).
     pub coin: Coin,
-    /// Proof of absence (seed 000's flag `m = 0`): the caller guarantees the
+    /// Proof of absence (the Sozu paper's flag `m = 0`): the caller guarantees the
     /// outpoint is not in the table, so no lookup is needed. `false` means
     /// "may be present" and the table must find and merge it.
     pub known_absent: bool,

@@ -1,4 +1,4 @@
-//! The table's shard workers (seed 000, "Sharding the Sozu table"):
+//! The table's shard workers (the Sozu paper, "Sharding the Sozu table"):
 //! long-lived threads that run each shard's part of a lookup batch, a
 //! block's write and a commit's publish.
 //!
@@ -6,7 +6,7 @@
 //! every call, three times per block: each new thread started with an
 //! empty allocator heap, and the kernel's zeroing of its fresh memory and
 //! mimalloc's reclaiming of the dead threads' heaps were ~10 % of the
-//! table's CPU at 1M entries (`BENCHMARKS.md`, Sozu round 8). The pool is
+//! table's CPU at 1M entries (`docs/benchmarks-history.md`, Sozu round 8). The pool is
 //! made once per open table: `shards − 1` threads, the calling thread
 //! running the first busy shard itself.
 

@@ -1,4 +1,4 @@
-//! Writing one block into a shard (seed 000's `WriteSozu` and
+//! Writing one block into a shard (the Sozu paper's `WriteSozu` and
 //! `MergeEntries`), every page change an [`Op`] of the journal.
 //!
 //! 1. Keys that may be present (every spent key, and new outputs not

@@ -292,7 +292,7 @@ impl Store {
     /// The rows are not in sled: a sled transaction reads every key it
     /// writes (its conflict check), sled rewrites its pages at every
     /// flush, and its open replays every log segment written since the
-    /// last open (BENCHMARKS.md "Scale"). A crash between the rows' flush
+    /// last open (`docs/benchmarks-history.md`, "Row store"). A crash between the rows' flush
     /// and the transaction leaves rows of blocks the
     /// index does not count as connected, under block ids that the next
     /// blocks accepted after the restart are given again (ids are dense).

@@ -135,8 +135,8 @@ pub struct BlockEffects {
     pub sigop_cost: u64,
 }
 
-/// One output spent by the block, with the spending input (Teranode's
-/// spending data, seed 004).
+/// One output spent by the block, with the spending input (the
+/// spending data of Teranode's UTXO model).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpentOutput {
     /// The spent outpoint.

@@ -1,4 +1,4 @@
-//! The archive wired into the node (issue 5), on `testnet-data/regtest-a`
+//! The archive wired into the node , on `testnet-data/regtest-a`
 //! (a real regtest chain made by an independent node, bcoin 2.2.0): the
 //! epochs the node seals while importing equal those built by the
 //! independent feed (`tests/common/feed.rs`, from blocks.dat and chain.json

@@ -1,5 +1,5 @@
-//! The archive over P2P (issue 5, `docs/archive.md` §8) and `POST /tx`
-//! relay (issue 4), against a real kakehi node that imported
+//! The archive over P2P (`docs/archive.md` §8) and `POST /tx`
+//! relay, against a real kakehi node that imported
 //! `testnet-data/regtest-a` (a chain made by bcoin 2.2.0), talked to by a
 //! test peer built on the node's codec and a `TcpStream`:
 //!

@@ -1,5 +1,5 @@
-//! Readers and the one writer (issue 6: "reads go through the committed
-//! state and never hold up the writer"), on `testnet-data/regtest-a`:
+//! Readers and the one writer (reads go through the committed
+//! state and never hold up the writer), on `testnet-data/regtest-a`:
 //!
 //! - a reader that holds a chain snapshot, and reads from snapshots without
 //!   pause, does not hold up the writer connecting the rest of the chain

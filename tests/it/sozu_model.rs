@@ -199,7 +199,7 @@ impl Harness {
             let b = unspent_summary(&mut self.model, &view);
             prop_assert_eq!(a, b, "unspent sets differ under the view of tip {}", tip);
         }
-        // Seed 000's height filter: with a floor at or below an entry's
+        // The Sozu paper's height filter: with a floor at or below an entry's
         // lowest production height, the early-stopping descent still finds it.
         let mut floors = Vec::new();
         self.model
@@ -358,7 +358,7 @@ fn long_sequence_with_purges() {
     );
     run(actions.clone(), config(2, true, 1, 2, false)).expect("long sequence, two shards");
     run(actions.clone(), config(1, false, 1, 2, false))
-        .expect("long sequence, seed 000's literal spill");
+        .expect("long sequence, the Sozu paper's literal spill");
     run(actions.clone(), config(1, true, 1, 0, false)).expect("long sequence, no RAM layer");
     for spill_consumed in [SpillConsumed::First, SpillConsumed::Last] {
         run(

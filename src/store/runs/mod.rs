@@ -86,7 +86,7 @@ const SET_NAMES: [&str; manifest::SETS] = ["tx", "spend", "history"];
 /// before a commit flushes them to runs: 16 MiB, about 10⁶ rows. RAM
 /// the node pays: about 1.5 times this in the sorted sets (B-tree nodes
 /// about 70 % full), and this again on disk in the log file; the time to
-/// replay the log at open grows with it (BENCHMARKS.md, "Row log").
+/// replay the log at open grows with it (`docs/benchmarks-history.md`, "Row log").
 pub const MEMORY_BOUND: usize = 16 << 20;
 /// Default budget of the cache of the runs' filter and block-index
 /// partitions: 256 MiB, enough for every partition of the whole
