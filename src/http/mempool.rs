@@ -27,9 +27,14 @@ use bitcoin::Transaction;
 use super::{text, ApiError, ApiResult, AppState};
 use crate::mempool::{AcceptError, Mempool, MempoolEntry, MempoolSnapshot, TxRejectClass};
 
-/// Largest transaction `POST /tx` accepts, bytes of hex (Core's
-/// `MAX_STANDARD_TX_WEIGHT` / 4 = 100,000 bytes, twice for hex).
-pub const MAX_TX_HEX: usize = 200_000;
+/// Largest transaction `POST /tx` accepts, bytes of hex: twice Core's
+/// `MAX_STANDARD_TX_WEIGHT` (400,000), the most bytes a standard
+/// transaction can serialize to (every byte witness). A larger body is 413
+/// before any check: such a transaction could only be refused (`tx-size`).
+pub const MAX_TX_HEX: usize = 800_000;
+
+/// Largest `POST /tx` body, bytes: [`MAX_TX_HEX`] and a line ending.
+pub const MAX_TX_BODY: usize = MAX_TX_HEX + 2;
 
 /// Entries `/mempool/recent` lists (electrs' `RECENT_TXS_SIZE`).
 pub const RECENT_TXS: usize = 10;

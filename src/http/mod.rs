@@ -527,7 +527,12 @@ fn esplora_block_routes() -> Vec<RouteEntry> {
             get(esplora::block_txid_at),
         ),
         ("get", "/block/{hash}/raw", get(esplora::block_raw)),
-        ("post", "/tx", post(mempool::post_tx)),
+        (
+            "post",
+            "/tx",
+            post(mempool::post_tx)
+                .layer(axum::extract::DefaultBodyLimit::max(mempool::MAX_TX_BODY)),
+        ),
     ]
 }
 

@@ -282,10 +282,18 @@ pub(super) async fn limits(State(l): State<Limits>, req: Request, next: Next) ->
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > l.config.max_body_bytes as u64) {
+    // `POST /tx` takes a standard transaction of any shape (up to
+    // 400,000 bytes, 800,000 in hex): its own bound, checked again by its
+    // extractor.
+    let max = if req.uri().path() == "/tx" {
+        l.config.max_body_bytes.max(super::mempool::MAX_TX_BODY)
+    } else {
+        l.config.max_body_bytes
+    };
+    if declared.is_some_and(|n| n > max as u64) {
         return ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body over {} bytes", l.config.max_body_bytes),
+            format!("request body over {max} bytes"),
         )
         .into_response();
     }
