@@ -101,10 +101,17 @@ impl Credentials {
         let mut ok = false;
         for c in &self.list {
             ok |= match c {
-                Credential::Plain { user: u, password: p } => {
+                Credential::Plain {
+                    user: u,
+                    password: p,
+                } => {
                     ct_eq(u.as_bytes(), user.as_bytes()) & ct_eq(p.as_bytes(), password.as_bytes())
                 }
-                Credential::Salted { user: u, salt, hmac } => {
+                Credential::Salted {
+                    user: u,
+                    salt,
+                    hmac,
+                } => {
                     let mut e = hmac::HmacEngine::<sha256::Hash>::new(salt.as_bytes());
                     e.input(password.as_bytes());
                     let got = hmac::Hmac::<sha256::Hash>::from_engine(e);
@@ -232,7 +239,7 @@ mod tests {
             assert_eq!(base64_decode(e).as_deref(), Some(d.as_bytes()), "{e}");
         }
         assert_eq!(base64_decode("Zg="), None);
-        assert_eq!(base64_decode("Z===" ), None);
+        assert_eq!(base64_decode("Z==="), None);
         assert_eq!(base64_decode("Zg==Zg=="), None);
     }
 

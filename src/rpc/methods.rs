@@ -34,12 +34,24 @@ pub const METHODS: &[(&str, &[&str], &str)] = &[
     ("getdifficulty", &[], "Blockchain"),
     ("getmempoolentry", &["txid"], "Blockchain"),
     ("getmempoolinfo", &[], "Blockchain"),
-    ("getrawmempool", &["verbose", "mempool_sequence"], "Blockchain"),
+    (
+        "getrawmempool",
+        &["verbose", "mempool_sequence"],
+        "Blockchain",
+    ),
     ("help", &["command"], "Control"),
     ("uptime", &[], "Control"),
     ("getconnectioncount", &[], "Network"),
-    ("getrawtransaction", &["txid", "verbosity", "blockhash"], "Rawtransactions"),
-    ("sendrawtransaction", &["hexstring", "maxfeerate", "maxburnamount"], "Rawtransactions"),
+    (
+        "getrawtransaction",
+        &["txid", "verbosity", "blockhash"],
+        "Rawtransactions",
+    ),
+    (
+        "sendrawtransaction",
+        &["hexstring", "maxfeerate", "maxburnamount"],
+        "Rawtransactions",
+    ),
 ];
 
 /// Runs `method` with `params` (an array or an object of named
@@ -53,7 +65,9 @@ pub(super) fn call(s: &RpcState, method: &str, params: &Value) -> RpcResult {
     match method {
         "getbestblockhash" => with_chain(s, |cs| Ok(cs.index().tip().hash.to_string().into())),
         "getblockcount" => with_chain(s, |cs| Ok(cs.index().tip().height.into())),
-        "getdifficulty" => with_chain(s, |cs| Ok(cs.index().tip().header.difficulty_float().into())),
+        "getdifficulty" => with_chain(s, |cs| {
+            Ok(cs.index().tip().header.difficulty_float().into())
+        }),
         "getblockchaininfo" => with_chain(s, |cs| Ok(chaininfo_json(cs))),
         "getblockhash" => {
             let h = p.int(0, "height")?;
@@ -63,12 +77,14 @@ pub(super) fn call(s: &RpcState, method: &str, params: &Value) -> RpcResult {
                     .filter(|h| *h <= cs.index().tip_height())
                     .and_then(|h| cs.index().active_at(h))
                     .map(|e| e.hash.to_string().into())
-                    .ok_or_else(|| RpcError::new(RPC_INVALID_PARAMETER, "Block height out of range"))
+                    .ok_or_else(|| {
+                        RpcError::new(RPC_INVALID_PARAMETER, "Block height out of range")
+                    })
             })
         }
         "getblockheader" => {
             let hash = p.hash(0, "blockhash")?;
-            let verbose = p.opt_bool(1)?.unwrap_or(true);
+            let verbose = p.opt_bool(1, "verbose")?.unwrap_or(true);
             with_chain(s, |cs| {
                 let e = block_entry(cs, &hash)?;
                 Ok(if verbose {
@@ -80,13 +96,13 @@ pub(super) fn call(s: &RpcState, method: &str, params: &Value) -> RpcResult {
         }
         "getblock" => {
             let hash = p.hash(0, "blockhash")?;
-            let verbosity = p.verbosity(1, 1)?;
+            let verbosity = p.verbosity(1, "verbosity", 1)?;
             with_chain(s, |cs| getblock(cs, &hash, verbosity))
         }
         "getchaintips" => with_chain(s, |cs| Ok(chaintips(cs))),
         "getrawtransaction" => {
             let txid: Txid = p.hash(0, "txid")?;
-            let verbosity = p.verbosity(1, 0)?;
+            let verbosity = p.verbosity(1, "verbosity", 0)?;
             let blockhash = match p.get(2) {
                 None => None,
                 Some(_) => Some(p.hash::<BlockHash>(2, "blockhash")?),
@@ -98,8 +114,8 @@ pub(super) fn call(s: &RpcState, method: &str, params: &Value) -> RpcResult {
             None => json!({"loaded": false}),
         }),
         "getrawmempool" => {
-            let verbose = p.opt_bool(0)?.unwrap_or(false);
-            let sequence = p.opt_bool(1)?.unwrap_or(false);
+            let verbose = p.opt_bool(0, "verbose")?.unwrap_or(false);
+            let sequence = p.opt_bool(1, "mempool_sequence")?.unwrap_or(false);
             if verbose && sequence {
                 return Err(RpcError::new(
                     RPC_INVALID_PARAMETER,
@@ -129,8 +145,14 @@ pub(super) fn call(s: &RpcState, method: &str, params: &Value) -> RpcResult {
             let txid: Txid = p.hash(0, "txid")?;
             let snap = s.app.mempool.as_ref().map(|m| m.snapshot());
             snap.as_ref()
-                .and_then(|sn| sn.pool.get(&txid).map(|e| crate::http::mempool::entry_json(sn, e)))
-                .ok_or_else(|| RpcError::new(RPC_INVALID_ADDRESS_OR_KEY, "Transaction not in mempool"))
+                .and_then(|sn| {
+                    sn.pool
+                        .get(&txid)
+                        .map(|e| crate::http::mempool::entry_json(sn, e))
+                })
+                .ok_or_else(|| {
+                    RpcError::new(RPC_INVALID_ADDRESS_OR_KEY, "Transaction not in mempool")
+                })
         }
         "uptime" => Ok(s.started.elapsed().as_secs().into()),
         "getconnectioncount" => match &s.app.p2p {
@@ -140,7 +162,7 @@ pub(super) fn call(s: &RpcState, method: &str, params: &Value) -> RpcResult {
                 "Error: Peer-to-peer functionality missing or disabled",
             )),
         },
-        "help" => help(p.opt_str(0)?),
+        "help" => help(p.opt_str(0, "command")?),
         "sendrawtransaction" => sendrawtransaction(s, &p),
         _ => Err(RpcError::new(RPC_METHOD_NOT_FOUND, "Method not found")),
     }
@@ -154,7 +176,11 @@ fn positional(method: &str, names: &[&str], params: &Value) -> Result<Vec<Value>
             if a.len() > names.len() {
                 return Err(RpcError::new(
                     RPC_MISC_ERROR,
-                    format!("{method} takes at most {} arguments, {} given", names.len(), a.len()),
+                    format!(
+                        "{method} takes at most {} arguments, {} given",
+                        names.len(),
+                        a.len()
+                    ),
                 ));
             }
             Ok(a.clone())
@@ -187,8 +213,9 @@ struct Params<'a> {
     args: &'a [Value],
 }
 
-/// Core's `RPCTypeCheck` message for `v` where `expected` was wanted.
-fn type_error(v: &Value, expected: &str) -> RpcError {
+/// Core's `RPCHelpMan` type check error for argument `name` holding `v`
+/// where `expected` was wanted.
+fn type_error(v: &Value, name: &str, expected: &str) -> RpcError {
     let got = match v {
         Value::Null => "null",
         Value::Bool(_) => "bool",
@@ -199,7 +226,7 @@ fn type_error(v: &Value, expected: &str) -> RpcError {
     };
     RpcError::new(
         RPC_TYPE_ERROR,
-        format!("JSON value of type {got} is not of expected type {expected}"),
+        format!("JSON value of type {got} for field {name} is not of expected type {expected}"),
     )
 }
 
@@ -209,46 +236,48 @@ impl Params<'_> {
     }
 
     fn required(&self, i: usize, name: &str) -> Result<&Value, RpcError> {
+        // Core answers a missing argument with the call's help
+        // (`RPC_MISC_ERROR`).
         self.get(i).ok_or_else(|| {
-            RpcError::new(RPC_INVALID_PARAMETER, format!("Missing required argument {name}"))
+            RpcError::new(RPC_MISC_ERROR, format!("Missing required argument {name}"))
         })
     }
 
     fn int(&self, i: usize, name: &str) -> Result<i64, RpcError> {
         let v = self.required(i, name)?;
-        v.as_i64().ok_or_else(|| type_error(v, "number"))
+        v.as_i64().ok_or_else(|| type_error(v, name, "number"))
     }
 
-    fn opt_bool(&self, i: usize) -> Result<Option<bool>, RpcError> {
+    fn opt_bool(&self, i: usize, name: &str) -> Result<Option<bool>, RpcError> {
         match self.get(i) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(type_error(v, "bool")),
+            Some(v) => Err(type_error(v, name, "bool")),
         }
     }
 
-    fn opt_str(&self, i: usize) -> Result<Option<&str>, RpcError> {
+    fn opt_str(&self, i: usize, name: &str) -> Result<Option<&str>, RpcError> {
         match self.get(i) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(type_error(v, "string")),
+            Some(v) => Err(type_error(v, name, "string")),
         }
     }
 
     /// A verbosity: a number, or a bool (`false` 0, `true` 1), as Core's
     /// `ParseVerbosity`.
-    fn verbosity(&self, i: usize, default: i64) -> Result<i64, RpcError> {
+    fn verbosity(&self, i: usize, name: &str, default: i64) -> Result<i64, RpcError> {
         match self.get(i) {
             None => Ok(default),
             Some(Value::Bool(b)) => Ok(i64::from(*b)),
-            Some(v) => v.as_i64().ok_or_else(|| type_error(v, "number")),
+            Some(v) => v.as_i64().ok_or_else(|| type_error(v, name, "number")),
         }
     }
 
     /// A 64-hex hash argument (Core's `ParseHashV`).
     fn hash<H: std::str::FromStr>(&self, i: usize, name: &str) -> Result<H, RpcError> {
         let v = self.required(i, name)?;
-        let s = v.as_str().ok_or_else(|| type_error(v, "string"))?;
+        let s = v.as_str().ok_or_else(|| type_error(v, name, "string"))?;
         if s.len() != 64 {
             return Err(RpcError::new(
                 RPC_INVALID_PARAMETER,
@@ -286,9 +315,9 @@ fn block_entry<'a>(cs: &'a ChainSnapshot, hash: &BlockHash) -> Result<&'a IndexE
 /// objects with `fee`).
 fn getblock(cs: &ChainSnapshot, hash: &BlockHash, verbosity: i64) -> RpcResult {
     let e = block_entry(cs, hash)?;
-    let raw = block_raw(cs, e)
-        .map_err(internal)?
-        .ok_or_else(|| RpcError::new(RPC_MISC_ERROR, "Block not available (not fully downloaded)"))?;
+    let raw = block_raw(cs, e).map_err(internal)?.ok_or_else(|| {
+        RpcError::new(RPC_MISC_ERROR, "Block not available (not fully downloaded)")
+    })?;
     match verbosity {
         v if v <= 0 => Ok(crate::http::hex(&raw).into()),
         1 => block_json(cs, e, &raw, false).map_err(internal),
@@ -360,7 +389,11 @@ fn getrawtransaction(
         if verbosity <= 0 {
             return Value::from(serialize_hex(tx));
         }
-        let fee_input = if verbosity >= 2 { place.and_then(|p| p.1) } else { None };
+        let fee_input = if verbosity >= 2 {
+            place.and_then(|p| p.1)
+        } else {
+            None
+        };
         let mut v = tx_json(tx, network, fee_input);
         if in_block {
             if let Some((e, _)) = place {
@@ -413,7 +446,9 @@ fn getrawtransaction(
         if !cs.index().is_active(id) {
             continue;
         }
-        let Some(e) = cs.index().get(id) else { continue };
+        let Some(e) = cs.index().get(id) else {
+            continue;
+        };
         if let Some((tx, total)) = tx_in_block(&cs, e, &txid, verbosity >= 2)? {
             return Ok(render(&tx, Some((e, total)), false));
         }
@@ -459,7 +494,10 @@ fn help(command: Option<&str>) -> RpcResult {
         return match METHODS.iter().find(|(m, _, _)| *m == c) {
             Some((m, names, _)) => {
                 let args: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
-                Ok(format!("{m} {}", args.join(" ")).trim_end().to_string().into())
+                Ok(format!("{m} {}", args.join(" "))
+                    .trim_end()
+                    .to_string()
+                    .into())
             }
             None => Ok(format!("help: unknown command: {c}").into()),
         };
@@ -486,7 +524,9 @@ fn help(command: Option<&str>) -> RpcResult {
 /// the txid, also when the transaction is already in the mempool.
 fn sendrawtransaction(s: &RpcState, p: &Params<'_>) -> RpcResult {
     let v = p.required(0, "hexstring")?;
-    let hex = v.as_str().ok_or_else(|| type_error(v, "string"))?;
+    let hex = v
+        .as_str()
+        .ok_or_else(|| type_error(v, "hexstring", "string"))?;
     let decode_err = || {
         RpcError::new(
             RPC_DESERIALIZATION_ERROR,
@@ -506,7 +546,7 @@ fn sendrawtransaction(s: &RpcState, p: &Params<'_>) -> RpcResult {
             let btc_per_kvb = v
                 .as_f64()
                 .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
-                .ok_or_else(|| type_error(v, "number"))?;
+                .ok_or_else(|| type_error(v, "maxfeerate", "number"))?;
             if !(0.0..=1.0).contains(&btc_per_kvb) {
                 return Err(RpcError::new(
                     RPC_INVALID_PARAMETER,

@@ -172,12 +172,7 @@ fn unauthorized() -> Response {
 fn json_response(status: StatusCode, v: &Value) -> Response {
     let mut body = v.to_string();
     body.push('\n');
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body,
-    )
-        .into_response()
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// Core's `JSONErrorReply` status for an error code under JSON-RPC 1.0.
@@ -198,10 +193,7 @@ async fn handle(
     let Some(auth) = headers.get(header::AUTHORIZATION) else {
         return unauthorized();
     };
-    if !auth
-        .to_str()
-        .is_ok_and(|a| s.config.credentials.check(a))
-    {
+    if !auth.to_str().is_ok_and(|a| s.config.credentials.check(a)) {
         tracing::warn!("ThreadRPCServer incorrect password attempt");
         tokio::time::sleep(BAD_AUTH_DELAY).await;
         return unauthorized();
@@ -358,17 +350,18 @@ fn dispatch(s: &RpcState, parsed: Value) -> Response {
             if batch.len() > s.config.max_batch {
                 let e = RpcError::new(
                     RPC_INVALID_REQUEST,
-                    format!("batch of {} requests, over {}", batch.len(), s.config.max_batch),
+                    format!(
+                        "batch of {} requests, over {}",
+                        batch.len(),
+                        s.config.max_batch
+                    ),
                 );
                 return json_response(
                     StatusCode::BAD_REQUEST,
                     &json!({"result": null, "error": e.json(), "id": null}),
                 );
             }
-            let out: Vec<Value> = batch
-                .iter()
-                .filter_map(|v| execute(s, v).0)
-                .collect();
+            let out: Vec<Value> = batch.iter().filter_map(|v| execute(s, v).0).collect();
             json_response(StatusCode::OK, &Value::Array(out))
         }
         _ => {
