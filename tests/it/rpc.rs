@@ -595,3 +595,22 @@ fn transport_batches_versions_errors_and_limits() {
     let (st, v) = raw(&Value::Array(batch));
     assert_eq!((st, v.as_array().map(Vec::len)), (200, Some(MAX_BATCH)));
 }
+
+#[test]
+fn core_authserviceproxy_drives_the_calls() {
+    let python = common::python::venv_python();
+    let s = server();
+    let args: Vec<std::ffi::OsString> = vec![
+        "--port".into(),
+        s.addr.port().to_string().into(),
+        "--cookie".into(),
+        s.cookie_path.clone().into(),
+        "--data".into(),
+        data("regtest-a").into(),
+        "--user".into(),
+        format!("{}:{}", ALICE.0, ALICE.1).into(),
+    ];
+    let out = common::python::run_script(&python, "rpc_core.py", &args, Duration::from_secs(240))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(out.contains("ok:"), "{out}");
+}
