@@ -1319,6 +1319,45 @@ mod tests {
     }
 
     #[test]
+    fn rpc_address_defaults_to_cores_port_and_takes_off() {
+        let regtest = Config::resolve(&[]);
+        assert_eq!(
+            regtest.rpc.address,
+            Some("127.0.0.1:18443".parse().expect("addr"))
+        );
+        let file = Layer::from_toml_str(
+            "network = \"testnet4\"\n[rpc]\naddress = \"off\"\nuser = \"u\"\npassword = \"p\"\nauth = [\"a:s$00\"]\n",
+            Path::new("c.toml"),
+        )
+        .expect("file");
+        let c = Config::resolve(&[&file]);
+        assert_eq!(c.rpc.address, None);
+        assert_eq!(c.rpc.user.as_deref(), Some("u"));
+        assert_eq!(c.rpc.auth, vec!["a:s$00".to_string()]);
+        assert_eq!(
+            Config::resolve(&[&Layer {
+                network: Some(Network::Testnet4),
+                ..Layer::default()
+            }])
+            .rpc
+            .address,
+            Some("127.0.0.1:48332".parse().expect("addr"))
+        );
+        let env =
+            Layer::from_env([("KAKEHI_RPC".to_string(), "0.0.0.0:1".to_string())]).expect("env");
+        assert_eq!(
+            Config::resolve(&[&env, &file]).rpc.address,
+            Some("0.0.0.0:1".parse().expect("addr"))
+        );
+        let off = Layer::from_env([("KAKEHI_RPC".to_string(), "OFF".to_string())]).expect("env");
+        assert_eq!(Config::resolve(&[&off]).rpc.address, None);
+        assert!(Layer::from_env([("KAKEHI_RPC".to_string(), "nope".to_string())]).is_err());
+        let shown = toml::to_string(&c).expect("toml");
+        assert!(shown.contains("address = \"off\""), "{shown}");
+        assert!(shown.contains("password = \"***\""), "{shown}");
+    }
+
+    #[test]
     fn unknown_key_names_key_and_line() {
         let (line, key, msg) =
             file_err("network = \"regtest\"\n\n[http]\nadress = \"1.2.3.4:5\"\n");
