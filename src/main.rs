@@ -93,6 +93,8 @@ struct Common {
     no_address_index: bool,
 }
 
+// Parsed once at start: the size of the `Run` variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the node: import the files given with --import, then serve the

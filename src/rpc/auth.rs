@@ -146,7 +146,7 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
         } as u32)
     }
     let s = s.as_bytes();
-    if s.len() % 4 != 0 {
+    if !s.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(s.len() / 4 * 3);
@@ -165,6 +165,28 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
         out.extend_from_slice(&bytes[..3 - pad]);
     }
     Some(out)
+}
+
+/// The `Authorization` header value of HTTP Basic authentication for
+/// `user_password` (`user:password`): `Basic <base64>` (RFC 7617), as a
+/// client sends it.
+pub fn basic_authorization(user_password: &str) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::from("Basic ");
+    for c in user_password.as_bytes().chunks(3) {
+        let n = c
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            s.push(if i <= c.len() {
+                A[(n >> (18 - 6 * i) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    s
 }
 
 /// The cookie file, removed when dropped (at a clean stop), as Core's
@@ -245,37 +267,21 @@ mod tests {
 
     #[test]
     fn rpcauth_checks_the_salted_hmac() {
-        // share/rpcauth/rpcauth.py's output for user "alice", password
-        // "secret", salt "cb77f0957de88ff388cf817ddbc7273":
-        // hmac.new(salt, password, sha256).hexdigest().
-        let mut e = hmac::HmacEngine::<sha256::Hash>::new(b"cb77f0957de88ff388cf817ddbc7273");
-        e.input(b"secret");
-        let h = hmac::Hmac::<sha256::Hash>::from_engine(e);
+        // hmac.new(salt, password, "sha256").hexdigest() in Python, as
+        // share/rpcauth/rpcauth.py computes it, for user "alice", password
+        // "secret", salt "cb77f0957de88ff388cf817ddbc7273".
         let mut c = Credentials::default();
-        c.add_rpcauth(&format!("alice:cb77f0957de88ff388cf817ddbc7273${h}"))
+        c.add_rpcauth("alice:cb77f0957de88ff388cf817ddbc7273$c9ce7cb2de2ad5aadae1449ad1e62baa38d98fced30a7cd2eae656cab574b678")
             .expect("entry");
-        let basic = |s: &str| format!("Basic {}", b64(s.as_bytes()));
+        let basic = basic_authorization;
         assert!(c.check(&basic("alice:secret")));
         assert!(!c.check(&basic("alice:secreT")));
         assert!(!c.check(&basic("bob:secret")));
         assert!(c.add_rpcauth("alice:salt$zz").is_err());
-    }
-
-    fn b64(b: &[u8]) -> String {
-        const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut s = String::new();
-        for c in b.chunks(3) {
-            let n = (u32::from(c[0]) << 16)
-                | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-                | u32::from(*c.get(2).unwrap_or(&0));
-            for i in 0..4 {
-                if i <= c.len() {
-                    s.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-                } else {
-                    s.push('=');
-                }
-            }
-        }
-        s
+        // RFC 7617's example.
+        assert_eq!(
+            basic_authorization("Aladdin:open sesame"),
+            "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="
+        );
     }
 }

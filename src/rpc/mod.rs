@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 mod auth;
 mod methods;
 
-pub use auth::{AuthError, Cookie, Credentials, COOKIE_USER};
+pub use auth::{basic_authorization, AuthError, Cookie, Credentials, COOKIE_USER};
 pub use methods::METHODS;
 
 /// Core's `RPC_INVALID_REQUEST`.
@@ -169,6 +169,14 @@ fn unauthorized() -> Response {
     r
 }
 
+/// A reply with no request to answer to (`id` null), 1.0 style.
+fn error_reply(status: StatusCode, e: &RpcError) -> Response {
+    json_response(
+        status,
+        &json!({"result": null, "error": e.json(), "id": null}),
+    )
+}
+
 fn json_response(status: StatusCode, v: &Value) -> Response {
     let mut body = v.to_string();
     body.push('\n');
@@ -206,10 +214,7 @@ async fn handle(
         Ok(v) => v,
         Err(_) => {
             let e = RpcError::new(RPC_PARSE_ERROR, "Parse error");
-            return json_response(
-                error_status(e.code),
-                &json!({"result": null, "error": e.json(), "id": null}),
-            );
+            return error_reply(error_status(e.code), &e);
         }
     };
     let timeout = s.config.request_timeout;
@@ -220,17 +225,11 @@ async fn handle(
         Ok(Err(e)) => {
             tracing::error!("RPC task: {e}");
             let e = RpcError::new(RPC_MISC_ERROR, "internal error (see the node's log)");
-            json_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &json!({"result": null, "error": e.json(), "id": null}),
-            )
+            error_reply(StatusCode::INTERNAL_SERVER_ERROR, &e)
         }
         Err(_) => {
             let e = RpcError::new(RPC_MISC_ERROR, "request timed out");
-            json_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &json!({"result": null, "error": e.json(), "id": null}),
-            )
+            error_reply(StatusCode::INTERNAL_SERVER_ERROR, &e)
         }
     }
 }
@@ -356,20 +355,14 @@ fn dispatch(s: &RpcState, parsed: Value) -> Response {
                         s.config.max_batch
                     ),
                 );
-                return json_response(
-                    StatusCode::BAD_REQUEST,
-                    &json!({"result": null, "error": e.json(), "id": null}),
-                );
+                return error_reply(StatusCode::BAD_REQUEST, &e);
             }
             let out: Vec<Value> = batch.iter().filter_map(|v| execute(s, v).0).collect();
             json_response(StatusCode::OK, &Value::Array(out))
         }
         _ => {
             let e = RpcError::new(RPC_PARSE_ERROR, "Top-level object parse error");
-            json_response(
-                error_status(e.code),
-                &json!({"result": null, "error": e.json(), "id": null}),
-            )
+            error_reply(error_status(e.code), &e)
         }
     }
 }

@@ -15,16 +15,15 @@ use std::time::{Duration, Instant};
 
 use bitcoin::consensus::encode::serialize_hex;
 use bitcoin::hashes::{hmac, sha256, Hash, HashEngine};
-use bitcoin::Network;
+use common::data;
 use common::feed::Chain;
-use common::{data, TestNode};
 use serde_json::{json, Value};
 
 struct Server {
     addr: SocketAddr,
     cookie_path: std::path::PathBuf,
     _cookie: kakehi::rpc::Cookie,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    _rpc: common::HttpServer,
     _dir: tempfile::TempDir,
 }
 
@@ -49,20 +48,7 @@ fn rpcauth(user: &str, password: &str, salt: &str) -> String {
 fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
     SERVER.get_or_init(|| {
-        let node = TestNode::new(Network::Regtest);
-        let summary = node.import(&[data("regtest-a/blocks.dat")]);
-        assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
-        let TestNode { dir, chain, .. } = node;
-        let snapshots = chain.lock().snapshots();
-        let mempool = std::sync::Arc::new(kakehi::mempool::Mempool::new(
-            snapshots.clone(),
-            kakehi::mempool::MempoolConfig::default(),
-        ));
-        let state = kakehi::http::AppState {
-            snapshots,
-            p2p: None,
-            mempool: Some(mempool),
-        };
+        let (dir, state) = common::regtest_a_state();
         let cookie = kakehi::rpc::Cookie::write(dir.path()).expect("cookie");
         let mut credentials = kakehi::rpc::Credentials::default();
         credentials.add_plain(kakehi::rpc::COOKIE_USER, cookie.password());
@@ -75,30 +61,12 @@ fn server() -> &'static Server {
             max_batch: MAX_BATCH,
             ..Default::default()
         };
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        std_listener.set_nonblocking(true).expect("nonblocking");
-        let addr = std_listener.local_addr().expect("addr");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
-                kakehi::rpc::serve_listener(listener, state, config, async move {
-                    let _ = stopped.await;
-                })
-                .await
-                .expect("serve");
-            });
-        });
+        let rpc = common::spawn_rpc(state, config);
         Server {
-            addr,
+            addr: rpc.addr,
             cookie_path: cookie.path().to_path_buf(),
             _cookie: cookie,
-            _stop: stop,
+            _rpc: rpc,
             _dir: dir,
         }
     })
@@ -117,24 +85,6 @@ fn chain_json() -> &'static Value {
     })
 }
 
-fn b64(b: &[u8]) -> String {
-    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut s = String::new();
-    for c in b.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= c.len() {
-                s.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                s.push('=');
-            }
-        }
-    }
-    s
-}
-
 /// The cookie file's `user:password`.
 fn cookie() -> String {
     std::fs::read_to_string(&server().cookie_path).expect("read cookie")
@@ -143,33 +93,11 @@ fn cookie() -> String {
 /// Raw POST / with `auth` (`user:password`, or `None` for no header):
 /// (status, head, body).
 fn post(auth: Option<&str>, body: &[u8]) -> (u16, String, Vec<u8>) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(server().addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
     let auth = auth
-        .map(|a| format!("Authorization: Basic {}\r\n", b64(a.as_bytes())))
+        .map(|a| format!("Authorization: {}\r\n", kakehi::rpc::basic_authorization(a)))
         .unwrap_or_default();
-    let head = format!(
-        "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).expect("write");
-    let _ = s.write_all(body);
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let split = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("response head");
-    let head = String::from_utf8_lossy(&buf[..split]).to_string();
-    let status: u16 = head
-        .split(' ')
-        .nth(1)
-        .expect("status")
-        .parse()
-        .expect("status");
-    (status, head, buf[split + 4..].to_vec())
+    let extra = format!("{auth}Content-Type: application/json\r\n");
+    common::raw_request(server().addr, "POST", "/", &extra, body)
 }
 
 /// A JSON body posted with the cookie: (status, parsed reply).
