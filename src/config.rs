@@ -21,6 +21,12 @@
 //! rate_limit_per_second = 0.0    # sustained requests/s per client IP (429 beyond); 0 = off
 //! rate_limit_burst = 20          # requests an idle client IP may send at once
 //!
+//! [rpc]
+//! address = "127.0.0.1:18443"    # ADDR:PORT of the JSON-RPC server, or "off"
+//! user = "alice"                 # rpcuser (with password); the cookie always works
+//! password = "secret"            # rpcpassword
+//! auth = ["bob:salt$hmac"]       # rpcauth entries (share/rpcauth/rpcauth.py)
+//!
 //! [p2p]
 //! listen = "0.0.0.0:18444"       # ADDR:PORT for inbound peers; unset = no inbound
 //! connect = ["10.0.0.2:18444"]   # only these peers (like bitcoind -connect)
@@ -430,6 +436,14 @@ pub struct Layer {
     pub http_rate_limit: Option<f64>,
     /// HTTP requests an idle client IP may send at once.
     pub http_rate_burst: Option<u32>,
+    /// JSON-RPC address (`Some(None)`: off).
+    pub rpc: Option<Option<SocketAddr>>,
+    /// JSON-RPC user (`rpcuser`).
+    pub rpc_user: Option<String>,
+    /// JSON-RPC password (`rpcpassword`).
+    pub rpc_password: Option<String>,
+    /// JSON-RPC `rpcauth` entries.
+    pub rpc_auth: Option<Vec<String>>,
     /// P2P listen address.
     pub listen: Option<SocketAddr>,
     /// Peers to connect to exclusively.
@@ -479,6 +493,8 @@ struct FileConfig {
     datadir: Option<PathBuf>,
     #[serde(default)]
     http: FileHttp,
+    #[serde(default)]
+    rpc: FileRpc,
     #[serde(default)]
     p2p: FileP2p,
     #[serde(default)]
@@ -545,6 +561,40 @@ struct FileIndex {
 struct FileArchive {
     #[serde(default, deserialize_with = "de_filter_cache_mib")]
     filter_cache_mib: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRpc {
+    #[serde(default, deserialize_with = "de_rpc_address")]
+    address: Option<Option<SocketAddr>>,
+    user: Option<String>,
+    password: Option<String>,
+    auth: Option<Vec<String>>,
+}
+
+fn de_rpc_address<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Option<SocketAddr>>, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_rpc_address(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+/// Parses `rpc.address`: `ADDR:PORT`, or `off` (no JSON-RPC server:
+/// `None`).
+///
+/// # Errors
+/// Neither `off` nor an `ADDR:PORT`.
+pub fn parse_rpc_address(s: &str) -> Result<Option<SocketAddr>, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|e| format!("{s:?} is neither \"off\" nor ADDR:PORT ({e})"))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -716,6 +766,10 @@ impl Layer {
             http_max_connections_per_ip: file.http.max_connections_per_ip,
             http_rate_limit: file.http.rate_limit_per_second,
             http_rate_burst: file.http.rate_limit_burst,
+            rpc: file.rpc.address,
+            rpc_user: file.rpc.user,
+            rpc_password: file.rpc.password,
+            rpc_auth: file.rpc.auth,
             listen: file.p2p.listen,
             connect: file.p2p.connect,
             addnode: file.p2p.addnode,
@@ -750,6 +804,10 @@ impl Layer {
     /// | `KAKEHI_HTTP_MAX_CONNECTIONS_PER_IP` | `http.max_connections_per_ip` |
     /// | `KAKEHI_HTTP_RATE_LIMIT_PER_SECOND` | `http.rate_limit_per_second` |
     /// | `KAKEHI_HTTP_RATE_LIMIT_BURST` | `http.rate_limit_burst` |
+    /// | `KAKEHI_RPC` (`off` or ADDR:PORT) | `rpc.address` |
+    /// | `KAKEHI_RPC_USER` | `rpc.user` |
+    /// | `KAKEHI_RPC_PASSWORD` | `rpc.password` |
+    /// | `KAKEHI_RPC_AUTH` | `rpc.auth` |
     /// | `KAKEHI_LISTEN` | `p2p.listen` |
     /// | `KAKEHI_CONNECT` | `p2p.connect` |
     /// | `KAKEHI_ADDNODE` | `p2p.addnode` |
@@ -814,6 +872,18 @@ impl Layer {
                 }
                 "HTTP_RATE_LIMIT_BURST" => {
                     layer.http_rate_burst = Some(parse_rate_burst(&value).map_err(bad)?)
+                }
+                "RPC" => layer.rpc = Some(parse_rpc_address(&value).map_err(bad)?),
+                "RPC_USER" => layer.rpc_user = Some(value.clone()),
+                "RPC_PASSWORD" => layer.rpc_password = Some(value.clone()),
+                "RPC_AUTH" => {
+                    layer.rpc_auth = Some(
+                        value
+                            .split(',')
+                            .filter(|s| !s.trim().is_empty())
+                            .map(|s| s.trim().to_string())
+                            .collect(),
+                    )
                 }
                 "LISTEN" => layer.listen = Some(addr(&value)?),
                 "CONNECT" => layer.connect = Some(list(&value)?),
@@ -906,6 +976,8 @@ pub struct Config {
     pub datadir: PathBuf,
     /// `[http]` section.
     pub http: HttpConfig,
+    /// `[rpc]` section.
+    pub rpc: RpcSection,
     /// `[p2p]` section.
     pub p2p: P2pConfig,
     /// `[log]` section.
@@ -982,6 +1054,39 @@ pub struct IndexSection {
     /// partitions, MiB (0: none, every lookup reads the files). Applies
     /// at each start. Default [`DEFAULT_INDEX_FILTER_CACHE_MIB`].
     pub filter_cache_mib: usize,
+}
+
+/// `[rpc]`: the JSON-RPC server (`docs/rpc.md`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RpcSection {
+    /// Address of the JSON-RPC server, `None` for off. Default
+    /// `127.0.0.1:<Core's RPC port>` (8332 mainnet, 18332 testnet3, 48332
+    /// testnet4, 38332 signet, 18443 regtest).
+    #[serde(serialize_with = "ser_rpc_address")]
+    pub address: Option<SocketAddr>,
+    /// `rpcuser`: a user accepted with [`RpcSection::password`]. Default
+    /// none (the cookie file only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// `rpcpassword` (shown as `"***"` by `kakehi config show`).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "ser_redacted"
+    )]
+    pub password: Option<String>,
+    /// `rpcauth` entries, `user:salt$hmac`. Default none.
+    pub auth: Vec<String>,
+}
+
+fn ser_rpc_address<S: serde::Serializer>(a: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+    match a {
+        Some(a) => s.collect_str(a),
+        None => s.serialize_str("off"),
+    }
+}
+
+fn ser_redacted<S: serde::Serializer>(_: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("***")
 }
 
 /// `[http]`.
@@ -1076,6 +1181,13 @@ impl Config {
                 rate_limit_per_second: pick(layers, |l| l.http_rate_limit.as_ref()).unwrap_or(0.0),
                 rate_limit_burst: pick(layers, |l| l.http_rate_burst.as_ref())
                     .unwrap_or(DEFAULT_RATE_LIMIT_BURST),
+            },
+            rpc: RpcSection {
+                address: pick(layers, |l| l.rpc.as_ref())
+                    .unwrap_or_else(|| Some(SocketAddr::from(([127, 0, 0, 1], params.rpc_port)))),
+                user: pick(layers, |l| l.rpc_user.as_ref()),
+                password: pick(layers, |l| l.rpc_password.as_ref()),
+                auth: pick(layers, |l| l.rpc_auth.as_ref()).unwrap_or_default(),
             },
             p2p: P2pConfig {
                 listen: pick(layers, |l| l.listen.as_ref()),
@@ -1204,6 +1316,45 @@ mod tests {
                 path.display()
             );
         }
+    }
+
+    #[test]
+    fn rpc_address_defaults_to_cores_port_and_takes_off() {
+        let regtest = Config::resolve(&[]);
+        assert_eq!(
+            regtest.rpc.address,
+            Some("127.0.0.1:18443".parse().expect("addr"))
+        );
+        let file = Layer::from_toml_str(
+            "network = \"testnet4\"\n[rpc]\naddress = \"off\"\nuser = \"u\"\npassword = \"p\"\nauth = [\"a:s$00\"]\n",
+            Path::new("c.toml"),
+        )
+        .expect("file");
+        let c = Config::resolve(&[&file]);
+        assert_eq!(c.rpc.address, None);
+        assert_eq!(c.rpc.user.as_deref(), Some("u"));
+        assert_eq!(c.rpc.auth, vec!["a:s$00".to_string()]);
+        assert_eq!(
+            Config::resolve(&[&Layer {
+                network: Some(Network::Testnet4),
+                ..Layer::default()
+            }])
+            .rpc
+            .address,
+            Some("127.0.0.1:48332".parse().expect("addr"))
+        );
+        let env =
+            Layer::from_env([("KAKEHI_RPC".to_string(), "0.0.0.0:1".to_string())]).expect("env");
+        assert_eq!(
+            Config::resolve(&[&env, &file]).rpc.address,
+            Some("0.0.0.0:1".parse().expect("addr"))
+        );
+        let off = Layer::from_env([("KAKEHI_RPC".to_string(), "OFF".to_string())]).expect("env");
+        assert_eq!(Config::resolve(&[&off]).rpc.address, None);
+        assert!(Layer::from_env([("KAKEHI_RPC".to_string(), "nope".to_string())]).is_err());
+        let shown = toml::to_string(&c).expect("toml");
+        assert!(shown.contains("address = \"off\""), "{shown}");
+        assert!(shown.contains("password = \"***\""), "{shown}");
     }
 
     #[test]

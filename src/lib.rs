@@ -26,6 +26,7 @@ pub mod p2p;
 pub mod pipeline;
 pub mod primitives;
 pub mod reindex;
+pub mod rpc;
 pub mod snapshot;
 pub mod sozu;
 pub mod store;

@@ -93,6 +93,8 @@ struct Common {
     no_address_index: bool,
 }
 
+// Parsed once at start: the size of the `Run` variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the node: import the files given with --import, then serve the
@@ -118,6 +120,24 @@ enum Command {
         /// limit. [default: 20] [env: KAKEHI_HTTP_RATE_LIMIT_BURST]
         #[arg(long, value_name = "N", value_parser = config::parse_rate_burst)]
         http_rate_burst: Option<u32>,
+        /// JSON-RPC address, ADDR:PORT (TCP), or `off`. [default:
+        /// 127.0.0.1:<Core's RPC port: 8332 mainnet, 18332 testnet, 18443
+        /// regtest, 38332 signet, 48332 testnet4>] [env: KAKEHI_RPC]
+        #[arg(long, value_name = "ADDR:PORT|off", value_parser = parse_rpc_arg)]
+        rpc: Option<RpcAddr>,
+        /// JSON-RPC user, with --rpc-password (bitcoind's -rpcuser); the
+        /// cookie file always works. [env: KAKEHI_RPC_USER]
+        #[arg(long, value_name = "USER")]
+        rpc_user: Option<String>,
+        /// JSON-RPC password of --rpc-user (bitcoind's -rpcpassword).
+        /// [env: KAKEHI_RPC_PASSWORD]
+        #[arg(long, value_name = "PASSWORD")]
+        rpc_password: Option<String>,
+        /// JSON-RPC credential `user:salt$hmac` (bitcoind's -rpcauth, made by
+        /// Core's share/rpcauth/rpcauth.py; repeatable).
+        /// [env: KAKEHI_RPC_AUTH, comma-separated]
+        #[arg(long, value_name = "USER:SALT$HMAC")]
+        rpc_auth: Vec<String>,
         /// P2P address to accept inbound peers on, ADDR:PORT (TCP).
         /// [default: none, no inbound] [env: KAKEHI_LISTEN]
         #[arg(long, value_name = "ADDR:PORT")]
@@ -246,6 +266,10 @@ impl Cli {
             http_max_connections_per_ip,
             http_rate_limit,
             http_rate_burst,
+            rpc,
+            rpc_user,
+            rpc_password,
+            rpc_auth,
             listen,
             connect,
             addnode,
@@ -261,12 +285,24 @@ impl Cli {
             l.http_max_connections_per_ip = *http_max_connections_per_ip;
             l.http_rate_limit = *http_rate_limit;
             l.http_rate_burst = *http_rate_burst;
+            l.rpc = rpc.as_ref().map(|r| r.0);
+            l.rpc_user = rpc_user.clone();
+            l.rpc_password = rpc_password.clone();
+            l.rpc_auth = (!rpc_auth.is_empty()).then(|| rpc_auth.clone());
             l.listen = *listen;
             l.connect = (!connect.is_empty()).then(|| connect.clone());
             l.addnode = (!addnode.is_empty()).then(|| addnode.clone());
         }
         l
     }
+}
+
+/// `--rpc`: an address, or `off` (`None`).
+#[derive(Clone, Copy, Debug)]
+struct RpcAddr(Option<SocketAddr>);
+
+fn parse_rpc_arg(s: &str) -> Result<RpcAddr, String> {
+    config::parse_rpc_address(s).map(RpcAddr)
 }
 
 /// Resolves the configuration: CLI > environment > file > defaults. Also
@@ -633,6 +669,10 @@ fn run_node(
         p2p: Some(p2p),
         mempool: Some(mempool.clone()),
     };
+    let (rpc_stop_tx, rpc_task, _cookie) = match start_rpc(runtime, config, &state)? {
+        Some((tx, task, cookie)) => (Some(tx), Some(task), Some(cookie)),
+        None => (None, None, None),
+    };
     let stop2 = stop.clone();
     let chain2 = chain.clone();
     runtime
@@ -651,6 +691,14 @@ fn run_node(
             kakehi::http::serve_with(addr, state, http_config, shutdown).await
         })
         .with_context(|| format!("HTTP API on {addr}"))?;
+    if let (Some(tx), Some(task)) = (rpc_stop_tx, rpc_task) {
+        let _ = tx.send(true);
+        match runtime.block_on(task) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!("JSON-RPC server: {e}"),
+            Err(e) => tracing::error!("JSON-RPC task: {e}"),
+        }
+    }
     let _ = p2p_stop_tx.send(true);
     match runtime.block_on(p2p_task) {
         Ok(Ok(())) => {}
@@ -669,6 +717,56 @@ fn run_node(
     }
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The JSON-RPC server's stop signal, its task, and the cookie file
+/// (removed when dropped).
+type RpcRunning = (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+    kakehi::rpc::Cookie,
+);
+
+/// Starts the JSON-RPC server when `rpc.address` is not off: writes the
+/// cookie file, binds (an address that cannot be bound is an error at
+/// start) and serves until the returned sender says stop.
+fn start_rpc(
+    runtime: &tokio::runtime::Runtime,
+    config: &Config,
+    state: &kakehi::http::AppState,
+) -> anyhow::Result<Option<RpcRunning>> {
+    let Some(addr) = config.rpc.address else {
+        return Ok(None);
+    };
+    let cookie = kakehi::rpc::Cookie::write(&config.datadir)?;
+    let mut credentials = kakehi::rpc::Credentials::default();
+    credentials.add_plain(kakehi::rpc::COOKIE_USER, cookie.password());
+    match (&config.rpc.user, &config.rpc.password) {
+        (Some(u), Some(p)) => credentials.add_plain(u, p),
+        (None, None) => {}
+        _ => anyhow::bail!("rpc.user and rpc.password go together"),
+    }
+    for entry in &config.rpc.auth {
+        credentials.add_rpcauth(entry)?;
+    }
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(addr))
+        .with_context(|| format!("JSON-RPC on {addr}"))?;
+    tracing::info!(%addr, cookie = %cookie.path().display(), "JSON-RPC listening");
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    let rpc_config = kakehi::rpc::RpcConfig {
+        credentials,
+        ..Default::default()
+    };
+    let task = runtime.spawn(kakehi::rpc::serve_listener(
+        listener,
+        state.clone(),
+        rpc_config,
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        },
+    ));
+    Ok(Some((tx, task, cookie)))
 }
 
 /// Starts the mempool (the one the P2P layer relays through): announcing

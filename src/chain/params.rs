@@ -43,6 +43,10 @@ pub struct ChainParams {
     /// Default HTTP port (Esplora's convention: 3000 mainnet, 3001 testnet3,
     /// 3002 regtest, 3003 signet, 3004 testnet4).
     pub http_port: u16,
+    /// Default port of the JSON-RPC server (Core's `BaseParams::RPCPort`,
+    /// `src/chainparamsbase.cpp`: 8332 mainnet, 18332 testnet3, 48332
+    /// testnet4, 38332 signet, 18443 regtest).
+    pub rpc_port: u16,
     /// DNS seeds to bootstrap the address book.
     pub dns_seeds: &'static [&'static str],
     /// Minimum total chainwork (big-endian 32 bytes) below which headers are
@@ -123,6 +127,7 @@ impl ChainParams {
             enforce_bip94: false,
             p2p_port: 8333,
             http_port: 3000,
+            rpc_port: 8332,
             dns_seeds: &[
                 "seed.bitcoin.sipa.be",
                 "dnsseed.bluematt.me",
@@ -180,6 +185,7 @@ impl ChainParams {
             enforce_bip94: false,
             p2p_port: 18333,
             http_port: 3001,
+            rpc_port: 18332,
             dns_seeds: &[
                 "testnet-seed.bitcoin.jonasschnelli.ch",
                 "seed.tbtc.petertodd.net",
@@ -220,6 +226,7 @@ impl ChainParams {
             enforce_bip94: true,
             p2p_port: 48333,
             http_port: 3004,
+            rpc_port: 48332,
             dns_seeds: &[
                 "seed.testnet4.bitcoin.sprovoost.nl",
                 "seed.testnet4.wiz.biz",
@@ -252,6 +259,7 @@ impl ChainParams {
             enforce_bip94: false,
             p2p_port: 38333,
             http_port: 3003,
+            rpc_port: 38332,
             dns_seeds: &[
                 "seed.signet.bitcoin.sprovoost.nl",
                 "seed.signet.achownodes.xyz",
@@ -284,6 +292,7 @@ impl ChainParams {
             enforce_bip94: false,
             p2p_port: 18444,
             http_port: 3002,
+            rpc_port: 18443,
             dns_seeds: &[],
             minimum_chain_work: [0u8; 32],
             default_assume_valid: None,

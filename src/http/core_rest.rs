@@ -20,7 +20,7 @@ use crate::snapshot::ChainSnapshot;
 pub const MAX_REST_HEADERS: u32 = 2000;
 
 /// Core's `getblockheader` JSON of `e` (`blockheaderToJSON`).
-fn header_json(cs: &ChainSnapshot, e: &IndexEntry) -> serde_json::Value {
+pub(crate) fn header_json(cs: &ChainSnapshot, e: &IndexEntry) -> serde_json::Value {
     let index = cs.index();
     let active = index.is_active(e.id);
     let confirmations: i64 = if active {
@@ -58,27 +58,106 @@ fn header_json(cs: &ChainSnapshot, e: &IndexEntry) -> serde_json::Value {
 /// that kakehi knows (no `size_on_disk`, `verificationprogress` is 1 at the
 /// best known header).
 pub(super) async fn chaininfo(State(s): State<AppState>) -> ApiResult<Response> {
-    read(&s, |cs| {
-        let index = cs.index();
-        let tip = index.tip();
-        let headers = index.entries().map(|e| e.height).max().unwrap_or(0);
-        Ok(Json(serde_json::json!({
-            "chain": cs.params().network.to_core_arg(),
-            "blocks": tip.height,
-            "headers": headers,
-            "bestblockhash": tip.hash.to_string(),
-            "difficulty": tip.header.difficulty_float(),
-            "time": tip.header.time,
-            "mediantime": index.median_time_past(tip.id),
-            "verificationprogress": if headers == tip.height { 1.0 } else { f64::from(tip.height) / f64::from(headers.max(1)) },
-            "initialblockdownload": headers > tip.height,
-            "chainwork": super::hex(&tip.chainwork.to_be_bytes()),
-            "pruned": false,
-            "warnings": [],
-        }))
-        .into_response())
+    read(&s, |cs| Ok(Json(chaininfo_json(cs)).into_response())).await
+}
+
+/// Core's `getblockchaininfo` result, the fields kakehi knows (no
+/// `size_on_disk`; `verificationprogress` is 1 at the best known header).
+pub(crate) fn chaininfo_json(cs: &ChainSnapshot) -> serde_json::Value {
+    let index = cs.index();
+    let tip = index.tip();
+    let headers = index.entries().map(|e| e.height).max().unwrap_or(0);
+    serde_json::json!({
+        "chain": cs.params().network.to_core_arg(),
+        "blocks": tip.height,
+        "headers": headers,
+        "bestblockhash": tip.hash.to_string(),
+        "difficulty": tip.header.difficulty_float(),
+        "time": tip.header.time,
+        "mediantime": index.median_time_past(tip.id),
+        "verificationprogress": if headers == tip.height { 1.0 } else { f64::from(tip.height) / f64::from(headers.max(1)) },
+        "initialblockdownload": headers > tip.height,
+        "chainwork": super::hex(&tip.chainwork.to_be_bytes()),
+        "pruned": false,
+        "warnings": [],
     })
-    .await
+}
+
+/// The serialized block of `e` (the genesis block from the chain's
+/// parameters); `None` when its data is not stored.
+///
+/// # Errors
+/// Reading the block files fails.
+pub(crate) fn block_raw(
+    cs: &ChainSnapshot,
+    e: &IndexEntry,
+) -> Result<Option<Vec<u8>>, crate::snapshot::ReadError> {
+    if e.height == 0 && e.hash == cs.params().genesis_hash() {
+        return Ok(Some(serialize(&cs.params().genesis_block())));
+    }
+    cs.read_block_raw(e.id)
+}
+
+/// Core's `getblock` JSON of block `e` serialized as `raw`
+/// (`blockToJSON`): `tx` as txids, or with `tx_details` as full
+/// transaction objects with `fee` from the block's stored spent outputs.
+///
+/// # Errors
+/// `raw` does not decode, or the spent outputs cannot be read.
+pub(crate) fn block_json(
+    cs: &ChainSnapshot,
+    e: &IndexEntry,
+    raw: &[u8],
+    tx_details: bool,
+) -> Result<serde_json::Value, Box<dyn std::error::Error + Send + Sync>> {
+    let block: bitcoin::Block = bitcoin::consensus::deserialize(raw)?;
+    let mut v = header_json(cs, e);
+    v["size"] = raw.len().into();
+    v["strippedsize"] = block
+        .txdata
+        .iter()
+        .map(|t| t.base_size())
+        .sum::<usize>()
+        .saturating_add(80 + bitcoin::VarInt(block.txdata.len() as u64).size())
+        .into();
+    v["weight"] = block.weight().to_wu().into();
+    v["nTx"] = block.txdata.len().into();
+    v["tx"] = if tx_details {
+        // Inputs' values per spending tx, from the block's spent outputs
+        // (Core's undo data; absent for a block never connected).
+        let mut input_totals: std::collections::HashMap<bitcoin::Txid, u64> =
+            std::collections::HashMap::new();
+        let spent = if e.height == 0 {
+            None
+        } else {
+            cs.spent_outputs(e.id)?
+        };
+        if let Some(spent) = &spent {
+            for so in spent {
+                *input_totals.entry(so.txid).or_default() += so.coin.value.to_sat();
+            }
+        }
+        let network = cs.params().network;
+        block
+            .txdata
+            .iter()
+            .map(|t| {
+                let total = spent
+                    .as_ref()
+                    .map(|_| input_totals.get(&t.compute_txid()).copied().unwrap_or(0));
+                super::core_tx::tx_json(t, network, total)
+            })
+            .collect::<Vec<_>>()
+            .into()
+    } else {
+        block
+            .txdata
+            .iter()
+            .map(|t| t.compute_txid().to_string())
+            .collect::<Vec<_>>()
+            .into()
+    };
+    Ok(v)
 }
 
 /// `GET /rest/block/<hash>.<ext>`: the serialized block, or Core's block
@@ -108,64 +187,13 @@ async fn block_common(s: AppState, file: String, tx_details: bool) -> ApiResult<
             .index()
             .by_hash(&hash)
             .ok_or_else(|| ApiError::not_found(format!("block {hash} not found")))?;
-        let raw = if e.height == 0 && hash == cs.params().genesis_hash() {
-            serialize(&cs.params().genesis_block())
-        } else {
-            cs.read_block_raw(e.id)
-                .map_err(ApiError::internal)?
-                .ok_or_else(|| ApiError::not_found(format!("block {hash} data not stored")))?
-        };
+        let raw = block_raw(cs, e)
+            .map_err(ApiError::internal)?
+            .ok_or_else(|| ApiError::not_found(format!("block {hash} data not stored")))?;
         if format != Format::Json {
             return Ok(bin_or_hex(raw, format));
         }
-        let block: bitcoin::Block =
-            bitcoin::consensus::deserialize(&raw).map_err(ApiError::internal)?;
-        let mut v = header_json(cs, e);
-        v["size"] = raw.len().into();
-        v["strippedsize"] = block
-            .txdata
-            .iter()
-            .map(|t| t.base_size())
-            .sum::<usize>()
-            .saturating_add(80 + bitcoin::VarInt(block.txdata.len() as u64).size())
-            .into();
-        v["weight"] = block.weight().to_wu().into();
-        v["nTx"] = block.txdata.len().into();
-        v["tx"] = if tx_details {
-            // Inputs' values per spending tx, from the block's spent outputs
-            // (Core's undo data; absent for a block never connected).
-            let mut input_totals: std::collections::HashMap<bitcoin::Txid, u64> =
-                std::collections::HashMap::new();
-            let spent = if e.height == 0 {
-                None
-            } else {
-                cs.spent_outputs(e.id).map_err(ApiError::internal)?
-            };
-            if let Some(spent) = &spent {
-                for so in spent {
-                    *input_totals.entry(so.txid).or_default() += so.coin.value.to_sat();
-                }
-            }
-            let network = cs.params().network;
-            block
-                .txdata
-                .iter()
-                .map(|t| {
-                    let total = spent
-                        .as_ref()
-                        .map(|_| input_totals.get(&t.compute_txid()).copied().unwrap_or(0));
-                    super::core_tx::tx_json(t, network, total)
-                })
-                .collect::<Vec<_>>()
-                .into()
-        } else {
-            block
-                .txdata
-                .iter()
-                .map(|t| t.compute_txid().to_string())
-                .collect::<Vec<_>>()
-                .into()
-        };
+        let v = block_json(cs, e, &raw, tx_details).map_err(ApiError::internal)?;
         Ok(Json(v).into_response())
     })
     .await

@@ -137,10 +137,15 @@ fn btc_per_kvb(sat_per_kvb: u64) -> f64 {
 /// `GET /rest/mempool/info.json`: Core's `getmempoolinfo` shape.
 pub(super) async fn rest_info(State(s): State<AppState>) -> ApiResult<Response> {
     let m = mempool(&s)?;
+    Ok(Json(info_json(&m)).into_response())
+}
+
+/// Core's `getmempoolinfo` result for `m`'s latest state.
+pub fn info_json(m: &Mempool) -> serde_json::Value {
     let snap = m.snapshot();
     let t = snap.pool.totals();
     let cfg = m.config();
-    Ok(Json(serde_json::json!({
+    serde_json::json!({
         "loaded": true,
         "size": t.count,
         "bytes": t.vsize,
@@ -152,8 +157,7 @@ pub(super) async fn rest_info(State(s): State<AppState>) -> ApiResult<Response> 
         "incrementalrelayfee": btc_per_kvb(cfg.policy.incremental_relay_feerate),
         "unbroadcastcount": 0,
         "fullrbf": true,
-    }))
-    .into_response())
+    })
 }
 
 /// `GET /rest/mempool/contents.json`: Core's `getrawmempool true` shape,

@@ -24,8 +24,8 @@ use crate::snapshot::{ChainSnapshot, Snapshots};
 
 mod address;
 pub mod archive;
-mod core_rest;
-mod core_tx;
+pub(crate) mod core_rest;
+pub(crate) mod core_tx;
 pub mod esplora;
 mod esplora_json;
 pub mod fees;
@@ -218,7 +218,7 @@ fn bin_or_hex(bytes: Vec<u8>, f: Format) -> Response {
 }
 
 /// Lowercase hex of `bytes` (`bitcoin::hex`).
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.to_lower_hex_string()
 }
 

@@ -201,6 +201,36 @@ impl Drop for HttpServer {
 /// its own (2 workers, on its own thread) until the returned server is
 /// dropped (then the runtime, and the snapshots it held, are gone).
 pub fn spawn_http(state: kakehi::http::AppState, config: kakehi::http::HttpConfig) -> HttpServer {
+    spawn_server(move |listener, shutdown| async move {
+        kakehi::http::serve_listener(listener, state, config, shutdown)
+            .await
+            .expect("serve");
+    })
+}
+
+/// Serves the JSON-RPC interface over `state` with `config`, as
+/// [`spawn_http`] serves the HTTP API.
+pub fn spawn_rpc(state: kakehi::http::AppState, config: kakehi::rpc::RpcConfig) -> HttpServer {
+    spawn_server(move |listener, shutdown| async move {
+        kakehi::rpc::serve_listener(listener, state, config, shutdown)
+            .await
+            .expect("serve");
+    })
+}
+
+/// Runs `serve(listener, shutdown)` on 127.0.0.1:<ephemeral> from a
+/// runtime of its own (2 workers, on its own thread); `shutdown` resolves
+/// when the returned server is dropped.
+fn spawn_server<F, Fut>(serve: F) -> HttpServer
+where
+    F: FnOnce(
+            tokio::net::TcpListener,
+            std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+        ) -> Fut
+        + Send
+        + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
     let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     std_listener.set_nonblocking(true).expect("nonblocking");
     let addr = std_listener.local_addr().expect("addr");
@@ -213,18 +243,94 @@ pub fn spawn_http(state: kakehi::http::AppState, config: kakehi::http::HttpConfi
             .expect("runtime");
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
-            let shutdown = async move {
+            let shutdown = Box::pin(async move {
                 let _ = stopped.await;
-            };
-            kakehi::http::serve_listener(listener, state, config, shutdown)
-                .await
-                .expect("serve");
+            });
+            serve(listener, shutdown).await;
         });
     });
     HttpServer {
         addr,
         stop: Some(stop),
         thread: Some(thread),
+    }
+}
+
+/// A node imported from `testnet-data/regtest-a` with an empty mempool of
+/// Core's defaults, and no P2P: its datadir and the handlers' state.
+pub fn regtest_a_state() -> (tempfile::TempDir, kakehi::http::AppState) {
+    let node = TestNode::new(bitcoin::Network::Regtest);
+    let summary = node.import(&[data("regtest-a/blocks.dat")]);
+    assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
+    let TestNode { dir, chain, .. } = node;
+    let snapshots = chain.lock().snapshots();
+    let mempool = std::sync::Arc::new(kakehi::mempool::Mempool::new(
+        snapshots.clone(),
+        kakehi::mempool::MempoolConfig::default(),
+    ));
+    let state = kakehi::http::AppState {
+        snapshots,
+        p2p: None,
+        mempool: Some(mempool),
+    };
+    (dir, state)
+}
+
+/// One raw HTTP/1.1 request to `addr` with extra header lines (`"Name:
+/// value\r\n"`), `Connection: close`: (status, head, body, de-chunked).
+pub fn raw_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    extra: &str,
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    let _ = s.write_all(body);
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("response head");
+    let head = String::from_utf8_lossy(&buf[..split]).to_string();
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .expect("status")
+        .parse()
+        .expect("status");
+    let mut body = buf[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    (status, head, body)
+}
+
+/// A chunked HTTP/1.1 body's content.
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(nl) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap().trim(), 16).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[nl + 2..nl + 2 + n]);
+        b = &b[nl + 2 + n + 2..];
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use bitcoin::hashes::Hash;
 use bitcoin::{BlockHash, Network, Txid};
 use common::feed::{spent_lines, Chain};
-use common::{data, json, TestNode};
+use common::{data, json};
 use esplora_client::BlockingClient;
 use kakehi::http::AppState;
 
@@ -28,20 +28,7 @@ struct Server {
 fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
     SERVER.get_or_init(|| {
-        let node = TestNode::new(Network::Regtest);
-        let summary = node.import(&[data("regtest-a/blocks.dat")]);
-        assert!(summary.rejected.is_empty(), "{:?}", summary.rejected);
-        let TestNode { dir, chain, .. } = node;
-        let snapshots = chain.lock().snapshots();
-        let mempool = std::sync::Arc::new(kakehi::mempool::Mempool::new(
-            snapshots.clone(),
-            kakehi::mempool::MempoolConfig::default(),
-        ));
-        let state = AppState {
-            snapshots,
-            p2p: None,
-            mempool: Some(mempool),
-        };
+        let (dir, state) = common::regtest_a_state();
         let http = common::spawn_http(state.clone(), config());
         Server {
             addr: http.addr,
@@ -90,52 +77,7 @@ fn request(method: &str, path: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
 
 /// Raw request with extra header lines (`"Name: value\r\n"`): (status, head, body).
 fn request_h(method: &str, path: &str, extra: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(server().addr).expect("connect");
-    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
-        .expect("timeout");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).expect("write");
-    let _ = s.write_all(body);
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let split = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("response head");
-    let head = String::from_utf8_lossy(&buf[..split]).to_string();
-    let status: u16 = head
-        .split(' ')
-        .nth(1)
-        .expect("status")
-        .parse()
-        .expect("status");
-    let mut body = buf[split + 4..].to_vec();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        body = dechunk(&body);
-    }
-    (status, head, body)
-}
-
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let Some(nl) = b.windows(2).position(|w| w == b"\r\n") else {
-            return out;
-        };
-        let n = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap().trim(), 16).unwrap();
-        if n == 0 {
-            return out;
-        }
-        out.extend_from_slice(&b[nl + 2..nl + 2 + n]);
-        b = &b[nl + 2 + n + 2..];
-    }
+    common::raw_request(server().addr, method, path, extra, body)
 }
 
 fn hex(bytes: &[u8]) -> String {

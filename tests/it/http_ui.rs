@@ -99,34 +99,8 @@ fn node() -> &'static Node {
 
 /// Raw `GET`: (status, body).
 fn http_get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let split = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("response head");
-    let head = String::from_utf8_lossy(&buf[..split]).to_string();
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status code");
-    assert!(
-        !head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked"),
-        "{path}: chunked response"
-    );
-    (status, buf[split + 4..].to_vec())
+    let (status, _, body) = common::raw_request(addr, "GET", path, "", &[]);
+    (status, body)
 }
 
 /// Chromium's path, installing Debian's package when it is missing.

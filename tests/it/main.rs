@@ -54,6 +54,7 @@ mod p2p_nodes;
 mod power_loss;
 mod regtest_a;
 mod reindex;
+mod rpc;
 mod script_vectors;
 mod scripts_core;
 mod sled_watch;
