@@ -670,9 +670,16 @@ fn metrics_report_the_tip_and_per_route_requests() {
 #[test]
 fn limits_body_size_method_cors_and_slow_headers() {
     use std::io::{Read, Write};
-    // Body over the limit: 413 JSON, by Content-Length and by a chunked body.
+    // Body over the limit: 413 JSON, by Content-Length and by a chunked body;
+    // POST /tx has its own, larger one (any standard transaction in hex).
     let big = vec![b'0'; 300 * 1024];
-    let (st, ctype, _) = request("POST", "/tx", &big);
+    let (st, ctype, _) = request("POST", "/proof/outpoints", &big);
+    assert_eq!(st, 413);
+    assert!(ctype.starts_with("application/json"));
+    let (st, _, body) = request("POST", "/tx", &big);
+    assert_eq!(st, 400, "{}", String::from_utf8_lossy(&body));
+    let bigger = vec![b'0'; kakehi::http::mempool::MAX_TX_BODY + 1];
+    let (st, ctype, _) = request("POST", "/tx", &bigger);
     assert_eq!(st, 413);
     assert!(ctype.starts_with("application/json"));
     // Wrong method: 405 JSON.
