@@ -23,6 +23,8 @@ fn data(rel: &str) -> PathBuf {
 /// the temp dir so no default datadir of the user is touched) and JSON logs.
 fn kakehi(home: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kakehi"));
+    // No JSON-RPC server: tests run nodes side by side (its port is fixed).
+    c.env("KAKEHI_RPC", "off");
     c.env_clear()
         .env("HOME", home)
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())

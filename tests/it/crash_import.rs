@@ -49,6 +49,8 @@ fn durable_height(dir: &std::path::Path) -> u32 {
 
 fn kakehi(datadir: &std::path::Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kakehi"));
+    // No JSON-RPC server: tests run nodes side by side (its port is fixed).
+    c.env("KAKEHI_RPC", "off");
     c.arg("--network")
         .arg("regtest")
         .arg("--datadir")

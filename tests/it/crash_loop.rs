@@ -97,6 +97,8 @@ impl Job {
 
 fn kakehi(datadir: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kakehi"));
+    // No JSON-RPC server: tests run nodes side by side (its port is fixed).
+    c.env("KAKEHI_RPC", "off");
     c.arg("--network")
         .arg("regtest")
         .arg("--datadir")

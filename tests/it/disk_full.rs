@@ -176,7 +176,7 @@ fn full_disk_while_syncing_over_p2p_stops_the_node_naming_the_path() {
     let mut b = Command::new(env!("CARGO_BIN_EXE_kakehi"))
         .args(["--network", "regtest", "--datadir"])
         .arg(&datadir)
-        .args(["run", "--http", "127.0.0.1:0", "--connect"])
+        .args(["run", "--http", "127.0.0.1:0", "--rpc", "off", "--connect"])
         .arg(a.addr.to_string())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())

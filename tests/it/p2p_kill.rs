@@ -49,6 +49,8 @@ const FINAL_SYNC_TIMEOUT: Duration = Duration::from_secs(120);
 /// datadir is touched) and JSON logs.
 fn kakehi(home: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kakehi"));
+    // No JSON-RPC server: tests run nodes side by side (its port is fixed).
+    c.env("KAKEHI_RPC", "off");
     c.env_clear()
         .env("HOME", home)
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())

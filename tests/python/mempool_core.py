@@ -240,7 +240,8 @@ class KakehiNode:
         self.http_port, self.p2p_port = free_port(), free_port()
         self.log_path = os.path.join(self.datadir, f"{self.name}.log")
         logf = open(self.log_path, "ab")
-        env = {"HOME": self.datadir, "PATH": os.environ.get("PATH", "")}
+        # No JSON-RPC server: nodes run side by side (its default port is fixed).
+        env = {"HOME": self.datadir, "PATH": os.environ.get("PATH", ""), "KAKEHI_RPC": "off"}
         cmd = [self.binary, "--network", "regtest", "--datadir", self.datadir,
                "--log-format", "json", "run",
                "--http", f"127.0.0.1:{self.http_port}",
