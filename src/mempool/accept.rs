@@ -87,7 +87,10 @@ struct Tip {
     median_time_past: u32,
 }
 
-/// Checks `tx` against the pool and the snapshot's tip by Core's rules.
+/// Checks `tx` against the pool and the snapshot's tip by Core's rules, in
+/// Core's phases: the checks of the transaction alone, duplicates, the
+/// coins it spends (inputs, input policy, fees), its place in the pool
+/// (TRUC, conflicts, replacement, package limits), then its scripts.
 ///
 /// # Errors
 /// [`AcceptError::Rejected`] with Core's reject reason;
@@ -103,26 +106,79 @@ pub fn check(
         height: tip_entry.height,
         median_time_past: index.median_time_past(tip_entry.id),
     };
-    let policy_cfg = &ctx.config.policy;
     let txid = tx.compute_txid();
     let wtxid = tx.compute_wtxid();
-    pre_checks_context_free(&tx, &tip, policy_cfg)?;
+    pre_checks_context_free(&tx, &tip, &ctx.config.policy)?;
+    check_not_in_pool(pool, txid, wtxid)?;
+    let priced = coin_checks(pool, ctx, &tx, txid, &tip)?;
+    let replaced = pool_checks(pool, ctx, &tx, txid, &priced)?;
+    let flags = block_script_flags(index.params(), tip.height + 1, &BlockHash::all_zeros());
+    script_checks(&tx, &priced.prevouts, flags)?;
+    let entry = MempoolEntry {
+        tx: tx.clone(),
+        txid,
+        wtxid,
+        fee: priced.fee,
+        vsize: priced.vsize,
+        weight: priced.weight,
+        size: tx.total_size() as u64,
+        sigop_cost: priced.sigop_cost,
+        time: ctx.now,
+        height: tip.height,
+        sequence: 0,
+        spends_coinbase: priced.spends_coinbase,
+        prevouts: priced.prevouts,
+    };
+    Ok(Accepted { entry, replaced })
+}
+
+/// What the coin checks learn about a transaction.
+struct Priced {
+    /// The outputs it spends, in input order.
+    prevouts: Vec<TxOut>,
+    /// Whether one of them is a coinbase output.
+    spends_coinbase: bool,
+    /// Inputs minus outputs, sats.
+    fee: u64,
+    /// Sigop cost (BIP-141 units).
+    sigop_cost: u64,
+    /// Weight, weight units.
+    weight: u64,
+    /// Sigop-adjusted virtual size, vbytes.
+    vsize: u64,
+}
+
+/// `txn-already-in-mempool` (same wtxid) and
+/// `txn-same-nonwitness-data-in-mempool` (same txid, another witness).
+fn check_not_in_pool(pool: &Pool, txid: Txid, wtxid: bitcoin::Wtxid) -> Result<(), TxReject> {
     if pool.get_by_wtxid(&wtxid).is_some() {
-        return Err(TxReject::new(TxRejectClass::Duplicate, "txn-already-in-mempool").into());
+        return Err(TxReject::new(
+            TxRejectClass::Duplicate,
+            "txn-already-in-mempool",
+        ));
     }
     if pool.contains(&txid) {
         return Err(TxReject::new(
             TxRejectClass::Duplicate,
             "txn-same-nonwitness-data-in-mempool",
-        )
-        .into());
+        ));
     }
-    let mut conflicts: BTreeSet<Txid> = tx
-        .input
-        .iter()
-        .filter_map(|i| pool.spender(&i.previous_output))
-        .collect();
-    let coins = fetch_coins(pool, ctx.snapshot, &tx, txid, tip.height)?;
+    Ok(())
+}
+
+/// The checks of `PreChecks` that read the coins: the inputs exist and
+/// pass the consensus input checks at the next block, the input policy,
+/// sigops, ephemeral dust, then the fees against the minimums.
+fn coin_checks(
+    pool: &Pool,
+    ctx: &AcceptContext<'_>,
+    tx: &Transaction,
+    txid: Txid,
+    tip: &Tip,
+) -> Result<Priced, AcceptError> {
+    let index = ctx.snapshot.index();
+    let policy_cfg = &ctx.config.policy;
+    let coins = fetch_coins(pool, ctx.snapshot, tx, txid, tip.height)?;
     let block_ctx_mtp = |h: u32| index.active_at(h).map(|e| index.median_time_past(e.id));
     let block_ctx = BlockContext {
         params: index.params(),
@@ -131,7 +187,7 @@ pub fn check(
         prev_median_time_past: tip.median_time_past,
         median_time_past_at: &block_ctx_mtp,
     };
-    let (spent, fee) = check_inputs(&tx, txid, &coins, &block_ctx)?;
+    let (spent, fee) = check_inputs(tx, txid, &coins, &block_ctx)?;
     let prevouts: Vec<TxOut> = spent
         .iter()
         .map(|c| TxOut {
@@ -139,26 +195,51 @@ pub fn check(
             script_pubkey: c.script_pubkey.clone().into(),
         })
         .collect();
-    policy::are_inputs_standard(&tx, &prevouts)?;
-    policy::is_witness_standard(&tx, &prevouts)?;
-    let sigop_cost = policy::check_standard_sigops(&tx, &prevouts)?;
+    policy::are_inputs_standard(tx, &prevouts)?;
+    policy::is_witness_standard(tx, &prevouts)?;
+    let sigop_cost = policy::check_standard_sigops(tx, &prevouts)?;
     let signed_fee = i64::try_from(fee).unwrap_or(i64::MAX);
-    policy::pre_check_ephemeral_tx(&tx, policy_cfg.dust_relay_feerate, signed_fee, signed_fee)?;
+    policy::pre_check_ephemeral_tx(tx, policy_cfg.dust_relay_feerate, signed_fee, signed_fee)?;
     let weight = tx.weight().to_wu();
     let vsize = policy::sigop_adjusted_vsize(weight, sigop_cost, policy_cfg.bytes_per_sigop);
     if !ctx.bypass_limits {
         check_fee_rate(ctx, policy_cfg, fee, vsize)?;
     }
+    Ok(Priced {
+        spends_coinbase: spent.iter().any(|c| c.coinbase),
+        prevouts,
+        fee,
+        sigop_cost,
+        weight,
+        vsize,
+    })
+}
+
+/// The checks of the transaction's place in the pool: TRUC (with sibling
+/// eviction), no spending of what it replaces, the replacement rules, the
+/// package limits. Returns the txids it replaces.
+fn pool_checks(
+    pool: &Pool,
+    ctx: &AcceptContext<'_>,
+    tx: &Transaction,
+    txid: Txid,
+    priced: &Priced,
+) -> Result<BTreeSet<Txid>, TxReject> {
+    let mut conflicts: BTreeSet<Txid> = tx
+        .input
+        .iter()
+        .filter_map(|i| pool.spender(&i.previous_output))
+        .collect();
     // TRUC sibling eviction: a version-3 child whose parent already has a
     // child replaces that child under the replacement rules.
-    let parents = pool.parents_of(&tx);
+    let parents = pool.parents_of(tx);
     // Core skips the TRUC rules with the other limits for transactions
     // returning after a reorg (`m_bypass_limits`): a reorg may leave a
     // TRUC parent with two children, or a non-TRUC child of it.
     let sibling_eviction = if ctx.bypass_limits {
         false
     } else {
-        truc_checks(pool, &tx, vsize, &parents, &mut conflicts)?
+        truc_checks(pool, tx, priced.vsize, &parents, &mut conflicts)?
     };
     // Core's PreChecks refuses a transaction spending what it replaces
     // (EntriesAndTxidsDisjoint) before ReplacementChecks.
@@ -168,43 +249,25 @@ pub fn check(
             TxRejectClass::Consensus,
             "bad-txns-spends-conflicting-tx",
             format!("{txid} spends conflicting transaction {t}"),
-        )
-        .into());
+        ));
     }
     let replaced = replacement_checks(
         pool,
         ctx,
-        &tx,
+        tx,
         Replacing {
             txid,
-            fee,
-            vsize,
+            fee: priced.fee,
+            vsize: priced.vsize,
             conflicts: &conflicts,
             parents: &parents,
             sibling_eviction,
         },
     )?;
     if !ctx.bypass_limits {
-        check_package_limits(pool, &ctx.config.limits, vsize, &parents, &replaced)?;
+        check_package_limits(pool, &ctx.config.limits, priced.vsize, &parents, &replaced)?;
     }
-    let flags = block_script_flags(index.params(), tip.height + 1, &BlockHash::all_zeros());
-    script_checks(&tx, &prevouts, flags)?;
-    let entry = MempoolEntry {
-        tx: tx.clone(),
-        txid,
-        wtxid,
-        fee,
-        vsize,
-        weight,
-        size: tx.total_size() as u64,
-        sigop_cost,
-        time: ctx.now,
-        height: tip.height,
-        sequence: 0,
-        prevouts,
-        spends_coinbase: spent.iter().any(|c| c.coinbase),
-    };
-    Ok(Accepted { entry, replaced })
+    Ok(replaced)
 }
 
 /// The checks that need neither coins nor the pool: `CheckTransaction`,
