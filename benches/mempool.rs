@@ -37,11 +37,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bitcoin::absolute::LockTime;
 use bitcoin::consensus::serialize;
-use bitcoin::transaction::Version;
-use bitcoin::{Amount, Block, OutPoint, Sequence, Transaction, TxIn, TxOut};
-use blockgen::{block_on, mature_chain, Kind, Wallet};
+use bitcoin::{Amount, Block, OutPoint, Sequence, Transaction, TxOut};
+use blockgen::{block_on, mature_chain, signed_p2wpkh_spend, Kind, Wallet};
 use env::env_or;
 use kakehi::chain::ChainParams;
 use kakehi::mempool::policy::STANDARD_SCRIPT_VERIFY_FLAGS;
@@ -63,30 +61,13 @@ fn rss_bytes() -> u64 {
 /// `n_out` equal P2WPKH outputs for `fee` sats, signed.
 fn spend(wallet: &Wallet, coins: &[(OutPoint, TxOut)], n_out: u64, fee: u64) -> Transaction {
     let total: u64 = coins.iter().map(|(_, o)| o.value.to_sat()).sum();
-    let mut tx = Transaction {
-        version: Version::TWO,
-        lock_time: LockTime::ZERO,
-        input: coins
-            .iter()
-            .map(|(op, _)| TxIn {
-                previous_output: *op,
-                sequence: Sequence::MAX,
-                ..TxIn::default()
-            })
-            .collect(),
-        output: (0..n_out)
-            .map(|_| TxOut {
-                value: Amount::from_sat((total - fee) / n_out),
-                script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
-            })
-            .collect(),
-    };
-    let prevouts: Vec<(Kind, TxOut)> = coins
-        .iter()
-        .map(|(_, o)| (Kind::P2wpkh, o.clone()))
+    let outputs = (0..n_out)
+        .map(|_| TxOut {
+            value: Amount::from_sat((total - fee) / n_out),
+            script_pubkey: wallet.script_pubkey(Kind::P2wpkh),
+        })
         .collect();
-    wallet.sign(&mut tx, &prevouts);
-    tx
+    signed_p2wpkh_spend(wallet, coins, outputs, Sequence::MAX, |_| {})
 }
 
 fn coins_of(tx: &Transaction) -> Vec<(OutPoint, TxOut)> {

@@ -397,3 +397,35 @@ pub fn subsidy(height: u32) -> u64 {
         (50 * 100_000_000u64) >> halvings
     }
 }
+
+/// A version-2 transaction spending `coins` (outputs paying the wallet's
+/// P2WPKH) to `outputs`, each input with `sequence`, changed by `edit`
+/// before it is signed.
+pub fn signed_p2wpkh_spend(
+    wallet: &Wallet,
+    coins: &[(OutPoint, TxOut)],
+    outputs: Vec<TxOut>,
+    sequence: Sequence,
+    edit: impl FnOnce(&mut Transaction),
+) -> Transaction {
+    let mut tx = Transaction {
+        version: transaction::Version::TWO,
+        lock_time: absolute::LockTime::ZERO,
+        input: coins
+            .iter()
+            .map(|(op, _)| TxIn {
+                previous_output: *op,
+                sequence,
+                ..TxIn::default()
+            })
+            .collect(),
+        output: outputs,
+    };
+    edit(&mut tx);
+    let prevouts: Vec<(Kind, TxOut)> = coins
+        .iter()
+        .map(|(_, o)| (Kind::P2wpkh, o.clone()))
+        .collect();
+    wallet.sign(&mut tx, &prevouts);
+    tx
+}

@@ -10,9 +10,8 @@ use crate::common;
 
 use bitcoin::absolute::LockTime;
 use bitcoin::hashes::Hash;
-use bitcoin::transaction::Version;
-use bitcoin::{Amount, Block, OutPoint, Sequence, Transaction, TxIn, TxOut, Txid};
-use common::blockgen::{block_on, mature_chain, Kind, Wallet};
+use bitcoin::{Amount, Block, OutPoint, Sequence, Transaction, TxOut, Txid};
+use common::blockgen::{block_on, mature_chain, signed_p2wpkh_spend, Kind, Wallet};
 use common::TestNode;
 use kakehi::mempool::{AcceptError, Mempool, MempoolConfig, TxRejectClass};
 
@@ -85,26 +84,13 @@ impl Fixture {
         outputs: Vec<TxOut>,
         edit: impl FnOnce(&mut Transaction),
     ) -> Transaction {
-        let mut tx = Transaction {
-            version: Version::TWO,
-            lock_time: LockTime::ZERO,
-            input: coins
-                .iter()
-                .map(|(op, _)| TxIn {
-                    previous_output: *op,
-                    sequence: Sequence::ENABLE_RBF_NO_LOCKTIME,
-                    ..TxIn::default()
-                })
-                .collect(),
-            output: outputs,
-        };
-        edit(&mut tx);
-        let prevouts: Vec<(Kind, TxOut)> = coins
-            .iter()
-            .map(|(_, o)| (Kind::P2wpkh, o.clone()))
-            .collect();
-        self.wallet.sign(&mut tx, &prevouts);
-        tx
+        signed_p2wpkh_spend(
+            &self.wallet,
+            coins,
+            outputs,
+            Sequence::ENABLE_RBF_NO_LOCKTIME,
+            edit,
+        )
     }
 
     fn submit(&self, tx: &Transaction) -> Result<kakehi::mempool::Submitted, AcceptError> {

@@ -191,6 +191,12 @@ impl World {
         }
     }
 
+    /// The node's mempool, txids in entry order.
+    fn mempool_txids(&self) -> Vec<Txid> {
+        let snapshot = self.mempool.snapshot();
+        snapshot.pool.iter_by_entry().map(|e| e.txid).collect()
+    }
+
     fn height(&self) -> u32 {
         self.base.0 + self.blocks.len() as u32
     }
@@ -695,14 +701,7 @@ fn bdk_wallets_see_a_payment_unconfirmed_then_only_its_replacement_then_confirme
     client
         .broadcast(&bump)
         .expect("POST /tx accepts the replacement");
-    let mempool: Vec<Txid> = w
-        .mempool
-        .snapshot()
-        .pool
-        .iter_by_entry()
-        .map(|e| e.txid)
-        .collect();
-    assert_eq!(mempool, vec![bump_id]);
+    assert_eq!(w.mempool_txids(), vec![bump_id]);
     sync(&mut wb, &client);
     sync(&mut wa, &client);
     assert_eq!(positions(&wb), BTreeMap::from([(bump_id, None)]));
@@ -732,14 +731,7 @@ fn bdk_wallets_see_a_payment_unconfirmed_then_only_its_replacement_then_confirme
     w.rewind_to(fork);
     w.add_block(vec![], 9);
     w.add_block(vec![], 9);
-    let mempool: Vec<Txid> = w
-        .mempool
-        .snapshot()
-        .pool
-        .iter_by_entry()
-        .map(|e| e.txid)
-        .collect();
-    assert_eq!(mempool, vec![bump_id]);
+    assert_eq!(w.mempool_txids(), vec![bump_id]);
     sync(&mut wb, &client);
     assert_eq!(positions(&wb), BTreeMap::from([(bump_id, None)]));
     let b = wb.balance();
